@@ -1,0 +1,94 @@
+"""The only module that knows which transformers version is installed.
+
+Everything that reaches into transformers internals (rotary classes, RoPE init functions,
+attention/mask interfaces, attention implementation switching) goes through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import PretrainedConfig
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+if TRANSFORMERS_VERSION.major < 5:  # pragma: no cover - guarded by pyproject
+    raise ImportError(f"hf-posenc needs transformers>=5, found {transformers.__version__}")
+
+__all__ = [
+    "ROPE_INIT_FUNCTIONS",
+    "attn_implementation",
+    "base_attention_function",
+    "base_mask_function",
+    "register_attention",
+    "rope_parameters",
+    "rotary_config",
+    "rotary_module_class",
+    "set_attn_implementation",
+    "set_rope_parameters",
+]
+
+
+def rotary_module_class() -> type[torch.nn.Module]:
+    """transformers' reference rotary module; its RoPE-type dispatch works for any config."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding
+
+
+def rope_parameters(config: PretrainedConfig) -> dict[str, Any] | None:
+    """The model's own RoPE parameters (v5 `rope_parameters`), or None if it does not rotate."""
+    params = getattr(config, "rope_parameters", None)
+    return dict(params) if params else None
+
+
+def set_rope_parameters(config: PretrainedConfig, params: dict[str, Any] | None) -> None:
+    config.rope_parameters = None if params is None else dict(params)
+
+
+def rotary_config(
+    *, head_dim: int, max_position_embeddings: int, rope_parameters: dict[str, Any]
+) -> PretrainedConfig:
+    """A minimal config that transformers' rotary module and ROPE_INIT_FUNCTIONS accept."""
+    config = PretrainedConfig()
+    config.head_dim = head_dim
+    config.hidden_size = head_dim
+    config.num_attention_heads = 1
+    config.max_position_embeddings = max_position_embeddings
+    config.rope_parameters = dict(rope_parameters)
+    return config
+
+
+def attn_implementation(config: PretrainedConfig) -> str:
+    return config._attn_implementation
+
+
+def set_attn_implementation(model: torch.nn.Module, name: str) -> None:
+    """Switch the attention implementation of a loaded model (and its sub-configs)."""
+    model.set_attn_implementation(name)
+
+
+def base_attention_function(name: str) -> Callable | None:
+    """The stock attention function registered under `name` (None for 'eager', which is per model)."""
+    if name == "eager":
+        return None
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def base_mask_function(name: str) -> Callable:
+    return ALL_MASK_ATTENTION_FUNCTIONS[name]
+
+
+def register_attention(name: str, attention: Callable, mask: Callable) -> None:
+    """Register under a new implementation name with BOTH interfaces.
+
+    With only the attention interface registered, transformers builds no mask at all and
+    padding is silently ignored (seen on 5.x).
+    """
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, mask)

@@ -1,0 +1,77 @@
+"""PosEncConfig: the only state a patch saves (as `config.posenc` in config.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .errors import PosEncError
+
+FORMAT = 1
+
+
+class PosEncConfig:
+    """Which positional scheme a model uses, with validated options.
+
+    Args:
+        scheme: a name from `hf_posenc.list_schemes()`.
+        **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`); unknown names are an error.
+    """
+
+    def __init__(self, scheme: str, **options: Any) -> None:
+        from .registry import get_scheme
+
+        spec = get_scheme(scheme)
+        self.scheme = spec.name
+        self.options = spec.validate(options)
+
+    def to_dict(self, original: str | None = None) -> dict[str, Any]:
+        return {"format": FORMAT, "scheme": self.scheme, "options": dict(self.options), "from": original}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PosEncConfig":
+        if not isinstance(data, dict) or "scheme" not in data:
+            raise PosEncError(f"not a hf-posenc config: {data!r}; expected a dict with 'format', 'scheme', 'options'")
+        version = data.get("format", FORMAT)
+        if not isinstance(version, int) or version > FORMAT:
+            raise PosEncError(
+                f"config.posenc has format {version!r}, written by a newer hf-posenc; this version reads "
+                f"format <= {FORMAT}. Upgrade with `pip install -U hf-posenc`."
+            )
+        return cls(data["scheme"], **data.get("options", {}))
+
+    def replace(self, **options: Any) -> "PosEncConfig":
+        return PosEncConfig(self.scheme, **{**self.options, **options})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PosEncConfig) and (self.scheme, self.options) == (other.scheme, other.options)
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"PosEncConfig(scheme={self.scheme!r}{', ' if opts else ''}{opts})"
+
+
+def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """Build the scheme's options dataclass, turning every mistake into a PosEncError."""
+    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        allowed = ", ".join(fields) or "no options"
+        raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}; it takes: {allowed}")
+    try:
+        return dataclasses.asdict(options_cls(**options))
+    except (TypeError, ValueError) as err:
+        if isinstance(err, PosEncError):
+            raise
+        raise PosEncError(f"scheme {scheme!r}: {err}") from err
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise PosEncError(message) unless condition holds; used by option dataclasses."""
+    if not condition:
+        raise PosEncError(message)
+
+
+def option(default: Any, help: str) -> Any:
+    """A dataclass field with help text, peft-style."""
+    return dataclasses.field(default=default, metadata={"help": help})

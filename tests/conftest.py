@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random models built from configs (no downloads) and the offline switch."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+import transformers
+
+TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
+
+# model_type -> (config class, model class for causal LM or encoder, kwargs)
+TINY_CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=TINY["hidden"], n_head=TINY["heads"], n_layer=TINY["layers"], vocab_size=TINY["vocab"],
+        n_positions=TINY["positions"], bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "llama": lambda: transformers.LlamaConfig(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_key_value_heads=2,
+        num_hidden_layers=TINY["layers"], intermediate_size=128, vocab_size=TINY["vocab"],
+        max_position_embeddings=TINY["positions"], bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "mistral": lambda: transformers.MistralConfig(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_key_value_heads=2,
+        num_hidden_layers=TINY["layers"], intermediate_size=128, vocab_size=TINY["vocab"],
+        max_position_embeddings=TINY["positions"], sliding_window=None, pad_token_id=0,
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_key_value_heads=2,
+        num_hidden_layers=TINY["layers"], intermediate_size=128, vocab_size=TINY["vocab"],
+        max_position_embeddings=TINY["positions"], pad_token_id=0,
+    ),
+    "qwen3": lambda: transformers.Qwen3Config(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=TINY["layers"], intermediate_size=128, vocab_size=TINY["vocab"],
+        max_position_embeddings=TINY["positions"], pad_token_id=0,
+    ),
+    "bert": lambda: transformers.BertConfig(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_hidden_layers=TINY["layers"],
+        intermediate_size=128, vocab_size=TINY["vocab"], max_position_embeddings=TINY["positions"], pad_token_id=0,
+    ),
+    "roberta": lambda: transformers.RobertaConfig(
+        hidden_size=TINY["hidden"], num_attention_heads=TINY["heads"], num_hidden_layers=TINY["layers"],
+        intermediate_size=128, vocab_size=TINY["vocab"], max_position_embeddings=TINY["positions"] + 2,
+        pad_token_id=1,
+    ),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        dim=TINY["hidden"], n_heads=TINY["heads"], n_layers=TINY["layers"], hidden_dim=128,
+        vocab_size=TINY["vocab"], max_position_embeddings=TINY["positions"], pad_token_id=0,
+    ),
+}
+CAUSAL = {"gpt2", "llama", "mistral", "qwen2", "qwen3"}
+ENCODERS = {"bert", "roberta", "distilbert"}
+
+
+def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None) -> torch.nn.Module:
+    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders."""
+    torch.manual_seed(seed)
+    config = TINY_CONFIGS[model_type]()
+    config._attn_implementation = attn
+    if head is None:
+        head = "causal" if model_type in CAUSAL else "masked"
+    cls = {"causal": transformers.AutoModelForCausalLM, "masked": transformers.AutoModelForMaskedLM,
+           "base": transformers.AutoModel, "cls": transformers.AutoModelForSequenceClassification}[head]
+    model = cls.from_config(config, attn_implementation=attn)
+    return model.eval()
+
+
+@pytest.fixture
+def make_tiny():
+    return tiny_model
