@@ -57,10 +57,19 @@ CAUSAL = {"gpt2", "llama", "mistral", "qwen2", "qwen3"}
 ENCODERS = {"bert", "roberta", "distilbert"}
 
 
+# Large enough weights that positions change logits by O(1), so a no-op patch cannot pass a test.
+NO_DROPOUT = dict(initializer_range=0.2, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0, dropout=0.0, attention_dropout=0.0, qa_dropout=0.0,
+                  seq_classif_dropout=0.0)
+
+
 def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None) -> torch.nn.Module:
     """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders."""
     torch.manual_seed(seed)
     config = TINY_CONFIGS[model_type]()
+    for key, value in NO_DROPOUT.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
     config._attn_implementation = attn
     if head is None:
         head = "causal" if model_type in CAUSAL else "masked"

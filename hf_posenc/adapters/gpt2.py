@@ -1,0 +1,17 @@
+"""GPT-2: learned absolute table `wpe`; q, k, v leave one Conv1D `c_attn` packed as [q | k | v]."""
+
+from ..registry import register_adapter
+from .base import Adapter, QKTap
+
+GPT2 = register_adapter(
+    Adapter(
+        name="gpt2",
+        model_types=("gpt2",),
+        native="learned",
+        causal=True,
+        layers="h",
+        attention="attn",
+        position_slot="wpe",
+        qk=QKTap(projections=("c_attn",), packed=True),
+    )
+)

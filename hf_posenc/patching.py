@@ -1,0 +1,313 @@
+"""patch / unpatch / describe / from_pretrained: the adapter says where, the scheme says what.
+
+Every change a patch makes is recorded with its undo, on the instance only (no transformers class
+or module global is touched), so a failed patch rolls back and `unpatch` is bit-exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from . import attention, compat
+from .adapters.base import Adapter, get_module, set_module
+from .config import PosEncConfig
+from .errors import PosEncError
+from .registry import adapter_for, get_scheme, supported_schemes
+from .schemes.base import ModelFacts, Scheme, ZeroPositions
+from .schemes.rope import Rotary, native_partial, rotate
+
+STATE_ATTR = "_posenc_state"
+ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
+_MISSING = object()
+
+
+@dataclass
+class PatchState:
+    """What is patched now and how to take it back."""
+
+    config: PosEncConfig
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    new_modules: list[nn.Module] = field(default_factory=list)
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        old = getattr(obj, name, _MISSING)
+        setattr(obj, name, value)
+        self.undo.append(lambda: delattr(obj, name) if old is _MISSING else setattr(obj, name, old))
+
+    def replace(self, root: nn.Module, path: str, module: nn.Module) -> None:
+        old = set_module(root, path, module)
+        self.undo.append(lambda: set_module(root, path, old))
+        self.new_modules.append(module)
+
+    def add_module(self, root: nn.Module, name: str, module: nn.Module) -> None:
+        root.add_module(name, module)
+        self.undo.append(lambda: delattr(root, name))
+
+    def hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
+        self.undo.append(handle.remove)
+
+    def set_attn_implementation(self, model: nn.Module, name: str) -> None:
+        old = compat.attn_implementation(model.config)
+        compat.set_attn_implementation(model, name)
+        self.undo.append(lambda: compat.set_attn_implementation(model, old))
+
+    def rollback(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+
+def describe(model: nn.Module) -> PosEncConfig | None:
+    """The scheme patched into `model` now, with every option resolved; None if unpatched."""
+    state = getattr(model, STATE_ATTR, None)
+    return state.config if state is not None else None
+
+
+def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Module:
+    """Swap the positional scheme of `model` in place and return it.
+
+    Args:
+        model: a transformers model of a supported architecture (`hf_posenc.list_architectures()`).
+        scheme: a scheme name (`hf_posenc.list_schemes()`) or a `PosEncConfig`.
+        **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`).
+    """
+    if isinstance(scheme, PosEncConfig):
+        config = scheme.replace(**options) if options else scheme
+    elif isinstance(scheme, str):
+        config = PosEncConfig(scheme, **options)
+    else:
+        raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
+    adapter = adapter_for(model)
+    spec = get_scheme(config.scheme)
+    if not adapter.supports(spec):
+        raise PosEncError(
+            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r}; "
+            f"supported: {', '.join(supported_schemes(model))}"
+        )
+    previous = describe(model)
+    unpatch(model)
+    facts = adapter.facts(model)
+    config = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+    state = PatchState(config)
+    try:
+        _install(model, adapter, spec, facts, state)
+    except BaseException:
+        state.rollback()
+        if previous is not None:
+            patch(model, previous)
+        raise
+    setattr(model, STATE_ATTR, state)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Put back the model's own positional scheme; logits become bit-identical to before `patch`."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is not None:
+        state.rollback()
+        delattr(model, STATE_ATTR)
+    return model
+
+
+def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
+    base, config, options = model.base_model, model.config, state.config.options
+    offset = adapter.position_offset(config)
+    state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
+    if (max_positions := spec.max_positions(options)) is not None:
+        state.set_attr(config, "max_position_embeddings", max_positions + offset)
+
+    if adapter.position_slot:
+        slot = spec.module(options, facts) if spec.site == "input" else ZeroPositions(facts.dtype).to(facts.device)
+        state.replace(base, adapter.position_slot, slot)
+
+    rotary = None
+    if spec.site == "qk":
+        params = spec.rope_parameters(options, facts)
+        if adapter.rotary and options["partial"] == native_partial(facts):
+            # Natively rotating model: scaling is config; plain transformers reloads it.
+            native = compat.rope_parameters(config) or {}
+            if "partial_rotary_factor" in native:
+                params["partial_rotary_factor"] = native["partial_rotary_factor"]
+            state.set_attr(config, "rope_parameters", params)
+            old = get_module(base, adapter.rotary)
+            state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
+        else:
+            rotary = Rotary(facts.head_dim, params, options["partial"], config.max_position_embeddings)
+            if adapter.rotary:
+                state.replace(base, adapter.rotary, rotary.to(facts.device))
+                rotary = None
+    elif adapter.rotary:
+        # Switch the model's own rotation off: cos=1, sin=0 everywhere.
+        state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
+
+    if spec.site == "score":
+        state.set_attn_implementation(model, attention.implementation_for(compat.attn_implementation(config)))
+
+    if rotary is not None:
+        state.add_module(base, "posenc_rotary", rotary.to(facts.device))
+        for module in adapter.attention_modules(model):
+            _tap_queries_and_keys(module, adapter, facts.head_dim, state)
+
+    if adapter.position_slot or rotary is not None or spec.site == "score":
+        hook = _layer_loop_hook(base, adapter, offset, rotary, guard=spec.site == "score")
+        state.hook(base.register_forward_pre_hook(hook, with_kwargs=True))
+
+
+def _positions(kwargs: dict[str, Any]) -> torch.Tensor:
+    """(B, q) positions of the new tokens: counted over the padding mask when there is one, so a
+    left-padded row sees the same positions as the prompt alone."""
+    ids = kwargs.get("input_ids")
+    ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
+    batch, length = ref.shape[:2]
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+    cache = kwargs.get("past_key_values")
+    past = cache.get_seq_length() if cache is not None else 0
+    return (torch.arange(length, device=ref.device) + past).expand(batch, length)
+
+
+def _layer_loop_hook(base: nn.Module, adapter: Adapter, offset: int, rotary: Rotary | None, guard: bool) -> Callable:
+    """Pre-hook on the module owning the layer loop: fills in padding-aware position_ids and computes
+    (cos, sin) once per forward, passed down as a private kwarg (not as position_ids, which
+    transformers would read as packed sequences when they do not step by one)."""
+    names = list(inspect.signature(base.forward).parameters)
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kwargs = {**dict(zip(names, args)), **kwargs}
+        if guard and not compat.attn_implementation(module.config).startswith(attention.PREFIX):
+            raise PosEncError(
+                f"attention implementation was switched to {compat.attn_implementation(module.config)!r} after "
+                f"patching, which drops the {module.config.posenc['scheme']!r} bias; set it back with "
+                "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
+            )
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            positions = _positions(kwargs)
+            if adapter.position_slot:
+                kwargs["position_ids"] = positions + offset
+        else:
+            positions = position_ids - offset
+        if adapter.token_type_ids and kwargs.get("token_type_ids") is None:
+            # The stock zero buffer is indexed by position and would overflow past the old table.
+            kwargs["token_type_ids"] = torch.zeros_like(positions).expand(kwargs["position_ids"].shape[0], -1)
+        if rotary is not None:
+            kwargs[ROTARY_KWARG] = rotary(torch.empty(0, device=positions.device), positions)
+        return (), kwargs
+
+    return hook
+
+
+class _Tap:
+    """Carries one attention call's (cos, sin) from the attention pre-hook to its projection hooks."""
+
+    rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _tap_queries_and_keys(module: nn.Module, adapter: Adapter, head_dim: int, state: PatchState) -> None:
+    """Rotate q and k as they leave their projections, i.e. before the KV cache stores k."""
+    tap = _Tap()
+
+    def take_rotation(mod: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if ROTARY_KWARG not in kwargs:
+            raise PosEncError("rotary positions missing: a patched attention module was called outside its model")
+        kwargs = dict(kwargs)
+        tap.rotation = kwargs.pop(ROTARY_KWARG)
+        return args, kwargs
+
+    def rotate_output(which: slice | None) -> Callable:
+        def hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+            cos, sin = tap.rotation
+            if which is None:  # a separate q or k projection
+                return rotate(output.unflatten(-1, (-1, head_dim)), cos, sin).flatten(-2)
+            q, k, v = output.chunk(3, dim=-1)  # packed [q | k | v]
+            q, k = (rotate(t.unflatten(-1, (-1, head_dim)), cos, sin).flatten(-2) for t in (q, k))
+            return torch.cat((q, k, v), dim=-1)
+
+        return hook
+
+    state.hook(module.register_forward_pre_hook(take_rotation, with_kwargs=True))
+    for name in adapter.qk.projections:
+        proj = get_module(module, name)
+        state.hook(proj.register_forward_hook(rotate_output(slice(None) if adapter.qk.packed else None)))
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Loading a patched checkpoint into the stock class reports the patch's keys as missing or
+    unexpected; they are loaded right after, so the report would only mislead."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
+    if os.path.isdir(path):
+        folder = path
+    else:
+        from huggingface_hub import snapshot_download
+
+        keep = {k: hub_kwargs[k] for k in ("revision", "token", "cache_dir") if k in hub_kwargs}
+        folder = snapshot_download(path, allow_patterns=["*.safetensors", "*.json"], **keep)
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise PosEncError(f"no *.safetensors weights in {path!r}; save with model.save_pretrained(dir)")
+    return files
+
+
+def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
+    """Load a model saved after `patch`, with its positional scheme and the scheme's weights.
+
+    Plain `from_pretrained` would silently return the unpatched architecture with the new position
+    weights dropped; this re-applies `config.posenc` and then loads those weights.
+
+    Args:
+        path: a local folder or Hub repo id.
+        model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
+        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
+    """
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model_cls = model_cls or AutoModelForCausalLM
+    with _quiet_transformers():
+        model = model_cls.from_pretrained(path, **kwargs)
+    posenc = getattr(model.config, "posenc", None)
+    if posenc is None:
+        return model
+    patch(model, PosEncConfig.from_dict(posenc))
+    names = {id(m): n for n, m in model.named_modules()}
+    wanted = {
+        f"{names[id(m)]}.{key}": tensor
+        for m in describe_modules(model)
+        for key, tensor in m.state_dict().items()
+    }
+    if wanted:
+        found: dict[str, torch.Tensor] = {}
+        for file in _checkpoint_files(path, **kwargs):
+            with safe_open(file, framework="pt") as handle:
+                found.update({k: handle.get_tensor(k) for k in handle.keys() if k in wanted})
+        if missing := sorted(set(wanted) - set(found)):
+            raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
+        with torch.no_grad():
+            for key, tensor in found.items():
+                wanted[key].copy_(tensor)
+    return model
+
+
+def describe_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules the current patch installed (their parameters are what a recipe should train)."""
+    state = getattr(model, STATE_ATTR, None)
+    return list(state.new_modules) if state is not None else []

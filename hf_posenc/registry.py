@@ -1,0 +1,91 @@
+"""SCHEMES and ADAPTERS by name, and the support matrix that joins them.
+
+Schemes and adapters register themselves at import (peft-style); names must be unique.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import PosEncError
+
+if TYPE_CHECKING:
+    from .adapters.base import Adapter
+    from .schemes.base import Scheme
+
+SCHEMES: dict[str, "Scheme"] = {}
+ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
+
+
+def register_scheme(scheme: "Scheme") -> "Scheme":
+    if scheme.name in SCHEMES:
+        raise ValueError(f"scheme {scheme.name!r} is already registered")
+    SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+def register_adapter(adapter: "Adapter") -> "Adapter":
+    for model_type in adapter.model_types:
+        if model_type in ADAPTERS:
+            raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
+        ADAPTERS[model_type] = adapter
+    return adapter
+
+
+def _load() -> None:
+    from . import adapters, schemes  # noqa: F401  (import registers them)
+
+
+def list_schemes() -> list[str]:
+    _load()
+    return sorted(SCHEMES)
+
+
+def list_architectures() -> list[str]:
+    _load()
+    return sorted(ADAPTERS)
+
+
+def get_scheme(name: str) -> "Scheme":
+    _load()
+    if name not in SCHEMES:
+        raise PosEncError(f"unknown scheme {name!r}; available schemes: {', '.join(sorted(SCHEMES))}")
+    return SCHEMES[name]
+
+
+def model_type_of(model_or_config: Any) -> str:
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if not model_type:
+        raise PosEncError(f"cannot tell the architecture of {type(model_or_config).__name__}: it has no config.model_type")
+    return model_type
+
+
+def adapter_for(model_or_config: Any) -> "Adapter":
+    _load()
+    model_type = model_type_of(model_or_config)
+    if model_type not in ADAPTERS:
+        raise PosEncError(
+            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(ADAPTERS))}"
+        )
+    return ADAPTERS[model_type]
+
+
+def supported_schemes(model_or_config: Any) -> list[str]:
+    adapter = adapter_for(model_or_config)
+    return sorted(name for name, scheme in SCHEMES.items() if adapter.supports(scheme))
+
+
+def supports(model_or_config: Any, scheme: str) -> bool:
+    """True if `scheme` can be patched into this model (or config); the support matrix."""
+    try:
+        return get_scheme(scheme).name in supported_schemes(model_or_config)
+    except PosEncError:
+        return False
+
+
+def support_matrix() -> dict[str, dict[str, bool]]:
+    """{adapter name: {scheme: supported}} for docs and `hf-posenc list`."""
+    _load()
+    adapters = {a.name: a for a in ADAPTERS.values()}
+    return {name: {s: a.supports(SCHEMES[s]) for s in sorted(SCHEMES)} for name, a in sorted(adapters.items())}

@@ -1,0 +1,54 @@
+"""`alibi`: linear distance penalties on attention scores (Press et al. 2022, "Train Short, Test Long").
+
+Head h of n gets slope m_h; the logit of query i for key j gets -m_h * |i - j| (the absolute value
+makes it usable in bidirectional encoders too, as in Press et al.'s follow-ups and MPT/BERT-ALiBi).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import BiasScheme
+
+
+def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
+    """Geometric slopes 2^(-max_bias*h/n) for n a power of two; otherwise the n' = 2^floor(log2 n)
+    sequence followed by every other slope of the 2n' sequence (Press et al. 2022, appendix)."""
+
+    def geometric(n: int) -> list[float]:
+        return [2 ** (-max_bias * (h + 1) / n) for h in range(n)]
+
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = geometric(closest) + geometric(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class AlibiOptions:
+    max_bias: float = option(8.0, "slopes are 2^(-max_bias*h/H); 8 in Press et al. 2022")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.max_bias, (int, float)) and self.max_bias > 0,
+              f"max_bias must be > 0, got {self.max_bias!r}")
+
+
+class Alibi(BiasScheme):
+    name = "alibi"
+    Options = AlibiOptions
+    citation = "Press et al. 2022, Train Short, Test Long: Attention with Linear Biases"
+
+    def bias(
+        self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
+    ) -> torch.Tensor:
+        slopes = alibi_slopes(num_heads, options["max_bias"]).to(q_pos.device)
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()
+        return -slopes[:, None, None] * distance
+
+
+register_scheme(Alibi())

@@ -1,0 +1,107 @@
+"""What every scheme shares: its site, its options, and one call contract per site.
+
+A scheme knows only maths (lucidrains-style contracts):
+- input site:  `module(options, facts)` -> nn.Module, `forward(position_ids (B, L)) -> (B|1, L, d)`
+- q/k site:    `rope_parameters(options, facts)` -> transformers `rope_parameters` dict; the
+               rotation itself is `rope.Rotary`, built on transformers' rotary module
+- score site:  `bias(options, num_heads, q_pos (q,), k_pos (k,), causal)` -> (H, q, k) fp32 logit bias
+- none:        removes the model's own positions and adds nothing (NoPE)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from ..config import validate_options
+
+Site = Literal["input", "qk", "score", "none"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a scheme may know about the model it goes into (gathered by the adapter)."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    max_positions: int
+    causal: bool
+    rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
+    position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
+    position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
+    dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+
+
+class Scheme:
+    name: ClassVar[str]
+    site: ClassVar[Site]
+    Options: ClassVar[type]
+    citation: ClassVar[str] = ""
+
+    def validate(self, options: dict[str, Any]) -> dict[str, Any]:
+        return validate_options(self.name, self.Options, options)
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        """Fill options left as None ("take the model's own") from the model."""
+        return dict(options)
+
+    def max_positions(self, options: dict[str, Any]) -> int | None:
+        """New `max_position_embeddings` to write in the model config, if the scheme sets one."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<scheme {self.name} ({self.site})>"
+
+
+class InputScheme(Scheme):
+    site: ClassVar[Site] = "input"
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        raise NotImplementedError
+
+
+class RotaryScheme(Scheme):
+    site: ClassVar[Site] = "qk"
+
+    def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class BiasScheme(Scheme):
+    site: ClassVar[Site] = "score"
+
+    def bias(
+        self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def check_positions(position_ids: torch.Tensor, limit: int, scheme: str) -> None:
+    """Refuse positions past a table with a PosEncError instead of an index error or device assert.
+    `position_ids` and `limit` count logical positions (no RoBERTa offset)."""
+    if torch.compiler.is_compiling() or position_ids.numel() == 0:
+        return
+    last = int(position_ids.max())
+    if last >= limit:
+        from ..errors import PosEncError
+
+        raise PosEncError(
+            f"sequence needs position {last} (length {last + 1}) but the {scheme!r} table has {limit} positions; "
+            f"patch a relative scheme (rope, alibi, nope, yarn, ...) or {scheme!r} with max_positions >= {last + 1}"
+        )
+
+
+class ZeroPositions(nn.Module):
+    """Stands in a position-embedding slot when positions enter elsewhere (or nowhere)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("zero", torch.zeros((), dtype=dtype), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.zero

@@ -1,0 +1,95 @@
+"""`learned`: a trainable absolute position table (GPT-2 / BERT style), with explicit init."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import InputScheme, ModelFacts, check_positions
+from .sinusoidal import sinusoidal_code
+
+INITS = ("copy", "interpolate", "sinusoidal", "normal", "zeros")
+
+
+@dataclass(frozen=True)
+class LearnedOptions:
+    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings")
+    init: str | None = option(None, f"one of {INITS}; default: copy the model's table if it has one, else normal")
+
+    def __post_init__(self) -> None:
+        check(self.max_positions is None or (isinstance(self.max_positions, int) and self.max_positions > 0),
+              f"max_positions must be a positive int, got {self.max_positions!r}")
+        check(self.init is None or self.init in INITS, f"init must be one of {INITS}, got {self.init!r}")
+
+
+class LearnedPositions(nn.Module):
+    """`forward(position_ids) -> table[position_ids]`, refusing positions past the table.
+
+    The table keeps the model's `offset` leading rows (RoBERTa's padding rows), so its parameter
+    has the stock name and layout and plain transformers reloads it."""
+
+    def __init__(self, table: torch.Tensor, offset: int = 0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(table)
+        self.offset = offset
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        check_positions(position_ids - self.offset, self.weight.shape[0] - self.offset, "learned")
+        return F.embedding(position_ids, self.weight)
+
+
+def initial_table(init: str, n: int, d: int, old: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A (n, d) table. `interpolate` resamples the old table linearly: position interpolation
+    (Chen et al. 2023) for learned tables."""
+    scale = float(old.float().std()) if old is not None else 0.02
+    if init in ("copy", "interpolate") and old is None:
+        from ..errors import PosEncError
+
+        raise PosEncError(f"learned init={init!r} needs a model with a learned position table; use one of "
+                          "'sinusoidal', 'normal', 'zeros'")
+    if init == "copy":
+        table = torch.randn(n, d) * scale
+        keep = min(n, old.shape[0])
+        table[:keep] = old[:keep].float().cpu()
+    elif init == "interpolate":
+        src = old.float().cpu().T.unsqueeze(0)  # (1, d, n_old)
+        table = F.interpolate(src, size=n, mode="linear", align_corners=True)[0].T
+    elif init == "sinusoidal":
+        table = sinusoidal_code(torch.arange(n), d, 10_000.0) * scale * math.sqrt(2)
+    elif init == "normal":
+        table = torch.randn(n, d) * scale
+    else:
+        table = torch.zeros(n, d)
+    return table.to(dtype)
+
+
+class Learned(InputScheme):
+    name = "learned"
+    Options = LearnedOptions
+    citation = "Gehring et al. 2017; Radford et al. 2019 (GPT-2); Devlin et al. 2019 (BERT)"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        out = dict(options)
+        out["max_positions"] = out["max_positions"] or facts.max_positions
+        out["init"] = out["init"] or ("copy" if facts.position_table is not None else "normal")
+        return out
+
+    def max_positions(self, options: dict[str, Any]) -> int | None:
+        return options["max_positions"]
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        old, offset = facts.position_table, facts.position_offset
+        logical = old[offset:] if old is not None else None
+        table = initial_table(options["init"], options["max_positions"], facts.hidden_size, logical, facts.dtype)
+        head = old[:offset].to("cpu", facts.dtype) if old is not None else torch.zeros(offset, facts.hidden_size)
+        return LearnedPositions(torch.cat((head.to(facts.dtype), table)).to(facts.device), offset)
+
+
+register_scheme(Learned())

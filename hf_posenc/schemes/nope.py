@@ -1,0 +1,24 @@
+"""`nope`: no positional information at all (Kazemnejad et al. 2023, "The Impact of Positional
+Encoding on Length Generalization in Transformers"). On a RoPE model this drops the rotation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import register_scheme
+from .base import Scheme
+
+
+@dataclass(frozen=True)
+class NopeOptions:
+    pass
+
+
+class Nope(Scheme):
+    name = "nope"
+    site = "none"
+    Options = NopeOptions
+    citation = "Kazemnejad et al. 2023"
+
+
+register_scheme(Nope())

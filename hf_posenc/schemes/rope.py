@@ -1,0 +1,98 @@
+"""`rope`: rotary position embedding (Su et al. 2021, RoFormer), with a partial fraction.
+
+The rotation uses the rotate-half layout of transformers (pairs (i, i + d/2)). A partial RoPE
+keeps the first `partial * d/2` frequency pairs and leaves the others unrotated (cos=1, sin=0),
+which is GPT-NeoX-style partial rotation up to a fixed permutation of the head dimensions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import compat
+from ..config import check, option
+from ..registry import register_scheme
+from .base import ModelFacts, RotaryScheme
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, L, H, D) rotated by cos/sin (B, L, D): x*cos + rotate_half(x)*sin, in fp32, cast back."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (xf * cos[:, :, None].float() + rotated * sin[:, :, None].float()).to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """`forward(x, position_ids) -> (cos, sin)` over the full head dim, like transformers' rotary modules.
+
+    The frequencies come from transformers' own rotary module and `ROPE_INIT_FUNCTIONS`, so every
+    RoPE type (linear, dynamic, yarn, llama3, longrope) works on any model.
+    """
+
+    def __init__(self, head_dim: int, rope_parameters: dict[str, Any], partial: float, max_positions: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.rotated_pairs = int(head_dim * partial) // 2
+        self.inner = None
+        if self.rotated_pairs:
+            config = compat.rotary_config(
+                head_dim=2 * self.rotated_pairs, max_position_embeddings=max_positions, rope_parameters=rope_parameters
+            )
+            self.inner = compat.rotary_module_class()(config)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*position_ids.shape, self.head_dim // 2 - self.rotated_pairs)
+        scale = self.inner.attention_scaling if self.inner is not None else 1.0
+        cos = torch.full(shape, scale, dtype=torch.float32, device=position_ids.device)
+        sin = torch.zeros(shape, dtype=torch.float32, device=position_ids.device)
+        if self.inner is not None:
+            ref = torch.empty(0, dtype=torch.float32, device=position_ids.device)
+            rot_cos, rot_sin = self.inner(ref, position_ids)
+            cos = torch.cat((rot_cos[..., : self.rotated_pairs], cos), dim=-1)
+            sin = torch.cat((rot_sin[..., : self.rotated_pairs], sin), dim=-1)
+        return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
+
+
+def native_theta(facts: ModelFacts) -> float:
+    return float((facts.rope_parameters or {}).get("rope_theta", 10_000.0))
+
+
+def native_partial(facts: ModelFacts) -> float:
+    return float((facts.rope_parameters or {}).get("partial_rotary_factor", 1.0))
+
+
+def check_rope_options(theta: float | None, partial: float | None) -> None:
+    check(theta is None or (isinstance(theta, (int, float)) and theta > 0), f"theta must be > 0, got {theta!r}")
+    check(partial is None or (isinstance(partial, (int, float)) and 0 < partial <= 1),
+          f"partial must be in (0, 1], got {partial!r}")
+
+
+@dataclass(frozen=True)
+class RopeOptions:
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
+    partial: float | None = option(None, "fraction of each head's dims that rotate, in (0, 1]; default: model's own or 1")
+
+    def __post_init__(self) -> None:
+        check_rope_options(self.theta, self.partial)
+
+
+class Rope(RotaryScheme):
+    name = "rope"
+    Options = RopeOptions
+    citation = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        theta = options["theta"] if options["theta"] is not None else native_theta(facts)
+        partial = options["partial"] if options["partial"] is not None else native_partial(facts)
+        return {"theta": float(theta), "partial": float(partial)}
+
+    def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        return {"rope_type": "default", "rope_theta": options["theta"]}
+
+
+register_scheme(Rope())

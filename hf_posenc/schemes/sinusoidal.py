@@ -1,0 +1,62 @@
+"""`sinusoidal`: the fixed code of Vaswani et al. 2017, computed on the fly (no table, no limit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import InputScheme, ModelFacts
+
+
+def sinusoidal_code(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); fp32, shape (*positions, dim)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = positions.float()[..., None] * inv_freq
+    code = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+    return code[..., :dim]
+
+
+@dataclass(frozen=True)
+class SinusoidalOptions:
+    base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)")
+    scale: float | None = option(None, "multiplier; default: the RMS of the model's own table, else 1")
+
+    def __post_init__(self) -> None:
+        check(self.base > 1, f"base must be > 1, got {self.base!r}")
+        check(self.scale is None or self.scale > 0, f"scale must be > 0, got {self.scale!r}")
+
+
+class SinusoidalPositions(nn.Module):
+    def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0) -> None:
+        super().__init__()
+        self.dim, self.base, self.scale, self.offset = dim, base, scale, offset
+        self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return (sinusoidal_code(position_ids - self.offset, self.dim, self.base) * self.scale).to(self.dtype_ref.dtype)
+
+
+class Sinusoidal(InputScheme):
+    name = "sinusoidal"
+    Options = SinusoidalOptions
+    citation = "Vaswani et al. 2017, Attention Is All You Need, section 3.5"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        out = dict(options)
+        if out["scale"] is None:
+            # Match the magnitude the model was trained with: the code has RMS 1/sqrt(2) per dim.
+            table = facts.position_table
+            out["scale"] = round(float(table.float().pow(2).mean().sqrt()) * 2**0.5, 6) if table is not None else 1.0
+        return out
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype, facts.position_offset)
+        return module.to(facts.device)
+
+
+register_scheme(Sinusoidal())

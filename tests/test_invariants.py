@@ -1,0 +1,180 @@
+"""DESIGN section 8: the invariants every supported architecture x scheme cell must pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hf_posenc as hp
+from conftest import CAUSAL, TINY, TINY_CONFIGS, tiny_model
+
+SCHEMES = {
+    "learned": {},
+    "sinusoidal": {},
+    "nope": {},
+    "rope": {"theta": 500.0},
+    "rope-partial": {"partial": 0.5},
+    "linear": {"factor": 2.0},
+    "ntk": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0},
+    "llama3": {"factor": 4.0},
+    "longrope": {"factor": 2.0},
+    "alibi": {},
+}
+SCHEME_NAME = {"rope-partial": "rope"}
+CELLS = [
+    pytest.param(arch, label, id=f"{arch}-{label}")
+    for arch in TINY_CONFIGS
+    for label in SCHEMES
+    if hp.supports(TINY_CONFIGS[arch](), SCHEME_NAME.get(label, label))
+]
+CAUSAL_CELLS = [c for c in CELLS if c.values[0] in CAUSAL]
+ATOL = 1e-5
+
+
+def patched(arch: str, label: str, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+    return hp.patch(tiny_model(arch, attn=attn, seed=seed), SCHEME_NAME.get(label, label), **SCHEMES[label])
+
+
+def ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, TINY["vocab"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_unpatch_restores_original_logits_exactly(arch, label):
+    model = tiny_model(arch)
+    x = ids()
+    before = model(x).logits
+    hp.patch(model, SCHEME_NAME.get(label, label), **SCHEMES[label])
+    changed = model(x).logits
+    hp.unpatch(model)
+    assert torch.equal(model(x).logits, before)
+    if label not in ("learned", "dynamic"):  # these equal the original within the trained length
+        assert not torch.allclose(changed, before, atol=1e-3), "patch had no effect"
+    assert hp.describe(model) is None
+
+
+@pytest.mark.parametrize("arch,label", CAUSAL_CELLS)
+def test_cached_equals_uncached(arch, label):
+    model = patched(arch, label)
+    x = ids(length=10)
+    full = model(x).logits
+    cache = DynamicCache(config=model.config)
+    steps = [model(x[:, :6], past_key_values=cache, use_cache=True).logits]
+    for t in range(6, 10):
+        steps.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch,label", CAUSAL_CELLS)
+def test_generate_cache_static_and_dynamic_agree(arch, label):
+    model = patched(arch, label)
+    x = ids(batch=1, length=8)
+    kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True,
+              pad_token_id=0, eos_token_id=None)
+    dynamic = model.generate(x, use_cache=True, **kw)
+    uncached = model.generate(x, use_cache=False, **kw)
+    static = model.generate(x, use_cache=True, cache_implementation="static", **kw)
+    assert torch.equal(dynamic.sequences, uncached.sequences)
+    assert torch.equal(dynamic.sequences, static.sequences)
+    for a, b, c in zip(dynamic.scores, uncached.scores, static.scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+    # and generation continues the full forward's greedy choice
+    first = model(x).logits[:, -1].argmax(-1)
+    assert dynamic.sequences[0, 8] == first[0]
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_left_padded_row_equals_prompt_alone(arch, label):
+    model = patched(arch, label)
+    x = ids(batch=1, length=9)
+    alone = model(x, attention_mask=torch.ones_like(x)).logits
+    pad = 3
+    padded = torch.cat((torch.zeros(1, pad, dtype=torch.long), x), dim=1)
+    batch = torch.cat((padded, ids(batch=1, length=12, seed=5)))
+    mask = torch.ones_like(batch)
+    mask[0, :pad] = 0
+    out = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(out[0, pad:], alone[0], atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_sdpa_equals_eager(arch, label):
+    x = ids()
+    mask = torch.ones_like(x)
+    mask[0, :2] = 0
+    sdpa = patched(arch, label, attn="sdpa")(x, attention_mask=mask).logits
+    eager = patched(arch, label, attn="eager")(x, attention_mask=mask).logits
+    torch.testing.assert_close(sdpa[1], eager[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sdpa[0, 2:], eager[0, 2:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_save_and_reload_gives_identical_logits(arch, label, tmp_path):
+    model = patched(arch, label)
+    with torch.no_grad():  # make the scheme's own weights differ from any init
+        for module in hp.patching.describe_modules(model):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    x = ids()
+    expected = model(x).logits
+    model.save_pretrained(tmp_path)
+    cls = type(model)
+    reloaded = hp.from_pretrained(str(tmp_path), model_cls=cls).eval()
+    assert hp.describe(reloaded) == hp.describe(model)
+    torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_gradient_checkpointing_matches(arch, label):
+    x = ids()
+
+    def grads(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model = patched(arch, label).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        out = model(x, labels=x)
+        out.loss.backward()
+        return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, ref = grads(False)
+    loss_ckpt, got = grads(True)
+    torch.testing.assert_close(loss_ckpt, loss)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("arch,label", CELLS)
+def test_inputs_past_the_original_table(arch, label):
+    model = patched(arch, label)
+    long = ids(batch=1, length=TINY["positions"] + 16)
+    if label == "learned":
+        with pytest.raises(hp.PosEncError, match=r"length 80.*64 positions"):
+            model(long)
+    else:
+        out = model(long).logits
+        assert out.shape[1] == long.shape[1] and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
+def test_repatching_equals_patching_a_fresh_model(arch):
+    x = ids()
+    twice = hp.patch(tiny_model(arch), "rope", theta=100.0)
+    hp.patch(twice, "alibi")
+    fresh = hp.patch(tiny_model(arch), "alibi")
+    assert torch.equal(twice(x).logits, fresh(x).logits)
+    hp.unpatch(twice)
+    assert torch.equal(twice(x).logits, tiny_model(arch)(x).logits)
+
+
+@pytest.mark.parametrize("arch,label", [("gpt2", "rope"), ("gpt2", "learned"), ("llama", "alibi"), ("bert", "yarn")])
+def test_torch_compile_fullgraph_matches(arch, label):
+    model = patched(arch, label)
+    x = ids()
+    expected = model(x).logits
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x).logits, expected, atol=1e-5, rtol=1e-4)
