@@ -1,0 +1,100 @@
+"""Bad input gets a PosEncError naming what was wrong and what is allowed; nothing is lost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import hf_posenc as hp
+from conftest import tiny_model
+
+
+@pytest.mark.parametrize(
+    "scheme,options,message",
+    [
+        ("rotary", {}, r"unknown scheme 'rotary'; available schemes: alibi, .*rope"),
+        ("rope", {"theta": 0.0}, r"theta must be > 0, got 0.0"),
+        ("rope", {"theta": -5}, r"theta must be > 0"),
+        ("rope", {"partial": 0.0}, r"partial must be in \(0, 1\], got 0.0"),
+        ("rope", {"partial": 1.5}, r"partial must be in \(0, 1\]"),
+        ("yarn", {"factor": 0.5}, r"factor must be >= 1, got 0.5"),
+        ("yarn", {}, r"option 'factor' is required"),
+        ("rope", {"factr": 2.0}, r"scheme 'rope' has no option 'factr'; it takes: theta, partial"),
+        ("alibi", {"theta": 1.0}, r"scheme 'alibi' has no option 'theta'; it takes: max_bias"),
+        ("learned", {"init": "random"}, r"init must be one of \('copy', 'interpolate'"),
+        ("nope", {"x": 1}, r"scheme 'nope' has no option 'x'; it takes: no options"),
+    ],
+)
+def test_bad_scheme_or_option(scheme, options, message):
+    with pytest.raises(hp.PosEncError, match=message):
+        hp.PosEncConfig(scheme, **options)
+    model = tiny_model("gpt2")
+    with pytest.raises(hp.PosEncError, match=message):
+        hp.patch(model, scheme, **options)
+    assert hp.describe(model) is None
+
+
+def test_unsupported_architecture_names_the_supported_ones():
+    config = transformers.T5Config(d_model=32, num_layers=1, num_heads=2, d_ff=32, vocab_size=64)
+    model = transformers.T5Model(config)
+    with pytest.raises(hp.PosEncError, match=r"unsupported architecture 't5'; supported model types: bert, .*gpt2.*llama"):
+        hp.patch(model, "rope")
+    assert not hp.supports(model, "rope")
+
+
+def test_unsupported_cell_names_the_schemes_this_model_takes():
+    model = tiny_model("llama")
+    with pytest.raises(hp.PosEncError, match=r"'llama' models \(llama adapter\) cannot take scheme 'learned'; supported: alibi, .*nope.*rope.*yarn"):
+        hp.patch(model, "learned")
+    assert hp.supports(model, "yarn") and not hp.supports(model, "sinusoidal")
+
+
+def test_config_from_a_newer_format_is_refused():
+    with pytest.raises(hp.PosEncError, match=r"format 2, written by a newer hf-posenc.*format <= 1"):
+        hp.PosEncConfig.from_dict({"format": 2, "scheme": "rope", "options": {}})
+    assert hp.PosEncConfig.from_dict({"format": 1, "scheme": "rope", "options": {"theta": 5.0}}).options["theta"] == 5.0
+
+
+def test_scheme_must_be_a_name_or_config():
+    with pytest.raises(hp.PosEncError, match="scheme must be a name or a PosEncConfig, got int"):
+        hp.patch(tiny_model("gpt2"), 3)
+
+
+def _snapshot(model):
+    return ({k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict(),
+            [type(m) for m in model.modules()])
+
+
+@pytest.mark.parametrize("previous", [None, ("rope", {"theta": 100.0})])
+def test_a_patch_failing_halfway_leaves_the_model_untouched(previous):
+    model = tiny_model("gpt2")
+    if previous:
+        hp.patch(model, previous[0], **previous[1])
+    x = torch.randint(3, 100, (1, 10))
+    expected = model(x).logits
+    before = _snapshot(model)
+    # ALiBi needs a float bias, which flash/flex attention cannot take: the patch replaces the
+    # position slot first and fails when it reaches the attention implementation.
+    model.config._attn_implementation_internal = "flex_attention"
+    with pytest.raises(hp.PosEncError, match=r"need attn_implementation 'sdpa' or 'eager', this model uses 'flex_attention'"):
+        hp.patch(model, "alibi")
+    model.config._attn_implementation_internal = "sdpa"
+    after = _snapshot(model)
+    assert before[1] == after[1] and before[2] == after[2]
+    assert before[0].keys() == after[0].keys() and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert torch.equal(model(x).logits, expected)
+    assert hp.describe(model) == (hp.PosEncConfig(previous[0], **previous[1]).replace(partial=1.0) if previous else None)
+
+
+def test_switching_attention_implementation_after_alibi_is_refused():
+    model = hp.patch(tiny_model("llama"), "alibi")
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(hp.PosEncError, match=r"switched to 'sdpa' after patching, which drops the 'alibi' bias"):
+        model(torch.randint(3, 100, (1, 5)))
+
+
+def test_learned_table_limit_names_length_and_limit():
+    model = hp.patch(tiny_model("bert"), "learned", max_positions=32)
+    with pytest.raises(hp.PosEncError, match=r"needs position 39 \(length 40\) but the 'learned' table has 32 positions"):
+        model(torch.randint(3, 100, (1, 40)))
