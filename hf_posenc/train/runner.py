@@ -1,0 +1,316 @@
+"""The training loop: one Accelerator, from 1 CPU process to N GPUs, resumable after a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from ..errors import PosEncError
+from . import inputs, modeling
+from .recipe import Recipe
+
+RUN_FILE = "run.json"
+STATE_FILE = "trainer_state.json"
+CHECKPOINTS = "checkpoints"
+# Fields that may change between a run and its resume; anything else means a different run.
+RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
+                     "training.logging_steps", "evaluation", "output"}
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """Everything besides model/optimizer/scheduler/RNG (saved by accelerate) that a resume needs."""
+
+    step: int = 0
+    epoch: int = 0
+    offset: int = 0  # samples of this epoch already consumed (all processes together)
+    samples: list[int] = dataclasses.field(default_factory=list)  # per rank, for the proof of who trained
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    log: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    before: dict[str, Any] | None = None
+    train_seconds: float = 0.0
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. Temp dirs of an interrupted save are never listed."""
+    root = out / CHECKPOINTS
+    found = [p for p in root.glob("checkpoint-*") if (p / STATE_FILE).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    keys = []
+    for section in sorted(set(a) | set(b)):
+        for name in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
+            if a.get(section, {}).get(name) != b.get(section, {}).get(name):
+                if section not in RESUMABLE_CHANGES and f"{section}.{name}" not in RESUMABLE_CHANGES:
+                    keys.append(f"{section}.{name}")
+    return keys
+
+
+def check_output(recipe: Recipe, resume: bool, overwrite: bool) -> None:
+    """Refuse to write into a folder that holds another run unless told to resume or overwrite."""
+    out = Path(recipe.output.dir)
+    if resume and overwrite:
+        raise PosEncError("--resume and --overwrite exclude each other")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    run_file = out / RUN_FILE
+    where = f"{recipe.source}: output.dir"
+    if not run_file.is_file():
+        raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
+    if overwrite:
+        return
+    if not resume:
+        raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    changed = _diff(json.loads(run_file.read_text())["recipe"], recipe.to_dict())
+    if changed:
+        raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
+
+
+def preflight(recipe: Recipe, resume: bool, overwrite: bool, world_size: int) -> Any:
+    """Every check that needs no compute: output folder, scheme support, dataset columns, batch split."""
+    t = recipe.training
+    if t.batch_size % (t.micro_batch_size * world_size):
+        raise PosEncError(
+            f"{recipe.source}: training.batch_size: {t.batch_size} does not split into micro-batches of "
+            f"{t.micro_batch_size} on {world_size} process(es); use a multiple of {t.micro_batch_size * world_size}"
+        )
+    check_output(recipe, resume, overwrite)
+    modeling.check_scheme(recipe, modeling.load_config(recipe))
+    return inputs.load_raw(recipe)
+
+
+def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
+              eval_ids: torch.Tensor | None) -> dict[str, Any]:
+    """Held-out loss (and accuracy for classification); perplexity by length from the eval suite."""
+    model.eval()
+    losses, correct = [], []
+    with torch.no_grad():
+        for batch in loader:
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+            labels = batch["labels"]
+            if recipe.model.task == "causal_lm":
+                per_token = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+                loss = per_token.mean(dim=1)
+            else:
+                loss = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+                correct.append(accelerator.gather_for_metrics(logits.argmax(-1) == labels))
+            losses.append(accelerator.gather_for_metrics(loss))
+    loss = torch.cat(losses).mean().item()
+    result: dict[str, Any] = {"loss": loss, "samples": int(sum(x.numel() for x in losses))}
+    if recipe.model.task == "causal_lm":
+        result[f"perplexity@{recipe.data.seq_len}"] = math.exp(loss)
+        if recipe.evaluation.perplexity_lengths and eval_ids is not None:
+            from ..evaluation import perplexity_by_length
+
+            # every rank runs it on identical inputs: required under FSDP, harmless elsewhere
+            result["perplexity_by_length"] = perplexity_by_length(
+                accelerator.unwrap_model(model), eval_ids, recipe.evaluation.perplexity_lengths,
+                max_windows=recipe.evaluation.max_windows)
+    else:
+        result["accuracy"] = torch.cat(correct).float().mean().item()
+    model.train()
+    return result
+
+
+def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
+    """accelerate.save_state into a temp folder, then rename: a crash leaves the last good one intact."""
+    root = out / CHECKPOINTS
+    name = f"checkpoint-{state.step}"
+    tmp, final = root / f".tmp-{name}", root / name
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    tmp.mkdir(parents=True, exist_ok=True)
+    accelerator.save_state(str(tmp))  # model, optimizer, scheduler, and one RNG file per process
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(dataclasses.asdict(state), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        old = checkpoints(out)
+        for path in old[: max(0, len(old) - keep)] if keep else []:
+            doomed = path.with_name(f".tmp-delete-{path.name}")
+            os.replace(path, doomed)  # stops being a checkpoint before its files go
+            shutil.rmtree(doomed)
+    accelerator.wait_for_everyone()
+
+
+def _plot(log: list[dict[str, float]], before: dict | None, after: dict | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log], label="train loss")
+    for tag, res, marker in (("eval before", before, "o"), ("eval after", after, "s")):
+        if res:
+            step = 0 if tag == "eval before" else (log[-1]["step"] if log else 0)
+            ax.plot([step], [res["loss"]], marker, label=f"{tag}: {res['loss']:.3f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run a recipe under whatever `accelerate launch` set up; returns the results dict.
+
+    Args:
+        recipe: a validated Recipe (see `load_recipe`).
+        resume: continue from the latest checkpoint in `output.dir`.
+        overwrite: replace the run in `output.dir`.
+    """
+    t, out = recipe.training, Path(recipe.output.dir)
+    # torchrun on a machine without an accelerator must still mean "N CPU processes over gloo".
+    cpu = torch.accelerator.current_accelerator() is None or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    world = PartialState(cpu=cpu).num_processes  # joins the process group; Accelerator reuses it
+    raw = preflight(recipe, resume, overwrite, world)  # before any compute
+    accelerator = Accelerator(
+        cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
+        gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
+    )
+    main = accelerator.is_main_process
+    if overwrite and main and (out / RUN_FILE).is_file():
+        shutil.rmtree(out)
+    accelerator.wait_for_everyone()
+    latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
+
+    set_seed(t.seed)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True)
+    model, tokenizer = modeling.load_model(recipe)
+    posenc_names = modeling.apply_posenc(model, recipe)
+    if t.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = modeling.select_trainable(model, recipe, posenc_names)
+    data = inputs.prepare(recipe, raw, tokenizer)
+
+    sampler = inputs.EpochSampler(len(data.train), t.batch_size, t.seed)
+    if sampler.steps_per_epoch == 0:
+        raise PosEncError(f"{recipe.source}: training.batch_size: {t.batch_size} is more than the "
+                          f"{len(data.train)} training samples")
+    loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate)
+    eval_loader = torch.utils.data.DataLoader(data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(  # no decay on biases and norm gains (the usual GPT recipe)
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=t.lr)
+    from transformers import get_scheduler
+
+    scheduler = get_scheduler("constant_with_warmup" if t.scheduler == "constant" else t.scheduler, optimizer,
+                              num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
+    model, optimizer, loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, loader, eval_loader, scheduler)
+
+    rank, n_trainable = accelerator.process_index, sum(p.numel() for p in params)
+    state = TrainerState(samples=[0] * world, tokens=[0] * world)
+    if latest is not None:
+        state = TrainerState(**json.loads((latest / STATE_FILE).read_text()))
+        if len(state.samples) != world:
+            raise PosEncError(f"{latest} was written by {len(state.samples)} process(es); resume it with as many, not {world}")
+        accelerator.load_state(str(latest))
+    elif main:
+        out.mkdir(parents=True, exist_ok=True)
+    if main:
+        _write_json(out / RUN_FILE, {
+            "recipe": recipe.to_dict(), "source": recipe.source, "world_size": world,
+            "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
+            "host": socket.gethostname(), "trainable_parameters": n_trainable,
+            "total_parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
+            "resumed_from": str(latest) if latest else None,
+        })
+    accelerator.wait_for_everyone()
+
+    if recipe.evaluation.before and state.before is None:
+        state.before = _evaluate(model, eval_loader, accelerator, recipe, data.eval_ids)
+
+    bar = tqdm(total=t.max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True)
+    window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
+    samples, tokens = state.samples[rank], state.tokens[rank]
+    tick = time.perf_counter()
+    model.train()
+    while state.step < t.max_steps:
+        sampler.set_position(state.epoch, state.offset)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and t.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            n_tok = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            window += torch.tensor([loss.item(), 1.0, n_tok], dtype=torch.float64)
+            samples, tokens = samples + batch["input_ids"].shape[0], tokens + n_tok
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            state.step, state.offset = state.step + 1, state.offset + t.batch_size
+            bar.update(1)
+            if state.step % t.logging_steps == 0 or state.step == t.max_steps:
+                total = accelerator.reduce(window.to(accelerator.device), "sum").cpu()
+                seconds = time.perf_counter() - tick
+                state.train_seconds += seconds
+                row = {"step": state.step, "loss": total[0].item() / total[1].item(),
+                       "lr": scheduler.get_last_lr()[0], "tokens_per_s": total[2].item() / seconds,
+                       "elapsed_s": state.train_seconds}
+                state.log.append(row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                window.zero_()
+                tick = time.perf_counter()
+            if t.save_steps and state.step % t.save_steps == 0 and state.step < t.max_steps:
+                counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
+                state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
+                _save_checkpoint(accelerator, out, state, t.save_total_limit)
+                tick = time.perf_counter()
+            if state.step >= t.max_steps:
+                break
+        else:
+            state.epoch, state.offset = state.epoch + 1, 0
+    bar.close()
+    counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
+    state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
+
+    after = _evaluate(model, eval_loader, accelerator, recipe, data.eval_ids) if recipe.evaluation.after else None
+    accelerator.wait_for_everyone()
+    results = {
+        "scheme": recipe.posenc.scheme, "model": recipe.model.name_or_path, "steps": state.step,
+        "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
+        "train_seconds": state.train_seconds, "before": state.before, "after": after,
+        "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
+    }
+    if main:
+        _write_json(out / "loss.json", state.log)
+        _write_json(out / "results.json", results)
+        if recipe.output.plot:
+            _plot(state.log, state.before, after, out / "loss.png")
+        if recipe.output.save_model:
+            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return results

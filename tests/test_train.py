@@ -1,0 +1,193 @@
+"""Recipe runner: schema errors before compute, a real run end to end, reload merged and unmerged.
+
+Helpers here (`tiny_assets`, `write_recipe`, `run_cli`) are shared with test_train_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_model
+
+import hf_posenc
+from hf_posenc.errors import PosEncError
+from hf_posenc.train import load_recipe
+from hf_posenc.train.runner import preflight
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the a cat dog bird sat ran flew on under over mat log tree and then it was red blue big small".split()
+
+
+def _char_tokenizer(path: Path) -> None:
+    """A character-level fast tokenizer (vocab < 128) so tiny models get real text, offline."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set("".join(WORDS) + " .,"))
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>").save_pretrained(path)
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "." for _ in range(n)]
+
+
+def tiny_assets(root: Path, model_type: str = "llama") -> dict[str, Path]:
+    """A saved tiny random model with a char tokenizer, and a jsonl text dataset."""
+    model_dir, data = root / "model", root / "data.jsonl"
+    if not model_dir.exists():
+        model = tiny_model(model_type)
+        model.config.use_cache = False
+        model.save_pretrained(model_dir)
+        _char_tokenizer(model_dir)
+        data.write_text("".join(json.dumps({"text": s, "label": len(s) % 2}) + "\n" for s in _sentences(400, 0)))
+    return {"model": model_dir, "data": data}
+
+
+def recipe_dict(assets: dict[str, Path], out: Path, **sections: dict) -> dict:
+    base = {
+        "model": {"name_or_path": str(assets["model"])},
+        "posenc": {"scheme": "alibi"},
+        "peft": {"method": "lora", "r": 4},
+        "data": {"dataset": str(assets["data"]), "seq_len": 32, "max_eval_samples": 8},
+        "training": {"max_steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "warmup_steps": 1,
+                     "seed": 0, "save_steps": 0},
+        "evaluation": {"micro_batch_size": 4},
+        "output": {"dir": str(out), "plot": False},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return base
+
+
+def write_recipe(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_cli(args: list[str], timeout: float = 240, **popen) -> subprocess.CompletedProcess:
+    """`python -m hf_posenc.train ...` in a real process, offline, single-threaded for determinism."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "hf_posenc.train", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, **popen)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, Path]:
+    return tiny_assets(tmp_path_factory.mktemp("tiny"))
+
+
+# --- bad input: each a PosEncError naming file, field and allowed values, before any compute ---
+
+@pytest.mark.parametrize("sections, pieces", [
+    ({"training": {"lrr": 1.0}}, ["training", "'lrr'", "did you mean 'lr'", "allowed:"]),
+    ({"trainning": {"lr": 1.0}}, ["top level", "'trainning'", "training"]),
+    ({"training": {"max_steps": "ten"}}, ["training.max_steps", "expected int", "'ten'"]),
+    ({"training": {"scheduler": "step"}}, ["training.scheduler", "'constant', 'linear', 'cosine'"]),
+    ({"peft": {"trainable": ["norms", "bias"]}}, ["peft.trainable", "'bias'", "posenc, embeddings, norms, head"]),
+    ({"training": {"batch_size": 6, "micro_batch_size": 4}}, ["training.batch_size", "multiple"]),
+    ({"posenc": {"scheme": "yarn", "options": {"factr": 4}}}, ["posenc", "factr"]),
+    ({"posenc": {"scheme": "spiral"}}, ["posenc", "spiral"]),
+])
+def test_recipe_errors_name_file_field_and_allowed(tmp_path, assets, sections, pieces):
+    path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", **sections))
+    with pytest.raises(PosEncError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert str(path) in message
+    for piece in pieces:
+        assert piece in message, message
+
+
+def test_overrides_typed_and_checked(tmp_path, assets):
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out"))
+    recipe = load_recipe(path, ["--training.lr", "1e-4", "--max_steps", "3", "--peft.target_modules", "[q_proj, v_proj]"])
+    assert recipe.training.lr == 1e-4 and recipe.training.max_steps == 3
+    assert recipe.peft.target_modules == ["q_proj", "v_proj"]
+    with pytest.raises(PosEncError, match="ambiguous"):
+        load_recipe(path, ["--micro_batch_size", "2"])  # in training and evaluation
+    with pytest.raises(PosEncError, match="training.max_steps: expected int"):
+        load_recipe(path, ["--training.max_steps", "many"])
+    with pytest.raises(PosEncError, match="did you mean 'max_steps'"):
+        load_recipe(path, ["--training.max_step", "3"])
+
+
+def test_missing_column_and_unsupported_scheme_fail_before_loading(tmp_path, assets):
+    recipe = load_recipe(write_recipe(tmp_path / "c.yaml", recipe_dict(assets, tmp_path / "o1", data={"text_column": "body"})))
+    with pytest.raises(PosEncError, match=r"data.text_column: column 'body' not in .* columns: text, label"):
+        preflight(recipe, False, False, 1)
+    cls = recipe_dict(assets, tmp_path / "o2", model={"task": "classification"}, data={"label_column": "stars"})
+    with pytest.raises(PosEncError, match="data.label_column: column 'stars'"):
+        preflight(load_recipe(write_recipe(tmp_path / "l.yaml", cls)), False, False, 1)
+    config = hf_posenc.registry.get_scheme  # noqa: F841 - the registry decides support, not the runner
+    unsupported = [s for s in hf_posenc.list_schemes() if not hf_posenc.supports(tiny_model("llama").config, s)]
+    if not unsupported:
+        pytest.skip("llama supports every scheme")
+    bad = recipe_dict(assets, tmp_path / "o3", posenc={"scheme": unsupported[0]})
+    with pytest.raises(PosEncError, match=rf"posenc.scheme: 'llama' does not support '{unsupported[0]}'; supported: "):
+        preflight(load_recipe(write_recipe(tmp_path / "u.yaml", bad)), False, False, 1)
+
+
+def test_output_dir_holding_a_run_is_refused(tmp_path, assets):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"recipe": {}}))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, out)))
+    with pytest.raises(PosEncError, match="already holds a run; pass --resume .* or --overwrite"):
+        preflight(recipe, False, False, 1)
+    preflight(recipe, False, True, 1)  # --overwrite accepted
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    foreign = load_recipe(write_recipe(tmp_path / "f.yaml", recipe_dict(assets, tmp_path / "foreign")))
+    with pytest.raises(PosEncError, match="holds no hf-posenc run"):
+        preflight(foreign, False, True, 1)  # never deletes a folder it did not write
+
+
+def test_cli_reports_error_without_traceback(tmp_path, assets):
+    path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", training={"lrr": 1}))
+    proc = run_cli([str(path)])
+    assert proc.returncode == 2
+    assert "error:" in proc.stderr and "unknown field 'lrr'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- a real run ---
+
+def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
+    import peft
+
+    runs = {}
+    for merge in (True, False):
+        out = tmp_path / f"run-{merge}"
+        path = write_recipe(tmp_path / f"r{merge}.yaml", recipe_dict(assets, out, output={"merge": merge, "plot": True}))
+        proc = run_cli([str(path)])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[merge] = out
+    out = runs[True]
+    results = json.loads((out / "results.json").read_text())
+    log = json.loads((out / "loss.json").read_text())
+    assert [r["step"] for r in log] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in log)
+    assert (out / "loss.png").stat().st_size > 0
+    assert results["world_size"] == 1 and results["samples_per_rank"] == [24]
+    assert results["after"]["loss"] < results["before"]["loss"]
+    run = json.loads((out / "run.json").read_text())
+    assert 0 < run["trainable_parameters"] < run["total_parameters"]
+
+    batch = torch.randint(3, 30, (2, 24))
+    merged = hf_posenc.from_pretrained(out)
+    assert hf_posenc.describe(merged).scheme == "alibi"
+    base = hf_posenc.from_pretrained(runs[False])
+    unmerged = peft.PeftModel.from_pretrained(base, runs[False] / "adapter")
+    with torch.no_grad():
+        a, b = merged.eval()(batch).logits, unmerged.eval()(batch).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # same training, saved two ways
