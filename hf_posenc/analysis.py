@@ -264,7 +264,7 @@ class FourTerms:
     """Layer-0 pre-softmax logits split by source, each (heads, T, T), already times the 1/sqrt(d_h) scale.
 
     `terms` holds the four terms of Ke et al. (2021, TUPE, eq. 4) plus the five that involve the
-    "bias" part (projection biases, LayerNorm shift, and BERT's token-type vector). Their sum is the
+    "bias" part (LayerNorm shift and projection biases, the same for every token). Their sum is the
     model's own layer-0 logit q.k / sqrt(d_h). `valid` marks the (query, key) pairs attention uses.
     """
 
@@ -275,14 +275,29 @@ class FourTerms:
         return sum(self.terms.values())
 
     def summary(self) -> dict[str, Any]:
-        """Per head: mean |term| over valid pairs, and its share of the sum of those magnitudes."""
-        mags = {name: t.abs()[:, self.valid].mean(-1) for name, t in self.terms.items()}
-        total = sum(mags.values())
+        """Per head: mean |term| over valid pairs and its share of the summed magnitudes.
+
+        `softmax_share` does the same after subtracting each term's mean over the keys of a query:
+        softmax ignores what is constant along keys, so terms with the key-side bias (content-bias,
+        position-bias, bias-bias) vanish there, and the rest show what attention actually uses.
+        """
+        valid = self.valid.to(next(iter(self.terms.values())).dtype)
+
+        def shares(terms: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+            mags = {name: t.abs()[:, self.valid].mean(-1) for name, t in terms.items()}
+            total = sum(mags.values())
+            return mags, {name: m / total for name, m in mags.items()}
+
+        centred = {name: t - ((t * valid).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True))
+                   for name, t in self.terms.items()}
+        mags, share = shares(self.terms)
+        _, softmax_share = shares(centred)
         return {
             "layer": 0,
             "pairs": int(self.valid.sum()),
             "mean_abs": {name: m.tolist() for name, m in mags.items()},
-            "share": {name: (m / total).tolist() for name, m in mags.items()},
+            "share": {name: m.tolist() for name, m in share.items()},
+            "softmax_share": {name: m.tolist() for name, m in softmax_share.items()},
         }
 
 
@@ -302,11 +317,11 @@ def _project(model: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
 def four_terms(model: nn.Module, input_ids: Tensor) -> FourTerms:
     """Split layer 0's attention logits into content/position/bias terms (one text, no padding).
 
-    With x the word vector, e the position vector and s = x + e + r the LayerNorm input (r: BERT's
-    token-type vector), LayerNorm is linear in s once the per-token scale sigma(s) is fixed at its
-    actual value: LN(s) = g*(x-mean x)/sigma + g*(e-mean e)/sigma + [g*(r-mean r)/sigma + beta]. q/k
-    projections are linear plus a bias, so the logit splits exactly (Ke et al. 2021, eq. 4), bias
-    terms included. Only layer 0 is decomposed: deeper inputs have passed attention and MLPs, which
+    With x the content vector (word, plus BERT's token-type vector, which is the same at every
+    position), e the position vector and s = x + e the LayerNorm input, LayerNorm is linear in s once
+    the per-token scale sigma(s) is fixed at its actual value: LN(s) = g*(x - mean x)/sigma +
+    g*(e - mean e)/sigma + beta. q/k projections are linear plus a bias, so the logit splits exactly
+    (Ke et al. 2021, eq. 4) into the four terms and five bias terms (beta and projection biases). Only layer 0 is decomposed: deeper inputs have passed attention and MLPs, which
     mix token and position information non-linearly, and no split of them is exact.
     """
     kind = position_kind(model)
@@ -369,7 +384,7 @@ def four_terms(model: nn.Module, input_ids: Tensor) -> FourTerms:
     dtype = next(q_proj.parameters()).dtype
     zero_q, zero_k = _project(model, torch.zeros_like(s[:1]).to(dtype))
     parts: dict[str, tuple[Tensor, Tensor]] = {}
-    for name, vec in (("content", part(x)), ("position", part(e)), ("bias", part(rest) + beta)):
+    for name, vec in (("content", part(x + rest)), ("position", part(e)), ("bias", beta[None].expand_as(s))):
         q, k = _project(model, vec.to(dtype))
         if name != "bias":  # the projection bias belongs to the bias part only
             q, k = q - zero_q, k - zero_k
