@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .adapters.base import get_module
 from .errors import PosEncError
-from .patching import describe
+from .patching import describe, from_pretrained
 from .registry import ADAPTERS, adapter_for, get_scheme
 from .schemes import alibi as alibi_scheme
 
@@ -545,29 +545,40 @@ def plot_subspace(geo: dict[str, Any], path: Path, title: str) -> None:
 
 def plot_four_terms(summary: dict[str, Any], path: Path, title: str) -> None:
     plt = _pyplot()
-    share = summary["share"]
-    columns = list(TERMS) + ["bias terms (5)"]
-    grid = torch.tensor([share[t] for t in TERMS] + [[sum(v) for v in zip(*(share[t] for t in BIAS_TERMS))]]).T
-    fig, ax = plt.subplots(figsize=(1.6 * len(columns) + 1.5, 0.45 * grid.shape[0] + 1.8))
-    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=max(0.5, float(grid.max())), aspect="auto")
-    for (h, c), v in zip(((h, c) for h in range(grid.shape[0]) for c in range(grid.shape[1])), grid.flatten()):
-        ax.text(c, h, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.3 else "k", fontsize=8)
-    ax.set_xticks(range(len(columns)), [c.replace("-", "-\n") for c in columns])
-    ax.set_yticks(range(grid.shape[0]), [f"head {h}" for h in range(grid.shape[0])])
-    fig.colorbar(im, ax=ax, label="share of mean |logit term|")
-    ax.set_title(f"{title}: layer-0 attention logit terms ({summary['pairs']} query-key pairs)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    columns = [*TERMS, "bias terms (5)"]
+    fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(columns) + 2, 0.45 * len(summary["share"][TERMS[0]]) + 2.2))
+    for ax, key, label in ((axes[0], "share", "share of mean |logit term|"),
+                           (axes[1], "softmax_share", "same, each term centred over keys (what softmax sees)")):
+        share = summary[key]
+        bias = [sum(v) for v in zip(*(share[t] for t in BIAS_TERMS))]
+        grid = torch.tensor([share[t] for t in TERMS] + [bias]).T
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for h in range(grid.shape[0]):
+            for c in range(grid.shape[1]):
+                v = float(grid[h, c])
+                ax.text(c, h, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+        ax.set_xticks(range(len(columns)), [c.replace("-", "-\n") for c in columns])
+        ax.set_yticks(range(grid.shape[0]), [f"head {h}" for h in range(grid.shape[0])])
+        ax.set_title(label, fontsize=10)
+    fig.colorbar(im, ax=axes, fraction=0.03)
+    fig.suptitle(f"{title}: layer-0 attention logit terms ({summary['pairs']} query-key pairs)")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
 def plot_encoding(positions: Tensor, by_distance: dict[str, list[float]], path: Path, title: str) -> None:
+    """Raw dimensions, then the same vectors in their own principal basis, where a learned table's
+    smooth low-frequency structure shows up, then similarity by distance."""
     plt = _pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
-    lim = float(positions.abs().quantile(0.99))
-    im = ax.imshow(positions.cpu(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-    ax.set(xlabel="dimension", ylabel="position", title="position vectors")
-    fig.colorbar(im, ax=ax)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
+    components = positions.double() @ principal_basis(positions, k=min(32, *positions.shape))
+    for ax, data, xlabel, name in ((axes[0], positions, "dimension", "position vectors"),
+                                   (axes[1], components, "principal direction (by energy)", "in their principal basis")):
+        lim = float(data.abs().quantile(0.99))
+        im = ax.imshow(data.cpu(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        ax.set(xlabel=xlabel, ylabel="position", title=name)
+        fig.colorbar(im, ax=ax)
+    bx = axes[2]
     bx.plot(by_distance["distance"], by_distance["cosine"], color="C0", label="cosine")
     bx.set(xlabel="distance |i - j|", ylabel="mean cosine", title="position i vs position j")
     bx.axhline(0, color="0.7", lw=0.8)
@@ -661,8 +672,19 @@ def inspect_model(
     else:
         result["summary"] = (f"{name} is patched to {kind!r}, a score-site scheme: positions enter as a bias on "
                              f"the attention scores, not as vectors, so neither subspace nor four-term analysis applies")
-    (out / "inspect.json").write_text(json.dumps(result, indent=1))
+    (out / "inspect.json").write_text(json.dumps(_rounded(result), indent=1))
     return result
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 6 significant digits, so a 30-layer RoPE profile stays a readable file."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- CLI
@@ -674,7 +696,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def load(model: str) -> tuple[nn.Module, Any, str]:
     """(base model in eval mode, tokenizer, display name) for a named offline model or a local path."""
-    from transformers import AutoModel, AutoTokenizer
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
 
     if model == "minilm":
         try:
@@ -692,8 +715,15 @@ def load(model: str) -> tuple[nn.Module, Any, str]:
         path, kwargs, name = Path(model), {}, Path(model).name
         if not path.is_dir():
             raise PosEncError(f"MODEL must be a local model folder or one of {', '.join(NAMED_MODELS)}; got {model!r}")
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    net = AutoModel.from_pretrained(path, dtype=torch.float32, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise PosEncError(f"{model!r} has no tokenizer that loads offline; save one next to the model ({err})") from err
+    # hf_posenc's loader re-applies a saved patch (plain from_pretrained would silently drop it); the
+    # checkpoint's own class keeps its weight names, and every analysis uses `model.base_model`
+    architectures = getattr(AutoConfig.from_pretrained(path, **kwargs), "architectures", None) or [""]
+    cls = getattr(transformers, architectures[0], transformers.AutoModel)
+    net = from_pretrained(str(path), model_cls=cls, dtype=torch.float32, **kwargs)
     return net.eval(), tokenizer, name
 
 

