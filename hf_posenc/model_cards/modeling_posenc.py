@@ -1,0 +1,26 @@
+"""Remote code for a checkpoint whose positional encoding was swapped with hf-posenc.
+
+`AutoModel*.from_pretrained(repo, trust_remote_code=True)` runs this file. Plain `from_pretrained`
+would build the stock architecture and silently drop the patch (its new position weights come
+back randomly initialised); this loads the stock class named in `config.architectures` through
+`hf_posenc.from_pretrained`, which re-applies `config.posenc` and then loads the patch's weights.
+It needs hf-posenc installed: `pip install hf-posenc`.
+"""
+
+import hf_posenc
+import transformers
+from transformers import PreTrainedModel
+
+
+class PosEncModel(PreTrainedModel):
+    """Entry point named in `config.auto_map`; returns the patched stock model, not an instance of this class."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *, config, **kwargs):
+        kwargs.pop("trust_remote_code", None)  # the stock class below needs no remote code
+        stock = getattr(transformers, config.architectures[0])
+        model = hf_posenc.from_pretrained(pretrained_model_name_or_path, model_cls=stock, config=config, **kwargs)
+        # config.auto_map names a file of the published repo, not of wherever the model is saved next:
+        # dropping it lets `save_pretrained` write a folder that hf_posenc.from_pretrained reloads.
+        del model.config.auto_map
+        return model
