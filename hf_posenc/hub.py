@@ -329,15 +329,13 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         commit_message: the Hub commit message.
         base_model: Hub id of the model it derives from, for the card.
     """
-    import httpx  # huggingface_hub's transport; its errors are what an unreachable Hub raises
-
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
         staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=staged, commit_message=commit_message)
-        except (OSError, httpx.HTTPError) as err:
+        except Exception as err:  # transport errors are requests/httpx/httpx2 types, by huggingface_hub version
             raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); "
                               f"the local folder is unchanged") from err
     return commit.commit_url

@@ -1,0 +1,191 @@
+"""Publishing: the exported repo reloads patched through trust_remote_code (bit-exact), the card
+carries model-index metadata from real results files, and a push that cannot reach the Hub leaves
+the local folder exactly as it was. The Hub is unreachable here: everything up to the network call
+is tested with the real huggingface_hub, whose offline mode makes that call fail fast."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+import transformers
+from conftest import tiny_model
+from huggingface_hub import ModelCard
+
+import hf_posenc as hp
+from hf_posenc import cli, hub
+from hf_posenc.errors import PosEncError
+from hf_posenc.evaluation import plot_results
+
+LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
+
+# (model type, head, Auto class, scheme, options)
+CELLS = [
+    ("gpt2", "causal", "AutoModelForCausalLM", "rope", {}),
+    ("gpt2", "causal", "AutoModelForCausalLM", "learned", {"init": "interpolate", "max_positions": 128}),
+    ("llama", "causal", "AutoModelForCausalLM", "alibi", {}),
+    ("bert", "base", "AutoModel", "rope", {}),
+    ("bert", "cls", "AutoModelForSequenceClassification", "sinusoidal", {}),
+]
+
+
+def _output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with the hash of its bytes: what 'unchanged' means."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _eval_results(model: str, posenc: dict | None) -> dict:
+    """A results.json as `hf-posenc eval` writes it (schema in hf_posenc/evaluation.py)."""
+    return {
+        "format": 1, "label": "tiny rope()", "model": model, "scheme": "rope", "options": {}, "posenc": posenc,
+        "settings": {"suite": ["ppl", "passkey", "sst2", "copy"], "lengths": [64, 128], "text": "kjv"},
+        "results": {
+            "ppl": {"64": {"perplexity": 17.25, "loss": 2.85, "tokens": 63, "windows": 1, "stride": 64},
+                    "128": {"skipped": "IndexError: index out of range"}},
+            "passkey": {"64": {"accuracy": 0.5, "by_depth": {"0.0": 1.0, "1.0": 0.0}, "trials": 2, "tokens": 60}},
+            "sst2": {"accuracy": 0.625, "f1": 0.6, "examples": 40, "mode": "zero-shot"},
+            "copy": {"2": 1.0, "4": 0.25},
+        },
+        "versions": {"python": "3.12", "transformers": transformers.__version__}, "complete": True,
+    }
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """A tiny GPT-2 patched to rope, saved with an eval results file, its plots and a training checkpoint."""
+    model = hp.patch(tiny_model("gpt2"), "rope", theta=500.0)
+    folder = tmp_path / "gpt2-rope"
+    model.save_pretrained(folder)
+    results = _eval_results("openai-community/gpt2", hp.describe(model).to_dict())
+    (folder / "eval").mkdir()
+    (folder / "eval" / "results.json").write_text(json.dumps(results))
+    assert plot_results([results], folder / "eval")
+    (folder / "checkpoints" / "step-2").mkdir(parents=True)
+    (folder / "checkpoints" / "step-2" / "optimizer.bin").write_bytes(b"\0" * 64)
+    return folder, model
+
+
+@pytest.mark.parametrize("model_type, head, auto_class, scheme, options", CELLS,
+                         ids=[f"{c[0]}-{c[2]}-{c[3]}" for c in CELLS])
+def test_trust_remote_code_reloads_patched_exactly(tmp_path, model_type, head, auto_class, scheme, options):
+    model = hp.patch(tiny_model(model_type, head=head), scheme, **options)
+    ids = torch.randint(1, 128, (2, LONG))
+    expected = _output(model, ids)
+    model.save_pretrained(tmp_path / "model")
+    repo = hub.export(tmp_path / "model", tmp_path / f"repo-{model_type}-{scheme}")
+    assert json.loads((repo / "config.json").read_text())["auto_map"] == {auto_class: "modeling_posenc.PosEncModel"}
+
+    loaded = getattr(transformers, auto_class).from_pretrained(repo, trust_remote_code=True).eval()
+    assert hp.describe(loaded) == hp.describe(model)
+    assert torch.equal(_output(loaded, ids), expected)
+    # Without the remote code the same repo loads unpatched: the export is what keeps the patch.
+    plain = getattr(transformers, auto_class).from_pretrained(repo).eval()
+    assert hp.describe(plain) is None
+    if scheme != "learned":  # a learned table of the new size loads natively; the others change the maths
+        assert not torch.allclose(_output(plain, ids[:, :64]), expected[:, :64])
+
+    # Saved again, the model no longer points at remote code it does not carry, and reloads patched.
+    loaded.save_pretrained(tmp_path / "again")
+    assert "auto_map" not in json.loads((tmp_path / "again" / "config.json").read_text())
+    again = hp.from_pretrained(str(tmp_path / "again"), model_cls=getattr(transformers, auto_class)).eval()
+    assert torch.equal(_output(again, ids), expected)
+
+
+def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path, saved):
+    folder, model = saved
+    before = _snapshot(folder)
+    repo = hub.export(folder, tmp_path / "staged", base_model="openai-community/gpt2", repo_id="me/gpt2-rope")
+    assert _snapshot(folder) == before
+
+    files = set(_snapshot(repo))
+    assert {"config.json", "model.safetensors", "modeling_posenc.py", "README.md", "eval/results.json",
+            "eval/perplexity.png", "eval/passkey.png"} <= files
+    assert not any(f.startswith("checkpoints/") for f in files)
+    assert (repo / "modeling_posenc.py").read_text() == (hub.TEMPLATES / hub.REMOTE_CODE).read_text()
+    config, original = (json.loads(p.read_text()) for p in (repo / "config.json", folder / "config.json"))
+    assert config.pop("auto_map") == {"AutoModelForCausalLM": "modeling_posenc.PosEncModel"}
+    assert config == original
+    assert (repo / "config.json").stat().st_ino != (folder / "config.json").stat().st_ino
+
+    card = ModelCard.load(repo / "README.md")
+    assert card.data.base_model == "openai-community/gpt2" and card.data.pipeline_tag == "text-generation"
+    assert "posenc-rope" in card.data.tags and card.data.model_name == "gpt2-rope"
+    metrics = {(r.dataset_type, r.metric_type, r.metric_name): r.metric_value for r in card.data.eval_results}
+    assert metrics == {
+        ("kjv", "perplexity", "perplexity @ 64 tokens"): 17.25,  # the skipped 128 is in the text, not the index
+        ("passkey", "accuracy", "passkey accuracy @ 64 tokens"): 0.5,
+        ("rotten_tomatoes", "accuracy", "sentiment accuracy (zero-shot)"): 0.625,
+        ("rotten_tomatoes", "f1", "sentiment f1 (zero-shot)"): 0.6,
+        ("synthetic-copy", "exact_match", "copy exact match @ 2 digits"): 1.0,
+        ("synthetic-copy", "exact_match", "copy exact match @ 4 digits"): 0.25,
+    }
+    text = card.text
+    for piece in ["swapped from **`learned`** to **`rope`**", "| option `theta` | `500.0` |",
+                  'hf_posenc.from_pretrained("me/gpt2-rope", model_cls=AutoModelForCausalLM)',
+                  'AutoModelForCausalLM.from_pretrained("me/gpt2-rope", trust_remote_code=True)',
+                  repr(hp.describe(model)), "![eval/perplexity.png](eval/perplexity.png)",
+                  "![eval/passkey.png](eval/passkey.png)", "skipped: IndexError"]:
+        assert piece in text, piece
+
+
+def test_export_keeps_the_folders_own_card_and_refuses_bad_targets(tmp_path, saved):
+    folder, _ = saved
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# hand-written\n")
+    repo = hub.export(folder, tmp_path / "staged")
+    assert (repo / "README.md").read_text() == (folder / "README.md").read_text()
+    with pytest.raises(PosEncError, match="already exists"):
+        hub.export(folder, repo)
+    with pytest.raises(PosEncError, match="inside"):
+        hub.export(folder, folder / "staged")
+    with pytest.raises(PosEncError, match="no config.json"):
+        hub.export(folder / "eval", tmp_path / "x")
+    with pytest.raises(PosEncError, match="not a Hub repo id"):
+        hub.export(folder, tmp_path / "y", repo_id="two words")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "posenc": {**config["posenc"], "format": 99}}))
+    (folder / "README.md").unlink()
+    with pytest.raises(PosEncError, match="newer hf-posenc"):
+        hub.export(folder, tmp_path / "z")
+    assert not (tmp_path / "z").exists()
+
+
+def test_push_without_the_hub_fails_clearly_and_changes_nothing(tmp_path, saved, monkeypatch):
+    folder, _ = saved
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never reach the real Hub
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    before = _snapshot(folder)
+    with pytest.raises(PosEncError, match=r"'me/gpt2-rope' failed \(OfflineModeIsEnabled.*local folder is unchanged"):
+        hub.push(folder, "me/gpt2-rope", token="hf_not_a_real_token")
+    assert _snapshot(folder) == before
+    assert list((tmp_path / "tmp").iterdir()) == []  # the staging copy is gone too
+    assert cli.main(["push", str(folder), "me/gpt2-rope"]) == 2
+    assert _snapshot(folder) == before
+
+
+def test_card_and_push_commands(tmp_path, saved, capsys):
+    folder, _ = saved
+    for command in ("card", "push"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert f"examples:\n  hf-posenc {command} " in capsys.readouterr().out
+    assert cli.main(["card", str(folder), "--base-model", "openai-community/gpt2"]) == 0
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.base_model == "openai-community/gpt2" and len(card.data.eval_results) == 6
+    assert cli.main(["push", str(folder), "me/gpt2-rope", "--dry-run", str(tmp_path / "staged")]) == 0
+    assert (tmp_path / "staged" / "README.md").read_text() == (folder / "README.md").read_text()
+    assert cli.main(["card", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
