@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -70,6 +71,13 @@ def _split_flags(args: argparse.Namespace) -> list[str]:
     return rest
 
 
+def _free_port() -> int:
+    """torchrun's default port 29500 may be held by another job on a shared machine: its workers would wait forever."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main(args: argparse.Namespace) -> int:
     overrides = _split_flags(args)
     recipe = load_recipe(args.recipe, overrides)
@@ -84,8 +92,9 @@ def main(args: argparse.Namespace) -> int:
     if config.get("use_cpu"):
         os.environ["ACCELERATE_USE_CPU"] = "true"  # torchrun children do not get it from the config
     flags = [f for f in FLAGS if getattr(args, f[2:])]
+    port = [] if config.get("main_process_port") else ["--main_process_port", str(_free_port())]
     launch_args = launch_command_parser().parse_args(
-        ["--config_file", str(path), "-m", "hf_posenc.train", args.recipe, *overrides, *flags])
+        ["--config_file", str(path), *port, "-m", "hf_posenc.train", args.recipe, *overrides, *flags])
     try:
         launch_command(launch_args)
     except Exception as err:  # the children printed their own tracebacks

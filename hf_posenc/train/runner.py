@@ -214,8 +214,12 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     if sampler.steps_per_epoch == 0:
         raise PosEncError(f"{recipe.source}: training.batch_size: {t.batch_size} is more than the "
                           f"{len(data.train)} training samples")
-    loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate)
-    eval_loader = torch.utils.data.DataLoader(data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate)
+    # Own generators: a DataLoader draws a seed from the global RNG on every pass, which would shift
+    # the dropout stream of a resumed run (its pass over the data starts after the restore).
+    loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate,
+                                         generator=torch.Generator().manual_seed(t.seed))
+    eval_loader = torch.utils.data.DataLoader(data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
+                                              generator=torch.Generator().manual_seed(t.seed))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(  # no decay on biases and norm gains (the usual GPT recipe)
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
