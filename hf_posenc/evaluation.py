@@ -61,6 +61,7 @@ __all__ = [
     "passkey",
     "passkey_prompt",
     "perplexity_by_length",
+    "prefix_perplexity",
 ]
 
 METRICS_DIR = Path(__file__).parent / "metrics"
@@ -216,8 +217,8 @@ def perplexity_by_length(
     head = _output_head(model)
     results: dict[int, dict[str, Any]] = {}
     for length in lengths:
-        if ids.numel() < length:
-            results[length] = {"skipped": f"the text has {ids.numel()} tokens, fewer than {length}; pass a longer text"}
+        if _unscorable(length, ids.numel()):
+            results[length] = _unscorable(length, ids.numel())
             continue
         try:
             results[length] = _perplexity_at(model, head, ids, length, min(stride or length, length),
@@ -225,6 +226,14 @@ def perplexity_by_length(
         except LENGTH_FAILURES as err:
             results[length] = _skipped(err)
     return results
+
+
+def _unscorable(length: int, n_tokens: int) -> dict[str, str] | None:
+    if length < 2:
+        return {"skipped": "a 1-token window has nothing to predict; use lengths >= 2"}
+    if n_tokens < length:
+        return {"skipped": f"the text has {n_tokens} tokens, fewer than {length}; pass a longer text"}
+    return None
 
 
 def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Tensor, length: int, stride: int,
@@ -252,6 +261,41 @@ def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Ten
     return {"perplexity": math.exp(loss), "loss": loss, "tokens": count, "windows": len(starts), "stride": stride}
 
 
+def prefix_perplexity(
+    model: PreTrainedModel, input_ids: torch.Tensor, lengths: Sequence[int], *, progress: bool = False
+) -> dict[int, dict[str, Any]]:
+    """Perplexity of the first `length` tokens for every length, from one forward pass of the longest.
+
+    In a causal model the logits at position t do not depend on later tokens, so this equals
+    `perplexity_by_length(model, ids, [length], max_windows=1)` for each length at the cost of the
+    longest alone -- provided positions are static (learned, RoPE and its linear/NTK/YaRN scalings,
+    ALiBi). It does not hold for `dynamic` scaling, whose frequencies depend on the total length.
+    If the longest length fails, every length is recorded as skipped.
+    """
+    lengths = sorted(_check_lengths(lengths))
+    ids = torch.as_tensor(input_ids).long()
+    head = _output_head(model)
+    results = {L: _unscorable(L, ids.numel()) for L in lengths if _unscorable(L, ids.numel())}
+    fitting = [L for L in lengths if L not in results]
+    if not fitting:
+        return results
+    longest = fitting[-1]
+    window = ids[None, :longest].to(_device(model))
+    try:
+        hidden = _head_inputs(model, head, window)[0]
+        nll = torch.cat([
+            F.cross_entropy(_logits(head, hidden[lo - 1 : min(lo + LOGIT_CHUNK, longest) - 1]),
+                            window[0, lo : min(lo + LOGIT_CHUNK, longest)], reduction="none").double().cpu()
+            for lo in tqdm(range(1, longest, LOGIT_CHUNK), desc=f"prefix perplexity @ {longest}", disable=not progress)
+        ]).cumsum(0)
+    except LENGTH_FAILURES as err:
+        return {**results, **{L: _skipped(err) for L in fitting}}
+    for L in fitting:
+        loss = (nll[L - 2] / (L - 1)).item()
+        results[L] = {"perplexity": math.exp(loss), "loss": loss, "tokens": L - 1, "windows": 1, "stride": L}
+    return dict(sorted(results.items()))
+
+
 def text_token_ids(tokenizer: PreTrainedTokenizerBase, text: str, n_tokens: int) -> torch.Tensor:
     """The first `n_tokens` token ids of a text, tokenizing only as much of it as needed."""
     chars = max(n_tokens * 8, 1000)  # English averages ~4 characters per BPE token
@@ -276,7 +320,6 @@ def _greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     `extra` more positions past the answer are decoded too (to catch e.g. a longer number).
     """
     head = _output_head(model)
-    device = _device(model)
     rows = []
     for prompt, answer in zip(prompts, answers):
         prompt_ids = tokenizer(prompt)["input_ids"]
@@ -293,19 +336,28 @@ def _greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     out: dict[int, str] = {}
     for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
         idx = order[i : i + batch_size]
-        width = max(len(rows[j][0]) for j in idx)
-        ids = torch.full((len(idx), width), tokenizer.pad_token_id if batch_size > 1 else 0, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, j in enumerate(idx):  # right padding keeps every real token at its own position
-            ids[r, : len(rows[j][0])] = torch.tensor(rows[j][0])
-            mask[r, : len(rows[j][0])] = 1
-        hidden = _head_inputs(model, head, ids.to(device), mask.to(device) if len(idx) > 1 else None)
+        hidden = _padded_hidden(model, head, [rows[j][0] for j in idx], tokenizer.pad_token_id)
         for r, j in enumerate(idx):
             full_ids, start = rows[j]
             stop = min(len(full_ids), len(full_ids) - 1 + extra)  # hidden at p predicts token p + 1
             picked = _logits(head, hidden[r, start - 1 : stop]).argmax(-1).tolist()
             out[j] = tokenizer.decode(picked, skip_special_tokens=True)
     return [out[j] for j in range(len(rows))]
+
+
+def _padded_hidden(model: PreTrainedModel, head: torch.nn.Module, rows: Sequence[Sequence[int]],
+                   pad_id: int | None) -> torch.Tensor:
+    """Final hidden states of token rows of different lengths, right-padded (every real token keeps
+    its own position, so no position ids are needed); a single row is run without a mask."""
+    if len(rows) == 1:
+        return _head_inputs(model, head, torch.tensor([list(rows[0])], device=_device(model)))
+    ids = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    device = _device(model)
+    return _head_inputs(model, head, ids.to(device), mask.to(device))
 
 
 def _require_pad(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -456,7 +508,7 @@ def classification(
         dataset = dataset.select(range(min(limit, len(dataset))))
     name = type(model).__name__
     if name in CLASSIFIER_CLASSES:
-        mode, predict = "classifier", functools.partial(_classifier_predict, model)
+        mode, predict = "classifier", functools.partial(_classifier_predict, model, tokenizer)
     elif name not in MASKED_LM_CLASSES and name in CAUSAL_LM_CLASSES:
         mode, predict = "zero-shot", functools.partial(_zero_shot_predict, model, tokenizer)
     else:
@@ -465,32 +517,36 @@ def classification(
     texts, labels = dataset[text_column], dataset[label_column]
     predictions: list[int] = []
     for i in tqdm(range(0, len(texts), batch_size), desc=f"sst2 ({mode})", unit="batch", disable=not progress):
-        batch = texts[i : i + batch_size]
-        if mode == "zero-shot":
-            batch = [SENTIMENT_PROMPT.format(text=t) for t in batch]
-        enc = tokenizer(batch, padding=True, truncation=False, return_tensors="pt").to(_device(model))
-        predictions += predict(enc)
+        predictions += predict(texts[i : i + batch_size])
     scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(
         predictions=predictions, references=labels
     )
     return {**scores, "examples": len(labels), "mode": mode}
 
 
-def _classifier_predict(model: PreTrainedModel, enc: dict) -> list[int]:
+def _classifier_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[int]:
+    # truncation to the tokenizer's model_max_length (512 for BERT-family tokenizers), as in fine-tuning
+    enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(_device(model))
     with torch.no_grad():
         return model(**enc).logits.argmax(-1).tolist()
 
 
-def _zero_shot_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, enc: dict) -> list[int]:
+def _zero_shot_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[int]:
+    """The label word the model scores higher right after the prompt. Tokens the label words share
+    (e.g. a leading space under a character tokenizer) are appended to the prompt first, and the
+    words compared at their first differing token."""
     head = _output_head(model)
-    words = [tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in SENTIMENT_WORDS]
-    if tokenizer.padding_side == "left":
-        last = torch.full((enc["input_ids"].shape[0],), enc["input_ids"].shape[1] - 1)
-    else:
-        last = enc["attention_mask"].sum(1) - 1
-    hidden = _head_inputs(model, head, enc["input_ids"], enc["attention_mask"])
-    logits = _logits(head, hidden[torch.arange(len(last)), last.to(hidden.device)])
-    return logits[:, words].argmax(-1).tolist()
+    words = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in SENTIMENT_WORDS]
+    shared = 0
+    while shared < min(map(len, words)) - 1 and words[0][shared] == words[1][shared]:
+        shared += 1
+    if words[0][shared] == words[1][shared]:
+        raise PosEncError(f"the tokenizer cannot tell the label words {SENTIMENT_WORDS} apart")
+    rows = [tokenizer(SENTIMENT_PROMPT.format(text=t))["input_ids"] + words[0][:shared] for t in texts]
+    hidden = _padded_hidden(model, head, rows, tokenizer.pad_token_id)
+    last = torch.tensor([len(r) - 1 for r in rows], device=hidden.device)
+    logits = _logits(head, hidden[torch.arange(len(rows), device=hidden.device), last])
+    return logits[:, [words[0][shared], words[1][shared]]].argmax(-1).tolist()
 
 
 # ---------------------------------------------------------------- loading

