@@ -82,6 +82,11 @@ def _hub_id(name: Any) -> str | None:
     return name if isinstance(name, str) and HUB_ID.match(name) and not os.path.exists(name) else None
 
 
+def _dataset_label(name: str) -> str:
+    """A dataset name fit for a public card: a local file or folder is named by its basename only."""
+    return Path(name).name if os.path.exists(name) else name
+
+
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
     architectures = config.get("architectures") or []
@@ -157,20 +162,23 @@ def _training(run_info: dict[str, Any], results: dict[str, Any] | None
     before, after = results.get("before") or {}, results.get("after") or {}
     recipe = run_info.get("recipe", {})
     data = recipe.get("data", {})
+    dataset = _dataset_label(data.get("dataset", "?"))
     causal = recipe.get("model", {}).get("task", "causal_lm") == "causal_lm"
     values: dict[str, tuple[Any, Any]] = {}
     for key in dict.fromkeys([*before, *after]):
         if key == "perplexity_by_length":
             for length in sorted({*before.get(key, {}), *after.get(key, {})}, key=int):
-                values[f"perplexity @ {length} tokens"] = tuple(
+                values[f"perplexity @ {length} tokens, sliding window"] = tuple(
                     side.get(key, {}).get(length, {}).get("perplexity") for side in (before, after))
+        elif key.startswith("perplexity@"):
+            values[f"perplexity @ {key[len('perplexity@'):]} tokens, training blocks"] = (before.get(key), after.get(key))
         elif key != "samples":
-            values[key.replace("@", " @ ")] = (before.get(key), after.get(key))
+            values[key] = (before.get(key), after.get(key))
     rows = [(name, _fmt(b) if b is not None else "–", _fmt(a) if a is not None else "–") for name, (b, a) in values.items()]
     entries = [
         EvalResult(
-            task_type="text-generation" if causal else "text-classification", dataset_type=data.get("dataset", "?"),
-            dataset_name=f"{data.get('dataset', '?')} (held out from training)", dataset_config=data.get("config_name"),
+            task_type="text-generation" if causal else "text-classification", dataset_type=dataset,
+            dataset_name=f"{dataset} (held out from training)", dataset_config=data.get("config_name"),
             dataset_split=data.get("eval_split"), metric_type=name.split(" ")[0], metric_name=f"{name} after training",
             metric_value=round(a, 4))
         for name, (_, a) in values.items() if isinstance(a, float)

@@ -189,3 +189,35 @@ def test_card_and_push_commands(tmp_path, saved, capsys):
     assert (tmp_path / "staged" / "README.md").read_text() == (folder / "README.md").read_text()
     assert cli.main(["card", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_card_of_a_real_training_run(tmp_path):
+    from test_train import recipe_dict, run_cli, tiny_assets, write_recipe
+
+    assets = tiny_assets(tmp_path)
+    out = tmp_path / "run"
+    recipe = recipe_dict(assets, out, output={"plot": True}, evaluation={"perplexity_lengths": [16], "max_windows": 2})
+    proc = run_cli([str(write_recipe(tmp_path / "recipe.yaml", recipe))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+
+    card = hub.model_card(out, "HuggingFaceTB/SmolLM2-135M")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M" and "posenc-alibi" in card.data.tags
+    metrics = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert metrics == {
+        "loss after training": round(results["after"]["loss"], 4),
+        "perplexity @ 32 tokens, training blocks after training": round(results["after"]["perplexity@32"], 4),
+        "perplexity @ 16 tokens, sliding window after training":
+            round(results["after"]["perplexity_by_length"]["16"]["perplexity"], 4),
+    }
+    assert {r.dataset_type for r in card.data.eval_results} == {"data.jsonl"}  # no local path in a public card
+    text = card.text
+    for piece in ["swapped from **`rope`** to **`alibi`**", "then fine-tuned with the recipe below",
+                  "  scheme: alibi", "max_steps: 6", f"| loss | {results['before']['loss']:.4g} | "
+                  f"{results['after']['loss']:.4g} |", "![loss.png](loss.png)"]:
+        assert piece in text, piece
+    repo = hub.export(out, tmp_path / "staged")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
+    trained = hp.from_pretrained(str(out)).eval()
+    ids = torch.randint(3, 30, (1, 24))
+    assert torch.equal(_output(loaded, ids), _output(trained, ids))
