@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -672,8 +673,14 @@ def inspect_model(
     else:
         result["summary"] = (f"{name} is patched to {kind!r}, a score-site scheme: positions enter as a bias on "
                              f"the attention scores, not as vectors, so neither subspace nor four-term analysis applies")
-    (out / "inspect.json").write_text(json.dumps(_rounded(result), indent=1))
+    (out / "inspect.json").write_text(_to_json(result))
     return result
+
+
+def _to_json(result: dict[str, Any]) -> str:
+    """Indented JSON with number lists kept on one line each."""
+    text = json.dumps(_rounded(result), indent=1)
+    return re.sub(r"\[\s+([-+\d.eE,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
 
 
 def _rounded(value: Any) -> Any:
