@@ -467,7 +467,8 @@ def rotary_profile(model: nn.Module, input_ids: Tensor, max_distance: int = 256)
     ones = torch.ones(1, head_dim, device=cos.device)
     reference = scale * (_rotate(ones, cos, sin) * _rotate(ones, cos[:1], sin[:1])).sum(-1)
     return {"distances": distances.tolist(), "layers": [c.tolist() for c in torch.stack(curves).cpu()],
-            "reference_ones": reference.cpu().tolist(), "rotary_dim": cos.shape[-1], "head_dim": head_dim}
+            "reference_ones": reference.cpu().tolist(), "head_dim": head_dim,
+            "rotary_dim": int((sin.abs().amax(0) > 0).sum())}  # a partial patch pads cos=1, sin=0
 
 
 def _rotary_module(model: nn.Module) -> nn.Module:
@@ -593,6 +594,19 @@ def plot_encoding(positions: Tensor, by_distance: dict[str, list[float]], path: 
     plt.close(fig)
 
 
+def plot_alibi(slopes: list[float], max_distance: int, path: Path, title: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    distance = torch.arange(max_distance)
+    for h, slope in enumerate(slopes):
+        ax.plot(distance, -slope * distance, lw=1, label=f"head {h}: m = {slope:.3g}")
+    ax.set(xlabel="distance |query - key|", ylabel="bias added to the logit", title=f"{title}: ALiBi bias by distance")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_rotary(profile: dict[str, Any], cos: Tensor, path: Path, title: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
@@ -643,8 +657,11 @@ def inspect_model(
     input_ids = input_ids.reshape(1, -1)
     check_length(model, input_ids.shape[1])
     kind = position_kind(model)
-    result: dict[str, Any] = {"model": name, "model_type": model.config.model_type, "positions": kind,
-                              "patched": patched.to_dict() if (patched := describe(model)) else None, "num_tokens": input_ids.shape[1], "plots": []}
+    patched = describe(model)
+    result: dict[str, Any] = {
+        "model": name, "model_type": model.config.model_type, "positions": kind,
+        "patched": patched.to_dict() if patched else None, "num_tokens": input_ids.shape[1], "plots": [],
+    }
     if kind == "absolute":
         positions = position_vectors(model)
         geo = subspace_geometry(token_vectors(model), positions, top_k, pos_dim, seeds)
@@ -669,7 +686,12 @@ def inspect_model(
         slopes = alibi_slopes(model)
         result.update(alibi_slopes=slopes, summary=(
             f"{name} adds no position vectors: ALiBi biases each head's scores by -slope * distance; "
-            f"slopes {', '.join(f'{s:.4g}' for s in slopes)}"))
+            f"slopes {', '.join(f'{s:.4g}' for s in slopes)}; alibi.png shows the bias by distance"))
+        plot_alibi(slopes, min(max_distance, max_positions(model)), out / "alibi.png", name)
+        result["plots"].append("alibi.png")
+    elif kind == "none":
+        result["summary"] = (f"{name} has no positional encoding (NoPE): position information can only come from "
+                             f"the causal mask, so there is nothing to decompose or plot")
     else:
         result["summary"] = (f"{name} is patched to {kind!r}, a score-site scheme: positions enter as a bias on "
                              f"the attention scores, not as vectors, so neither subspace nor four-term analysis applies")

@@ -229,13 +229,14 @@ def test_text_longer_than_the_model_allows(model_type, limit):
 # ------------------------------------------------------------------ what replaces the terms
 
 
-@pytest.mark.parametrize("model_type, scheme", [("llama", None), ("qwen3", None), ("gpt2", "rope")])
-def test_rotary_profile_matches_the_models_own_attention(model_type, scheme):
+@pytest.mark.parametrize("model_type, patch", [("llama", None), ("qwen3", None), ("gpt2", {"scheme": "rope"}),
+                                               ("llama", {"scheme": "rope", "partial": 0.5, "theta": 100.0})])
+def test_rotary_profile_matches_the_models_own_attention(model_type, patch):
     """With one token repeated, layer 0 sees the same q and k everywhere, so the model's own logit of
     query t for key s is curve[t - s]: log-probabilities along a row differ by curve differences."""
     model = tiny_model(model_type, attn="eager", head="base")
-    if scheme:
-        hp.patch(model, scheme)
+    if patch:
+        hp.patch(model, **patch)
     ids = torch.full((1, 10), 7)
     profile = A.rotary_profile(model, ids, max_distance=10)
     assert len(profile["layers"]) == 2 and len(profile["layers"][0]) == 4
@@ -274,6 +275,13 @@ def test_inspect_writes_json_and_plots(tmp_path):
     result = A.inspect_model(tiny_model("llama", head="base"), _ids(), tmp_path / "llama", name="tiny-llama")
     assert result["positions"] == "rotary" and "no position embedding table" in result["summary"]
     assert (tmp_path / "llama" / "rotary.png").read_bytes()[:4] == b"\x89PNG"
+
+    result = A.inspect_model(hp.patch(tiny_model("llama", head="base"), "rope", partial=0.5), _ids(), tmp_path / "p")
+    assert "RoPE, 8 of 16 head dims" in result["summary"]
+    result = A.inspect_model(hp.patch(tiny_model("gpt2", head="base"), "alibi"), _ids(), tmp_path / "alibi")
+    assert result["alibi_slopes"] == pytest.approx([2**-2, 2**-4, 2**-6, 2**-8]) and result["plots"] == ["alibi.png"]
+    result = A.inspect_model(hp.patch(tiny_model("gpt2", head="base"), "nope"), _ids(), tmp_path / "nope")
+    assert result["positions"] == "none" and result["plots"] == []
 
 
 def test_cli_rejects_an_unknown_model(tmp_path):
