@@ -307,15 +307,18 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     if out.resolve().is_relative_to(folder.resolve()):
         raise PosEncError(f"{out} is inside {folder}; export to a folder outside it")
     config = _read_json(folder / "config.json")
-    card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
-    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED), copy_function=_link_or_copy)
+    auto_map = {}
     if config.get("posenc"):
+        PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
         classes = auto_classes(config)
         if not classes:
             raise PosEncError(f"{folder}/config.json names architecture {config.get('architectures')!r}, which no "
                               f"transformers Auto class builds; save a model of a supported architecture")
-        _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
         auto_map = {**config.get("auto_map", {}), **{c: f"{Path(REMOTE_CODE).stem}.{REMOTE_CLASS}" for c in classes}}
+    card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED), copy_function=_link_or_copy)
+    if auto_map:
+        _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
         _write_new(out / "config.json", json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
     if card is not None:
         _write_new(out / "README.md", str(card))
@@ -353,7 +356,7 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
 
 
 def make_parser_card(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Write DIR/README.md: a model card with the positional scheme, how to load it, the "
+    parser.description = ("Write DIR/README.md (replacing it if present): a model card with the positional scheme, how to load it, the "
                           "training recipe, evaluation results as model-index metadata, and the plots in DIR.")
     parser.epilog = ("examples:\n"
                      "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"

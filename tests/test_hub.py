@@ -155,7 +155,6 @@ def test_export_keeps_the_folders_own_card_and_refuses_bad_targets(tmp_path, sav
         hub.export(folder, tmp_path / "y", repo_id="two words")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "posenc": {**config["posenc"], "format": 99}}))
-    (folder / "README.md").unlink()
     with pytest.raises(PosEncError, match="newer hf-posenc"):
         hub.export(folder, tmp_path / "z")
     assert not (tmp_path / "z").exists()
@@ -212,9 +211,9 @@ def test_card_of_a_real_training_run(tmp_path):
     }
     assert {r.dataset_type for r in card.data.eval_results} == {"data.jsonl"}  # no local path in a public card
     text = card.text
+    loss_row = f"| loss | {results['before']['loss']:.4g} | {results['after']['loss']:.4g} |"
     for piece in ["swapped from **`rope`** to **`alibi`**", "then fine-tuned with the recipe below",
-                  "  scheme: alibi", "max_steps: 6", f"| loss | {results['before']['loss']:.4g} | "
-                  f"{results['after']['loss']:.4g} |", "![loss.png](loss.png)"]:
+                  "  scheme: alibi", "max_steps: 6", loss_row, "![loss.png](loss.png)"]:
         assert piece in text, piece
     repo = hub.export(out, tmp_path / "staged")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()

@@ -7,9 +7,10 @@ back randomly initialised); this loads the stock class named in `config.architec
 It needs hf-posenc installed: `pip install hf-posenc`.
 """
 
-import hf_posenc
 import transformers
 from transformers import PreTrainedModel
+
+import hf_posenc
 
 
 class PosEncModel(PreTrainedModel):
