@@ -108,6 +108,12 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _skipped(cell: dict[str, Any]) -> str:
+    """Why a length was skipped, short and safe inside a Markdown table cell."""
+    reason = " ".join(str(cell.get("skipped", "?")).split()).replace("|", "/")
+    return f"skipped: {reason[:120]}"
+
+
 def _eval_run(run: dict[str, Any]) -> tuple[list[EvalResult], list[tuple[str, str, str, str]]]:
     """Model-index entries and card table rows for one results.json written by `hf-posenc eval`."""
     results, settings = run.get("results", {}), run.get("settings", {})
@@ -117,17 +123,18 @@ def _eval_run(run: dict[str, Any]) -> tuple[list[EvalResult], list[tuple[str, st
     ppl_data = EVAL_DATASETS.get(text, (text, text))
     for length, cell in sorted(results.get("ppl", {}).items(), key=lambda kv: int(kv[0])):
         if "perplexity" not in cell:
-            rows.append(("perplexity", f"{length} tokens", "perplexity", f"skipped: {cell.get('skipped', '?')}"))
+            rows.append(("perplexity", f"{length} tokens", "perplexity", _skipped(cell)))
             continue
         rows.append(("perplexity", f"{length} tokens, stride {cell['stride']}", "perplexity", _fmt(cell["perplexity"])))
         entries.append(EvalResult(
             task_type="text-generation", task_name="Perplexity by context length", dataset_type=ppl_data[0],
-            dataset_name=ppl_data[1], metric_type="perplexity", metric_name=f"perplexity @ {length} tokens",
+            dataset_name=ppl_data[1], dataset_config=settings.get("text_config"), metric_type="perplexity",
+            metric_name=f"perplexity @ {length} tokens",
             metric_value=round(cell["perplexity"], 4),
             metric_args={"context_length": int(length), "stride": cell["stride"], "windows": cell["windows"]}))
     for length, cell in sorted(results.get("passkey", {}).items(), key=lambda kv: int(kv[0])):
         if "accuracy" not in cell:
-            rows.append(("passkey", f"{length} tokens", "accuracy", f"skipped: {cell.get('skipped', '?')}"))
+            rows.append(("passkey", f"{length} tokens", "accuracy", _skipped(cell)))
             continue
         rows.append(("passkey", f"{length} tokens, {cell['trials']} trials per depth", "accuracy",
                      _fmt(cell["accuracy"])))
@@ -171,10 +178,11 @@ def _training(run_info: dict[str, Any], results: dict[str, Any] | None
                 values[f"perplexity @ {length} tokens, sliding window"] = tuple(
                     side.get(key, {}).get(length, {}).get("perplexity") for side in (before, after))
         elif key.startswith("perplexity@"):
-            values[f"perplexity @ {key[len('perplexity@'):]} tokens, training blocks"] = (before.get(key), after.get(key))
+            length = key.removeprefix("perplexity@")
+            values[f"perplexity @ {length} tokens, training blocks"] = (before.get(key), after.get(key))
         elif key != "samples":
             values[key] = (before.get(key), after.get(key))
-    rows = [(name, _fmt(b) if b is not None else "–", _fmt(a) if a is not None else "–") for name, (b, a) in values.items()]
+    rows = [(name, *("–" if v is None else _fmt(v) for v in pair)) for name, pair in values.items()]
     entries = [
         EvalResult(
             task_type="text-generation" if causal else "text-classification", dataset_type=dataset,
@@ -255,7 +263,8 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
         architecture=(config.get("architectures") or ["model"])[0], auto_class=(classes or ["AutoModelForCausalLM"])[0],
-        repo_id=repo_id or f"./{model_name}", recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
+        repo_id=repo_id or f"./{model_name}",
+        recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), training_rows=training_rows, evaluations=evaluations,
         plots=[p.relative_to(folder).as_posix() for p in _published_files(folder, "*.png")],
         versions=", ".join(f"{k} {v}" for k, v in versions.items()) if versions else None,
@@ -356,12 +365,13 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
 
 
 def make_parser_card(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Write DIR/README.md (replacing it if present): a model card with the positional scheme, how to load it, the "
-                          "training recipe, evaluation results as model-index metadata, and the plots in DIR.")
+    parser.description = ("Write DIR/README.md (replacing it if present): a model card with the positional scheme, "
+                          "how to load it, the training recipe, evaluation results as model-index metadata, "
+                          "and the plots in DIR.")
     parser.epilog = ("examples:\n"
                      "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
                      "  hf-posenc card runs/minilm-rope --repo-id me/minilm-l6-rope")
-    parser.add_argument("dir", help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
+    parser.add_argument("dir", metavar="DIR", help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
     parser.add_argument("--base-model", help="Hub id of the model it derives from")
     parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
 
@@ -378,11 +388,12 @@ def make_parser_push(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
                           "`trust_remote_code=True` reload the patch. DIR itself is never modified.")
     parser.epilog = ("examples:\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-135m-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
                      "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-135m-yarn4 --dry-run /tmp/staged  # look first")
-    parser.add_argument("dir", help="a folder saved after hf_posenc.patch (model.save_pretrained) or a training run")
-    parser.add_argument("repo_id", help="owner/name on the Hub")
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a folder saved after hf_posenc.patch (model.save_pretrained) or a training run")
+    parser.add_argument("repo_id", metavar="REPO_ID", help="owner/name on the Hub")
     parser.add_argument("--base-model", help="Hub id of the model it derives from (for the card)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` stored)")
