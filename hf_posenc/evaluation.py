@@ -47,6 +47,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from . import data
+from .commands import parse_options
 from .errors import PosEncError
 
 __all__ = [
@@ -633,20 +634,6 @@ def _int_list(text: str, what: str) -> list[int]:
         raise PosEncError(f"{what}s must be comma-separated integers, got {text!r}") from err
 
 
-def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """`k=v` strings to a dict; values parsed as JSON when they are (numbers, true/false), else kept as strings."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise PosEncError(f"--opt takes key=value, got {pair!r} (e.g. --opt factor=4)")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
 def parse_suites(text: str) -> list[str]:
     suites = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in suites if s not in SUITES]
@@ -767,7 +754,7 @@ def main(args: argparse.Namespace) -> int:
         raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
     suites = parse_suites(args.suite)
     lengths = _int_list(args.lengths, "length")
-    options = _parse_options(args.opt)
+    options = parse_options(args.opt)
     if options and not args.scheme:
         raise PosEncError("--opt needs --patch SCHEME to apply to")
     model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), scheme=args.scheme, options=options)
