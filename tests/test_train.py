@@ -191,3 +191,18 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     with torch.no_grad():
         a, b = merged.eval()(batch).logits, unmerged.eval()(batch).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # same training, saved two ways
+
+
+def test_classification_recipe_with_rope_on_bert(tmp_path):
+    bert = tiny_assets(tmp_path / "bert", "bert")
+    path = write_recipe(tmp_path / "cls.yaml", recipe_dict(
+        bert, tmp_path / "out", model={"task": "classification"}, posenc={"scheme": "rope"},
+        peft={"method": "full"}, training={"max_steps": 3, "lr": 1e-3}))
+    proc = run_cli([str(path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    for when in ("before", "after"):
+        assert 0 <= results[when]["accuracy"] <= 1
+        assert results[when]["suite"]["mode"] == "classifier" and "f1" in results[when]["suite"]
+    model = hf_posenc.from_pretrained(tmp_path / "out", model_cls=__import__("transformers").AutoModelForSequenceClassification)
+    assert hf_posenc.describe(model).scheme == "rope"

