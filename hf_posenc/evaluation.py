@@ -419,8 +419,9 @@ def passkey(
         or {length: {"skipped": reason}}.
     """
     lengths = _check_lengths(lengths)
-    if trials <= 0 or not depths:
-        raise PosEncError(f"need trials > 0 and at least one depth, got trials={trials}, depths={list(depths)}")
+    if trials <= 0 or not depths or not all(0.0 <= d <= 1.0 for d in depths):
+        raise PosEncError(f"need trials > 0 and depths in [0, 1] (0 = needle first, 1 = last), "
+                          f"got trials={trials}, depths={list(depths)}")
     _output_head(model)
     rng = random.Random(seed)
     metric = load_metric("passkey")
@@ -634,6 +635,13 @@ def _int_list(text: str, what: str) -> list[int]:
         raise PosEncError(f"{what}s must be comma-separated integers, got {text!r}") from err
 
 
+def _float_list(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise PosEncError(f"{what}s must be comma-separated numbers, got {text!r}") from err
+
+
 def parse_suites(text: str) -> list[str]:
     suites = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in suites if s not in SUITES]
@@ -763,7 +771,7 @@ def main(args: argparse.Namespace) -> int:
     record = run_suites(
         model, tokenizer, suites, lengths, out, header=header, text=args.text, text_config=args.text_config,
         text_column=args.text_column, stride=args.stride, max_windows=args.max_windows, batch_size=args.batch_size,
-        depths=[float(d) for d in args.depths.split(",")], trials=args.trials,
+        depths=_float_list(args.depths, "depth"), trials=args.trials,
         task_lengths=_int_list(args.task_lengths, "task length"), examples=args.examples, limit=args.limit,
         seed=args.seed,
     )

@@ -298,6 +298,7 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     (["--lengths", "512,0"], "positive integer"),
     (["--lengths", "1k"], "comma-separated integers"),
     (["--opt", "factor=2"], "--opt needs --patch"),
+    (["--suite", "passkey", "--depths", "0.5,2"], "depths in [0, 1]"),
 ])
 def test_eval_command_bad_input(argv, message, saved_tiny, tmp_path, capsys):
     code = cli.main(["eval", "--model", saved_tiny("llama"), *argv, "--out", str(tmp_path / "x")])
