@@ -275,8 +275,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
 
 
 def _link_or_copy(src: str, dst: str) -> None:
-    """Hard-link when the filesystem allows (weights can be many GB), else copy. Files export
-    rewrites are replaced with new files (`_write_new`), never written through a link."""
+    """Hard-link when the filesystem allows (weights can be many GB), else copy."""
     try:
         os.link(src, dst)
     except OSError:
@@ -284,12 +283,12 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _write_new(path: Path, text: str) -> None:
-    path.unlink(missing_ok=True)  # break a hard link to the user's file before writing
+    path.unlink(missing_ok=True)  # never write through a hard link to the user's file
     path.write_text(text, encoding="utf-8")
 
 
 def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str | None = None,
-           repo_id: str | None = None) -> Path:
+           repo_id: str | None = None, link: bool = False) -> Path:
     """Write the repo `push` would upload into the new folder `out`; `folder` is only read.
 
     `out` holds the folder's files (minus training checkpoints), the model card as README.md
@@ -300,6 +299,8 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
         folder: a folder written by `save_pretrained` after `hf_posenc.patch` (or a training run).
         out: a path that does not exist yet.
         base_model, repo_id: as for `model_card`.
+        link: hard-link the files instead of copying them. Only for a folder nobody writes to
+            (push's staging): saving into a linked file in place would change the original.
     """
     folder, out = Path(folder), Path(out)
     if repo_id is not None:
@@ -325,7 +326,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
                               f"transformers Auto class builds; save a model of a supported architecture")
         auto_map = {**config.get("auto_map", {}), **{c: f"{Path(REMOTE_CODE).stem}.{REMOTE_CLASS}" for c in classes}}
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
-    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED), copy_function=_link_or_copy)
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED), copy_function=_link_or_copy if link else shutil.copy2)
     if auto_map:
         _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
         _write_new(out / "config.json", json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
@@ -350,7 +351,7 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         base_model: Hub id of the model it derives from, for the card.
     """
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
-        staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id)
+        staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id, link=True)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)

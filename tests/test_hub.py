@@ -117,7 +117,11 @@ def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path
     config, original = (json.loads(p.read_text()) for p in (repo / "config.json", folder / "config.json"))
     assert config.pop("auto_map") == {"AutoModelForCausalLM": "modeling_posenc.PosEncModel"}
     assert config == original
-    assert (repo / "config.json").stat().st_ino != (folder / "config.json").stat().st_ino
+    assert (repo / "model.safetensors").stat().st_ino != (folder / "model.safetensors").stat().st_ino  # a copy
+    linked = hub.export(folder, tmp_path / "linked", link=True)  # push's private staging
+    assert (linked / "model.safetensors").stat().st_ino == (folder / "model.safetensors").stat().st_ino
+    assert (linked / "config.json").stat().st_ino != (folder / "config.json").stat().st_ino
+    assert _snapshot(folder) == before
 
     card = ModelCard.load(repo / "README.md")
     assert card.data.base_model == "openai-community/gpt2" and card.data.pipeline_tag == "text-generation"
