@@ -326,7 +326,8 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
                               f"transformers Auto class builds; save a model of a supported architecture")
         auto_map = {**config.get("auto_map", {}), **{c: f"{Path(REMOTE_CODE).stem}.{REMOTE_CLASS}" for c in classes}}
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
-    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED), copy_function=_link_or_copy if link else shutil.copy2)
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
+                    copy_function=_link_or_copy if link else shutil.copy2)
     if auto_map:
         _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
         _write_new(out / "config.json", json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
