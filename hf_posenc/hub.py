@@ -373,7 +373,8 @@ def make_parser_card(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("examples:\n"
                      "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
                      "  hf-posenc card runs/minilm-rope --repo-id me/minilm-l6-rope")
-    parser.add_argument("dir", metavar="DIR", help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
     parser.add_argument("--base-model", help="Hub id of the model it derives from")
     parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
 
