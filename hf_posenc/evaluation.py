@@ -208,9 +208,7 @@ def perplexity_by_length(
         {length: {"skipped": reason}} where the model could not run at that length.
     """
     lengths = _check_lengths(lengths)
-    ids = torch.as_tensor(input_ids).long()
-    if ids.dim() != 1:
-        raise PosEncError(f"input_ids must be 1-D token ids of one text, got shape {tuple(ids.shape)}; pass ids[0]")
+    ids = _token_stream(input_ids)
     if stride is not None and stride <= 0:
         raise PosEncError(f"stride must be a positive number of tokens, got {stride}")
     if batch_size <= 0 or (max_windows is not None and max_windows <= 0):
@@ -218,8 +216,9 @@ def perplexity_by_length(
     head = _output_head(model)
     results: dict[int, dict[str, Any]] = {}
     for length in lengths:
-        if _unscorable(length, ids.numel()):
-            results[length] = _unscorable(length, ids.numel())
+        reason = _unscorable(length, ids.numel())
+        if reason:
+            results[length] = reason
             continue
         try:
             results[length] = _perplexity_at(model, head, ids, length, min(stride or length, length),
@@ -227,6 +226,13 @@ def perplexity_by_length(
         except LENGTH_FAILURES as err:
             results[length] = _skipped(err)
     return results
+
+
+def _token_stream(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids).long()
+    if ids.dim() != 1:
+        raise PosEncError(f"input_ids must be 1-D token ids of one text, got shape {tuple(ids.shape)}; pass ids[0]")
+    return ids
 
 
 def _unscorable(length: int, n_tokens: int) -> dict[str, str] | None:
@@ -274,9 +280,10 @@ def prefix_perplexity(
     If the longest length fails, every length is recorded as skipped.
     """
     lengths = sorted(_check_lengths(lengths))
-    ids = torch.as_tensor(input_ids).long()
+    ids = _token_stream(input_ids)
     head = _output_head(model)
-    results = {L: _unscorable(L, ids.numel()) for L in lengths if _unscorable(L, ids.numel())}
+    reasons = {L: _unscorable(L, ids.numel()) for L in lengths}
+    results = {L: reason for L, reason in reasons.items() if reason}
     fitting = [L for L in lengths if L not in results]
     if not fitting:
         return results
