@@ -304,8 +304,10 @@ def prefix_perplexity(
     return dict(sorted(results.items()))
 
 
-def text_token_ids(tokenizer: PreTrainedTokenizerBase, text: str, n_tokens: int) -> torch.Tensor:
-    """The first `n_tokens` token ids of a text, tokenizing only as much of it as needed."""
+def text_token_ids(tokenizer: PreTrainedTokenizerBase, text: str, n_tokens: int | None = None) -> torch.Tensor:
+    """The first `n_tokens` token ids of a text (all if None), tokenizing only as much of it as needed."""
+    if n_tokens is None:
+        return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     chars = max(n_tokens * 8, 1000)  # English averages ~4 characters per BPE token
     while True:
         ids = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
@@ -731,7 +733,7 @@ def run_suites(
     })
     if "ppl" in suites:
         source = data.long_text(text, text_column=text_column, config=text_config)
-        need = max(lengths) + (max_windows or 1) * (stride or max(lengths))
+        need = None if max_windows is None else max(lengths) + max_windows * (stride or max(lengths))
         ids = text_token_ids(tokenizer, source, need)
         for length in lengths:
             value = perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, progress=True)[length]
