@@ -4,7 +4,7 @@ under the same new name, or transformers would build no mask and ignore padding)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -14,6 +14,7 @@ from .errors import PosEncError
 from .registry import adapter_for, get_scheme
 
 PREFIX = "posenc_"
+BIAS_KWARG = "posenc_bias"  # private kwarg: key_length -> (B, H, q, k) learned bias
 BASES = ("sdpa", "eager")
 
 
@@ -51,8 +52,8 @@ def eager_attention(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def score_bias(config: Any, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """(H, q, k) fp32 bias of the score-site scheme recorded in `config.posenc`."""
+def score_bias(config: Any, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+    """(H, q, k) fp32 parameter-free bias of the score-site scheme in `config.posenc` (None if learned)."""
     posenc = config.posenc
     scheme = get_scheme(posenc["scheme"])
     return scheme.bias(posenc["options"], config.num_attention_heads, q_pos, k_pos, adapter_for(config).causal)
@@ -81,9 +82,26 @@ def biased_mask(
     )
     q_pos = torch.arange(q_length, device=device) + q_offset
     k_pos = torch.arange(kv_length, device=device) + kv_offset
-    bias = score_bias(config, q_pos, k_pos).to(dtype)
-    return torch.where(allowed, bias[None], torch.finfo(dtype).min)
+    bias = score_bias(config, q_pos, k_pos)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero if bias is None else bias.to(dtype)[None], torch.finfo(dtype).min)
 
 
-compat.register_attention(PREFIX + "sdpa", compat.base_attention_function("sdpa"), biased_mask)
-compat.register_attention(PREFIX + "eager", eager_attention, biased_mask)
+def with_learned_bias(attention: Callable) -> Callable:
+    """Adds a learned bias (passed down from the layer loop as a private kwarg, computed here for
+    the keys this layer actually holds) to the float mask, then runs the stock attention."""
+
+    def biased_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        bias_fn = kwargs.pop(BIAS_KWARG, None)
+        if bias_fn is not None:
+            bias = bias_fn(key.shape[-2]).to(query.dtype)
+            mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else 0
+            attention_mask = (mask + bias).clamp(min=torch.finfo(query.dtype).min)
+        return attention(module, query, key, value, attention_mask, **kwargs)
+
+    return biased_attention
+
+
+compat.register_attention(PREFIX + "sdpa", with_learned_bias(compat.base_attention_function("sdpa")), biased_mask)
+compat.register_attention(PREFIX + "eager", with_learned_bias(eager_attention), biased_mask)

@@ -7,6 +7,7 @@ or module global is touched), so a failed patch rolls back and `unpatch` is bit-
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import inspect
 import os
@@ -47,9 +48,12 @@ class PatchState:
         self.undo.append(lambda: set_module(root, path, old))
         self.new_modules.append(module)
 
-    def add_module(self, root: nn.Module, name: str, module: nn.Module) -> None:
+    def add_module(self, root: nn.Module, name: str, module: nn.Module, new: bool = False) -> None:
+        """Attach a module; `new` marks one whose weights a checkpoint must carry."""
         root.add_module(name, module)
         self.undo.append(lambda: delattr(root, name))
+        if new:
+            self.new_modules.append(module)
 
     def hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
         self.undo.append(handle.remove)
@@ -123,62 +127,79 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     if (max_positions := spec.max_positions(options)) is not None:
         state.set_attr(config, "max_position_embeddings", max_positions + offset)
 
+    added = None  # an input-site code the layer-loop hook adds to the token embeddings
+    code = spec.module(options, facts) if spec.site == "input" else None
     if adapter.position_slot:
-        slot = spec.module(options, facts) if spec.site == "input" else ZeroPositions(facts.dtype).to(facts.device)
-        state.replace(base, adapter.position_slot, slot)
+        state.replace(base, adapter.position_slot, code or ZeroPositions(facts.dtype).to(facts.device))
+    elif code is not None:
+        state.add_module(base, "posenc_positions", code, new=True)
+        added = code
+    if notes := getattr(code, "notes", None):
+        config.posenc["notes"] = notes
+    if code is not None and hasattr(code, "project_tokens"):  # concat: tokens keep their own subspace
+        for embedding in (model.get_input_embeddings(), *(get_module(base, p) for p in adapter.other_embeddings)):
+            state.hook(embedding.register_forward_hook(lambda mod, args, out: code.project_tokens(out)))
 
     rotary = None
     if spec.site == "qk":
-        params = spec.rope_parameters(options, facts)
-        if adapter.rotary and options["partial"] == native_partial(facts):
+        native = adapter.rotary is not None and spec.native
+        if native and options["partial"] == native_partial(facts):
             # Natively rotating model: scaling is config; plain transformers reloads it.
-            native = compat.rope_parameters(config) or {}
-            if "partial_rotary_factor" in native:
-                params["partial_rotary_factor"] = native["partial_rotary_factor"]
+            params = spec.rope_parameters(options, facts)
+            own = compat.rope_parameters(config) or {}
+            if "partial_rotary_factor" in own:
+                params["partial_rotary_factor"] = own["partial_rotary_factor"]
             state.set_attr(config, "rope_parameters", params)
             old = get_module(base, adapter.rotary)
             state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
+        elif native:
+            state.replace(base, adapter.rotary, spec.rotary(options, facts, config.max_position_embeddings))
         else:
-            rotary = Rotary(facts.head_dim, params, options["partial"], config.max_position_embeddings)
-            if adapter.rotary:
-                state.replace(base, adapter.rotary, rotary.to(facts.device))
-                rotary = None
-    elif adapter.rotary:
+            rotary = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
+    if adapter.rotary and (spec.site != "qk" or rotary is not None):
         # Switch the model's own rotation off: cos=1, sin=0 everywhere.
         state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
 
+    bias = None
     if spec.site == "score":
         state.set_attn_implementation(model, attention.implementation_for(compat.attn_implementation(config)))
+        if spec.learned:
+            bias = spec.module(options, facts).to(facts.device)
+            state.add_module(base, "posenc_bias", bias, new=True)
 
     if rotary is not None:
-        state.add_module(base, "posenc_rotary", rotary.to(facts.device))
+        state.add_module(base, "posenc_rotary", rotary)
         for module in adapter.attention_modules(model):
             _tap_queries_and_keys(module, adapter, facts.head_dim, state)
 
-    if adapter.position_slot or rotary is not None or spec.site == "score":
-        hook = _layer_loop_hook(base, adapter, offset, rotary, guard=spec.site == "score")
+    if adapter.position_slot or added is not None or rotary is not None or spec.site == "score":
+        hook = _layer_loop_hook(model, adapter, offset, added, rotary, bias, guard=spec.site == "score")
         state.hook(base.register_forward_pre_hook(hook, with_kwargs=True))
 
 
-def _positions(kwargs: dict[str, Any]) -> torch.Tensor:
-    """(B, q) positions of the new tokens: counted over the padding mask when there is one, so a
-    left-padded row sees the same positions as the prompt alone."""
+def _positions(kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, q) positions of the new tokens and (B, k) of all keys so far: counted over the padding
+    mask when there is one, so a left-padded row sees the same positions as the prompt alone."""
     ids = kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
     batch, length = ref.shape[:2]
     mask = kwargs.get("attention_mask")
-    if mask is not None and mask.dim() == 2:
-        return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # not a prepared 4D mask or a per-layer-type dict
+        keys = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        return keys[:, -length:], keys
     cache = kwargs.get("past_key_values")
     past = cache.get_seq_length() if cache is not None else 0
-    return (torch.arange(length, device=ref.device) + past).expand(batch, length)
+    keys = torch.arange(past + length, device=ref.device).expand(batch, -1)
+    return keys[:, past:], keys
 
 
-def _layer_loop_hook(base: nn.Module, adapter: Adapter, offset: int, rotary: Rotary | None, guard: bool) -> Callable:
-    """Pre-hook on the module owning the layer loop: fills in padding-aware position_ids and computes
-    (cos, sin) once per forward, passed down as a private kwarg (not as position_ids, which
-    transformers would read as packed sequences when they do not step by one)."""
-    names = list(inspect.signature(base.forward).parameters)
+def _layer_loop_hook(model: nn.Module, adapter: Adapter, offset: int, added: nn.Module | None,
+                     rotary: nn.Module | None, bias: nn.Module | None, guard: bool) -> Callable:
+    """Pre-hook on the module owning the layer loop. Once per forward it fills in padding-aware
+    position_ids, adds slot-less input codes, and computes (cos, sin) and learned-bias closures that
+    travel down as private kwargs (not as position_ids, which transformers would read as packed
+    sequences when they do not step by one)."""
+    names = list(inspect.signature(model.base_model.forward).parameters)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(names, args)), **kwargs}
@@ -188,31 +209,37 @@ def _layer_loop_hook(base: nn.Module, adapter: Adapter, offset: int, rotary: Rot
                 f"patching, which drops the {module.config.posenc['scheme']!r} bias; set it back with "
                 "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
             )
-        position_ids = kwargs.get("position_ids")
-        if position_ids is None:
-            positions = _positions(kwargs)
-            if adapter.position_slot:
-                kwargs["position_ids"] = positions + offset
-        else:
-            positions = position_ids - offset
+        positions, key_positions = _positions(kwargs)
+        if kwargs.get("position_ids") is not None:
+            positions = kwargs["position_ids"] - offset
+        elif adapter.position_slot:
+            kwargs["position_ids"] = positions + offset
         if adapter.token_type_ids and kwargs.get("token_type_ids") is None:
             # The stock zero buffer is indexed by position and would overflow past the old table.
             kwargs["token_type_ids"] = torch.zeros_like(positions).expand(kwargs["position_ids"].shape[0], -1)
+        if added is not None:
+            if kwargs.get("inputs_embeds") is None:
+                kwargs["inputs_embeds"] = model.get_input_embeddings()(kwargs.pop("input_ids"))
+                kwargs["input_ids"] = None
+            kwargs["inputs_embeds"] = kwargs["inputs_embeds"] + added(positions)
         if rotary is not None:
             kwargs[ROTARY_KWARG] = rotary(torch.empty(0, device=positions.device), positions)
+        if bias is not None:
+            kwargs[attention.BIAS_KWARG] = functools.partial(bias, positions, key_positions)
         return (), kwargs
 
     return hook
 
 
 class _Tap:
-    """Carries one attention call's (cos, sin) from the attention pre-hook to its projection hooks."""
+    """Carries one attention call's rotation from the attention pre-hook to its projection hooks."""
 
-    rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+    rotation: tuple[torch.Tensor, ...] | None = None
 
 
 def _tap_queries_and_keys(module: nn.Module, adapter: Adapter, head_dim: int, state: PatchState) -> None:
-    """Rotate q and k as they leave their projections, i.e. before the KV cache stores k."""
+    """Rotate q and k as they leave their projections, i.e. before the KV cache stores k. A third
+    rotation tensor (xPos) scales q up and k down."""
     tap = _Tap()
 
     def take_rotation(mod: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -222,21 +249,27 @@ def _tap_queries_and_keys(module: nn.Module, adapter: Adapter, head_dim: int, st
         tap.rotation = kwargs.pop(ROTARY_KWARG)
         return args, kwargs
 
-    def rotate_output(which: slice | None) -> Callable:
-        def hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-            cos, sin = tap.rotation
-            if which is None:  # a separate q or k projection
-                return rotate(output.unflatten(-1, (-1, head_dim)), cos, sin).flatten(-2)
-            q, k, v = output.chunk(3, dim=-1)  # packed [q | k | v]
-            q, k = (rotate(t.unflatten(-1, (-1, head_dim)), cos, sin).flatten(-2) for t in (q, k))
-            return torch.cat((q, k, v), dim=-1)
+    def transform(x: torch.Tensor, role: str) -> torch.Tensor:
+        cos, sin, *scale = tap.rotation
+        heads = x if adapter.qk.per_head else x.unflatten(-1, (-1, head_dim))
+        out = rotate(heads, cos, sin)
+        if scale:
+            factor = scale[0] if role == "q" else scale[0].reciprocal()
+            out = (out.float() * factor[:, :, None]).to(x.dtype)
+        return out if adapter.qk.per_head else out.flatten(-2)
 
-        return hook
+    def packed_hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        q, k, v = output.chunk(3, dim=-1)
+        return torch.cat((transform(q, "q"), transform(k, "k"), v), dim=-1)
 
     state.hook(module.register_forward_pre_hook(take_rotation, with_kwargs=True))
-    for name in adapter.qk.projections:
-        proj = get_module(module, name)
-        state.hook(proj.register_forward_hook(rotate_output(slice(None) if adapter.qk.packed else None)))
+    if adapter.qk.packed:
+        (name,) = adapter.qk.projections
+        state.hook(get_module(module, name).register_forward_hook(packed_hook))
+    else:
+        for name, role in zip(adapter.qk.projections, ("q", "k")):
+            hook = functools.partial(lambda role, mod, inputs, output: transform(output, role), role)
+            state.hook(get_module(module, name).register_forward_hook(hook))
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ class QKTap:
 
     projections: tuple[str, ...]  # ("c_attn",) when packed, else (query, key)
     packed: bool = False  # one projection emitting [q | k | v]
+    per_head: bool = False  # outputs are already (B, L, H, D), e.g. Qwen3's q_norm / k_norm
 
 
 @dataclass(frozen=True)
@@ -32,18 +33,21 @@ class Adapter:
     causal: bool
     layers: str  # the ModuleList of blocks
     attention: str  # the self-attention module inside a block
-    position_slot: str | None = None  # absolute position embedding module, called with position_ids
+    position_slot: str | None = None  # absolute position embedding module, called with position_ids;
+    # without one, input-site codes are added to the token embeddings in the layer-loop pre-hook
     position_offset: Callable[[Any], int] = field(default=lambda config: 0)  # table row of position 0
     token_type_ids: bool = False  # has a zero token-type buffer indexed by position (BERT)
+    other_embeddings: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
     rotary: str | None = None  # native rotary module returning (cos, sin)
     qk: QKTap | None = None
 
     def supports(self, scheme: Scheme) -> bool:
-        if scheme.site == "input":
-            return self.position_slot is not None
-        if scheme.site == "qk":
-            return self.rotary is not None or self.qk is not None
-        return True  # "score" goes through the attention interface, "none" removes positions
+        if scheme.causal_only and not self.causal:
+            return False
+        if scheme.site == "qk" and not getattr(scheme, "native", True):
+            return self.qk is not None
+        # input: a slot or the token embeddings; qk: native rotary or taps; score: attention interface
+        return True
 
     def facts(self, model: nn.Module) -> ModelFacts:
         config = model.config
@@ -53,6 +57,7 @@ class Adapter:
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
         embeddings = model.get_input_embeddings().weight
+        token_rms = float(embeddings.detach().float().pow(2).mean().sqrt())
         return ModelFacts(
             hidden_size=config.hidden_size,
             num_heads=heads,
@@ -62,6 +67,8 @@ class Adapter:
             rope_parameters=compat.rope_parameters(config) if self.rotary else None,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
+            token_rms=token_rms,
+            token_embeddings=embeddings.detach(),
             dtype=embeddings.dtype,
             device=embeddings.device,
         )

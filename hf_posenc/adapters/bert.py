@@ -16,6 +16,7 @@ BERT = register_adapter(
         attention="attention.self",
         position_slot="embeddings.position_embeddings",
         token_type_ids=True,
+        other_embeddings=("embeddings.token_type_embeddings",),
         qk=QKTap(projections=("query", "key")),
     )
 )
@@ -31,6 +32,7 @@ ROBERTA = register_adapter(
         position_slot="embeddings.position_embeddings",
         position_offset=lambda config: config.pad_token_id + 1,
         token_type_ids=True,
+        other_embeddings=("embeddings.token_type_embeddings",),
         qk=QKTap(projections=("query", "key")),
     )
 )

@@ -1,20 +1,35 @@
 """Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM): rotates natively through `rotary_emb`.
 
-RoPE changes are config (`rope_parameters`) plus a rebuilt rotary module; Qwen3's q/k norms and
-Mistral's sliding window need nothing extra because the rotation stays where the model puts it.
+RoPE changes are config (`rope_parameters`) plus a rebuilt rotary module; Mistral's sliding window
+needs nothing extra. Schemes transformers cannot express (xPos) switch the native rotation off and
+tap q/k where the model would rotate them: after the projections, or after Qwen3's q/k norms.
 """
 
 from ..registry import register_adapter
-from .base import Adapter
+from .base import Adapter, QKTap
 
 LLAMA = register_adapter(
     Adapter(
         name="llama",
-        model_types=("llama", "mistral", "qwen2", "qwen3"),
+        model_types=("llama", "mistral", "qwen2"),
         native="rope",
         causal=True,
         layers="layers",
         attention="self_attn",
         rotary="rotary_emb",
+        qk=QKTap(projections=("q_proj", "k_proj")),
+    )
+)
+
+QWEN3 = register_adapter(
+    Adapter(
+        name="qwen3",
+        model_types=("qwen3",),
+        native="rope",
+        causal=True,
+        layers="layers",
+        attention="self_attn",
+        rotary="rotary_emb",
+        qk=QKTap(projections=("q_norm", "k_norm"), per_head=True),
     )
 )

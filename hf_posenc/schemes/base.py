@@ -2,9 +2,13 @@
 
 A scheme knows only maths (lucidrains-style contracts):
 - input site:  `module(options, facts)` -> nn.Module, `forward(position_ids (B, L)) -> (B|1, L, d)`
-- q/k site:    `rope_parameters(options, facts)` -> transformers `rope_parameters` dict; the
-               rotation itself is `rope.Rotary`, built on transformers' rotary module
-- score site:  `bias(options, num_heads, q_pos (q,), k_pos (k,), causal)` -> (H, q, k) fp32 logit bias
+- q/k site:    `rotary(options, facts, max_positions)` -> nn.Module, `forward(x, position_ids)` ->
+               (cos, sin) or (cos, sin, scale): q is rotated then times `scale`, k rotated then
+               divided by it (xPos). RoPE-type schemes also give transformers `rope_parameters`, so
+               natively rotating models take them as config.
+- score site:  parameter-free: `bias(options, num_heads, q_pos (q,), k_pos (k,), causal)` -> (H, q, k);
+               learned: `module(options, facts)` -> nn.Module, `forward(q_pos (B, q), k_pos (B, k),
+               kv_length)` -> (B, H, q, kv_length); both fp32 logit biases
 - none:        removes the model's own positions and adds nothing (NoPE)
 """
 
@@ -33,6 +37,8 @@ class ModelFacts:
     rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
     position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
     position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
+    token_rms: float = 1.0  # RMS of the token embedding entries, to size new position codes
+    token_embeddings: torch.Tensor | None = None  # (V, d) input embedding matrix, detached
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
 
@@ -42,6 +48,7 @@ class Scheme:
     site: ClassVar[Site]
     Options: ClassVar[type]
     citation: ClassVar[str] = ""
+    causal_only: ClassVar[bool] = False  # e.g. xPos decay assumes keys precede queries
 
     def validate(self, options: dict[str, Any]) -> dict[str, Any]:
         return validate_options(self.name, self.Options, options)
@@ -67,17 +74,27 @@ class InputScheme(Scheme):
 
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
+    native: ClassVar[bool] = True  # expressible as transformers `rope_parameters`
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError
 
+    def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
+        from .rope import Rotary
+
+        return Rotary(facts.head_dim, self.rope_parameters(options, facts), options["partial"], max_positions)
+
 
 class BiasScheme(Scheme):
     site: ClassVar[Site] = "score"
+    learned: ClassVar[bool] = False
 
     def bias(
         self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
+        return None  # learned biases come from `module`
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         raise NotImplementedError
 
 

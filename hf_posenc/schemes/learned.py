@@ -45,10 +45,11 @@ class LearnedPositions(nn.Module):
         return F.embedding(position_ids, self.weight)
 
 
-def initial_table(init: str, n: int, d: int, old: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def initial_table(init: str, n: int, d: int, old: torch.Tensor | None, dtype: torch.dtype,
+                  scale: float) -> torch.Tensor:
     """A (n, d) table. `interpolate` resamples the old table linearly: position interpolation
-    (Chen et al. 2023) for learned tables."""
-    scale = float(old.float().std()) if old is not None else 0.02
+    (Chen et al. 2023) for learned tables. New entries get the old table's spread, else `scale`."""
+    scale = float(old.float().std()) if old is not None else scale
     if init in ("copy", "interpolate") and old is None:
         from ..errors import PosEncError
 
@@ -87,7 +88,8 @@ class Learned(InputScheme):
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         old, offset = facts.position_table, facts.position_offset
         logical = old[offset:] if old is not None else None
-        table = initial_table(options["init"], options["max_positions"], facts.hidden_size, logical, facts.dtype)
+        table = initial_table(options["init"], options["max_positions"], facts.hidden_size, logical, facts.dtype,
+                              facts.token_rms)
         head = old[:offset].to("cpu", facts.dtype) if old is not None else torch.zeros(offset, facts.hidden_size)
         return LearnedPositions(torch.cat((head.to(facts.dtype), table)).to(facts.device), offset)
 

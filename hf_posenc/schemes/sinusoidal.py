@@ -24,7 +24,7 @@ def sinusoidal_code(positions: torch.Tensor, dim: int, base: float) -> torch.Ten
 @dataclass(frozen=True)
 class SinusoidalOptions:
     base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)")
-    scale: float | None = option(None, "multiplier; default: the RMS of the model's own table, else 1")
+    scale: float | None = option(None, "multiplier; default: sized like the model's own table (else its tokens)")
 
     def __post_init__(self) -> None:
         check(self.base > 1, f"base must be > 1, got {self.base!r}")
@@ -49,9 +49,10 @@ class Sinusoidal(InputScheme):
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
         if out["scale"] is None:
-            # Match the magnitude the model was trained with: the code has RMS 1/sqrt(2) per dim.
+            # Match the magnitude of the model's own positions (or tokens): the code has RMS 1/sqrt(2).
             table = facts.position_table
-            out["scale"] = round(float(table.float().pow(2).mean().sqrt()) * 2**0.5, 6) if table is not None else 1.0
+            rms = float(table.float().pow(2).mean().sqrt()) if table is not None else facts.token_rms
+            out["scale"] = round(rms * 2**0.5, 6)
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:

@@ -1,0 +1,114 @@
+"""`concat`: positions concatenated to token embeddings instead of added, inside the model's width.
+
+Token embeddings are projected onto the top `d - d_pos` right singular directions of the embedding
+matrix; the position code (`d_pos` dims, sinusoidal or learned) lives in the orthogonal complement.
+Token and position channels are then exactly orthogonal: concatenation in a rotated basis. The
+projection acts on the embedding *output* (a forward hook), never on the weights, because GPT-2 and
+SmolLM2 tie input and output embeddings; in BERT-like models token types are projected too, so the
+orthogonality holds up to the embedding LayerNorm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import InputScheme, ModelFacts, check_positions
+from .sinusoidal import sinusoidal_code
+
+CODES = ("sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class ConcatOptions:
+    d_pos: int = option(None, "dims given to positions, 0 <= d_pos < hidden size (0 is NoPE); required")
+    code: str = option("sinusoidal", f"position code in the complement: one of {CODES}")
+    max_positions: int | None = option(None, "table length for code='learned'; default: the model's own")
+    base: float = option(10_000.0, "wavelength base for code='sinusoidal'")
+    scale: float | None = option(None, "code multiplier; default: position vectors as long as the model's own")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.d_pos, int) and self.d_pos >= 0, f"d_pos must be an int >= 0, got {self.d_pos!r}")
+        check(self.code in CODES, f"code must be one of {CODES}, got {self.code!r}")
+        check(self.base > 1, f"base must be > 1, got {self.base!r}")
+        check(self.scale is None or self.scale > 0, f"scale must be > 0, got {self.scale!r}")
+
+
+class ConcatPositions(nn.Module):
+    """Slot module: `forward(position_ids)` -> code @ position_basis^T; `project_tokens` for the hook."""
+
+    def __init__(self, token_basis: torch.Tensor, position_basis: torch.Tensor, table: torch.Tensor | None,
+                 base: float, scale: float, offset: int) -> None:
+        super().__init__()
+        self.register_buffer("token_basis", token_basis)  # (d, d - d_pos), saved: the split must not drift
+        self.register_buffer("position_basis", position_basis)  # (d, d_pos)
+        self.table = nn.Parameter(table) if table is not None else None
+        self.base, self.scale, self.offset = base, scale, offset
+
+    def code(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.table is not None:
+            check_positions(positions, self.table.shape[0], "concat")
+            return F.embedding(positions, self.table).float()
+        return sinusoidal_code(positions, self.position_basis.shape[1], self.base) * self.scale
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        out = self.code(position_ids - self.offset) @ self.position_basis.float().T
+        return out.to(self.token_basis.dtype)
+
+    def project_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        basis = self.token_basis.float()
+        return ((x.float() @ basis) @ basis.T).to(x.dtype)
+
+
+def embedding_split(embeddings: torch.Tensor, d_pos: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Orthonormal token and position bases from the SVD of the (V, d) embedding matrix, and the share
+    of the embeddings' energy the token basis keeps."""
+    _, singular, vh = torch.linalg.svd(embeddings.float(), full_matrices=False)
+    keep = embeddings.shape[1] - d_pos
+    energy = singular.pow(2)
+    return vh[:keep].T.contiguous(), vh[keep:].T.contiguous(), float(energy[:keep].sum() / energy.sum())
+
+
+class Concat(InputScheme):
+    name = "concat"
+    Options = ConcatOptions
+    citation = "the add-vs-concatenate question; Ke et al. 2021 (TUPE) discuss the mixed terms it removes"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        check(options["d_pos"] < facts.hidden_size,
+              f"d_pos must be < the hidden size {facts.hidden_size}, got {options['d_pos']}")
+        out = dict(options)
+        if out["code"] == "learned":
+            out["max_positions"] = out["max_positions"] or facts.max_positions
+        if out["scale"] is None:
+            # |code|^2 = d * rms^2 spread over d_pos dims, rms that of the model's own positions (or tokens)
+            old = facts.position_table
+            rms = float(old.float().pow(2).mean().sqrt()) if old is not None else facts.token_rms
+            out["scale"] = round(rms * (facts.hidden_size / max(out["d_pos"], 1)) ** 0.5, 6)
+        return out
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        d_pos = options["d_pos"]
+        token_basis, position_basis, kept = embedding_split(facts.token_embeddings, d_pos)
+        old = facts.position_table
+        table = None
+        if options["code"] == "learned":
+            n = options["max_positions"]
+            table = torch.randn(n, d_pos) * options["scale"]
+            if old is not None:  # keep the part of the old table that already lives in the complement
+                own = old[facts.position_offset:].float().cpu() @ position_basis.cpu()
+                table[: min(n, own.shape[0])] = own[:n]
+        # the sinusoidal code has RMS 1/sqrt(2) per dim
+        module = ConcatPositions(token_basis, position_basis, table, options["base"], options["scale"] * 2**0.5,
+                                 facts.position_offset)
+        module.notes = {"token_energy_kept": round(kept, 6)}
+        return module.to(facts.device, facts.dtype)
+
+
+register_scheme(Concat())

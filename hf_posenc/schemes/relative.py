@@ -1,0 +1,180 @@
+"""Learned relative biases on attention scores, shared by all layers (as T5 shares its table):
+
+- `t5`: one scalar per (head, log-bucketed distance) (Raffel et al. 2020, sec. 2.1)
+- `fire`: an MLP of the log-normalised distance (Li et al. 2023, FIRE, eq. 4-6)
+- `kerple`: a conditionally positive definite kernel, -r1 * log(1 + r2 |i - j|) or -r1 |i - j|^r2
+  (Chi et al. 2022, KERPLE, sec. 4)
+
+Each starts at zero bias unless asked otherwise, so a fresh patch is NoPE and training learns the bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import BiasScheme, ModelFacts
+
+
+def fit_keys(k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+    """Key positions for the keys a layer holds: the last `kv_length` (sliding caches) or padded with
+    zeros (static caches hold unused, masked slots)."""
+    if k_pos.shape[-1] >= kv_length:
+        return k_pos[:, -kv_length:]
+    return torch.cat((k_pos, k_pos.new_zeros(k_pos.shape[0], kv_length - k_pos.shape[-1])), dim=-1)
+
+
+def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+    """(B, q, k) query position minus key position."""
+    return q_pos[:, :, None] - fit_keys(k_pos, kv_length)[:, None, :]
+
+
+def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Half the buckets are exact small distances, the rest grow logarithmically up to max_distance;
+    bidirectional models spend half of them on keys after the query."""
+    bucket = torch.zeros_like(distance)
+    if causal:
+        n = distance.clamp(min=0)
+    else:
+        num_buckets //= 2
+        bucket = bucket + (distance < 0).long() * num_buckets  # key after query
+        n = distance.abs()
+    exact = num_buckets // 2
+    log_ratio = torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+@dataclass(frozen=True)
+class T5Options:
+    num_buckets: int = option(32, "relative-position buckets (32 in T5)")
+    max_distance: int = option(128, "distance at which buckets stop growing (128 in T5)")
+    init_std: float = option(0.0, "std of the initial table; 0 starts as NoPE")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.num_buckets, int) and self.num_buckets >= 4, f"num_buckets must be an int >= 4, got {self.num_buckets!r}")
+        check(isinstance(self.max_distance, int) and self.max_distance > self.num_buckets // 2,
+              f"max_distance must be an int > num_buckets/2, got {self.max_distance!r}")
+        check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
+
+
+class T5Bias(nn.Module):
+    def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float) -> None:
+        super().__init__()
+        self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, heads)
+        if init_std:
+            nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
+        else:
+            nn.init.zeros_(self.relative_attention_bias.weight)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+        buckets = t5_bucket(relative_distance(q_pos, k_pos, kv_length), self.causal, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+
+class T5(BiasScheme):
+    name = "t5"
+    learned = True
+    Options = T5Options
+    citation = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), section 2.1"
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return T5Bias(facts.num_heads, facts.causal, options["num_buckets"], options["max_distance"], options["init_std"])
+
+
+@dataclass(frozen=True)
+class FireOptions:
+    hidden: int = option(32, "width of the MLP f (32 in Li et al. 2023)")
+    c: float = option(0.1, "initial c in psi(x) = log(c x + 1)")
+    threshold: float = option(512.0, "initial L: distances are normalised by psi(max(L, i))")
+    init: str = option("zeros", "'zeros' (output layer starts at 0: NoPE) or 'random'")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.hidden, int) and self.hidden > 0, f"hidden must be a positive int, got {self.hidden!r}")
+        check(self.c > 0 and self.threshold > 0, f"c and threshold must be > 0, got {self.c!r}, {self.threshold!r}")
+        check(self.init in ("zeros", "random"), f"init must be 'zeros' or 'random', got {self.init!r}")
+
+
+class FireBias(nn.Module):
+    """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1); c, L learned (kept > 0)."""
+
+    def __init__(self, heads: int, hidden: int, c: float, threshold: float, zero_init: bool) -> None:
+        super().__init__()
+        self.log_c = nn.Parameter(torch.tensor(math.log(c)))
+        self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
+        if zero_init:
+            nn.init.zeros_(self.mlp[2].weight)
+            nn.init.zeros_(self.mlp[2].bias)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+        c = self.log_c.float().exp()
+        distance = relative_distance(q_pos, k_pos, kv_length).abs().float()
+        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())[:, :, None]
+        x = torch.log1p(c * distance) / torch.log1p(c * scale)
+        first, last = self.mlp[0], self.mlp[2]
+        hidden = F.relu(F.linear(x[..., None], first.weight.float(), first.bias.float()))  # fp32 whatever the model dtype
+        return F.linear(hidden, last.weight.float(), last.bias.float()).permute(0, 3, 1, 2)
+
+
+class Fire(BiasScheme):
+    name = "fire"
+    learned = True
+    Options = FireOptions
+    citation = "Li et al. 2023, Functional Interpolation for Relative Positions Improves Long Context Transformers"
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return FireBias(facts.num_heads, options["hidden"], options["c"], options["threshold"], options["init"] == "zeros")
+
+
+@dataclass(frozen=True)
+class KerpleOptions:
+    variant: str = option("log", "'log': -r1 log(1 + r2 d) or 'power': -r1 d^r2")
+    r1: float = option(1.0, "initial r1 (> 0) for every head")
+    r2: float = option(1.0, "initial r2 (> 0; power variant: <= 2) for every head")
+
+    def __post_init__(self) -> None:
+        check(self.variant in ("log", "power"), f"variant must be 'log' or 'power', got {self.variant!r}")
+        check(self.r1 > 0 and self.r2 > 0, f"r1 and r2 must be > 0, got {self.r1!r}, {self.r2!r}")
+        check(self.variant == "log" or self.r2 <= 2, f"power variant needs r2 <= 2, got {self.r2!r}")
+
+
+class KerpleBias(nn.Module):
+    """Per-head r1, r2 kept positive through a log parametrisation."""
+
+    def __init__(self, heads: int, variant: str, r1: float, r2: float) -> None:
+        super().__init__()
+        self.variant = variant
+        self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
+        self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+        distance = relative_distance(q_pos, k_pos, kv_length).abs().float()[:, None]  # (B, 1, q, k)
+        r1 = self.log_r1.float().exp()[:, None, None]
+        r2 = self.log_r2.float().exp()[:, None, None]
+        if self.variant == "log":
+            return -r1 * torch.log1p(r2 * distance)
+        return -r1 * distance.pow(r2.clamp(max=2.0))
+
+
+class Kerple(BiasScheme):
+    name = "kerple"
+    learned = True
+    Options = KerpleOptions
+    citation = "Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation"
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return KerpleBias(facts.num_heads, options["variant"], options["r1"], options["r2"])
+
+
+register_scheme(T5())
+register_scheme(Fire())
+register_scheme(Kerple())

@@ -1,0 +1,77 @@
+"""`untied`: TUPE (Ke et al. 2021, "Rethinking Positional Encoding in Language Pre-training").
+
+The token path carries no positions; the position-position term of the attention logit is computed
+from a position table with its own per-head projections and added as a bias,
+
+    b_h(i, j) = (p_i U^Q_h) . (p_j U^K_h) / sqrt(2 d_h)
+
+and the content-position cross terms are dropped: concatenation at the query/key level. The table
+starts as the model's own (when it has one), the projections small and random; `init_std=0` makes
+the bias zero (NoPE) until training moves it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import check, option
+from ..registry import register_scheme
+from .base import BiasScheme, ModelFacts, check_positions
+from .relative import fit_keys
+
+
+@dataclass(frozen=True)
+class UntiedOptions:
+    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings")
+    init_std: float = option(0.02, "std of the projections (and of the table when the model has none)")
+
+    def __post_init__(self) -> None:
+        check(self.max_positions is None or (isinstance(self.max_positions, int) and self.max_positions > 0),
+              f"max_positions must be a positive int, got {self.max_positions!r}")
+        check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
+
+
+class UntiedBias(nn.Module):
+    def __init__(self, table: torch.Tensor, heads: int, head_dim: int, init_std: float) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.positions = nn.Parameter(table)
+        self.query = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
+        self.key = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+        check_positions(q_pos, self.positions.shape[0], "untied")
+        table = self.positions.float()
+        q = (F.embedding(q_pos, table) @ self.query.float()).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        k = (F.embedding(fit_keys(k_pos, kv_length), table) @ self.key.float()).unflatten(-1, (self.heads, -1))
+        return q @ k.permute(0, 2, 3, 1) / math.sqrt(2 * self.head_dim)
+
+
+class Untied(BiasScheme):
+    name = "untied"
+    learned = True
+    Options = UntiedOptions
+    citation = "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training (TUPE)"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        return {**options, "max_positions": options["max_positions"] or facts.max_positions}
+
+    def max_positions(self, options: dict[str, Any]) -> int | None:
+        return options["max_positions"]
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        n, d = options["max_positions"], facts.hidden_size
+        table = torch.randn(n, d) * (options["init_std"] or facts.token_rms)
+        if facts.position_table is not None:
+            old = facts.position_table[facts.position_offset:].float().cpu()
+            table[: min(n, old.shape[0])] = old[:n]
+        return UntiedBias(table.to(facts.dtype), facts.num_heads, facts.head_dim, options["init_std"]).to(facts.dtype)
+
+
+register_scheme(Untied())
