@@ -341,6 +341,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
 
 
 def describe_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules the current patch installed (their parameters are what a recipe should train)."""
+    """The modules the current patch installed that carry weights or saved buffers (what a recipe
+    should train and a checkpoint must hold)."""
     state = getattr(model, STATE_ATTR, None)
-    return list(state.new_modules) if state is not None else []
+    return [m for m in state.new_modules if m.state_dict()] if state is not None else []

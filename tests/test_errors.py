@@ -24,6 +24,11 @@ from conftest import tiny_model
         ("alibi", {"theta": 1.0}, r"scheme 'alibi' has no option 'theta'; it takes: max_bias"),
         ("learned", {"init": "random"}, r"init must be one of \('copy', 'interpolate'"),
         ("nope", {"x": 1}, r"scheme 'nope' has no option 'x'; it takes: no options"),
+        ("concat", {}, r"d_pos must be an int >= 0, got None"),
+        ("concat", {"d_pos": -1}, r"d_pos must be an int >= 0, got -1"),
+        ("concat", {"d_pos": 8, "code": "rope"}, r"code must be one of \('sinusoidal', 'learned'\)"),
+        ("kerple", {"variant": "power", "r2": 3.0}, r"power variant needs r2 <= 2"),
+        ("t5", {"num_buckets": 2}, r"num_buckets must be an int >= 4"),
     ],
 )
 def test_bad_scheme_or_option(scheme, options, message):
@@ -44,10 +49,18 @@ def test_unsupported_architecture_names_the_supported_ones():
 
 
 def test_unsupported_cell_names_the_schemes_this_model_takes():
-    model = tiny_model("llama")
-    with pytest.raises(hp.PosEncError, match=r"'llama' models \(llama adapter\) cannot take scheme 'learned'; supported: alibi, .*nope.*rope.*yarn"):
-        hp.patch(model, "learned")
-    assert hp.supports(model, "yarn") and not hp.supports(model, "sinusoidal")
+    model = tiny_model("bert")
+    # xPos decays with key-before-query distance: causal models only
+    with pytest.raises(hp.PosEncError, match=r"'bert' models \(bert adapter\) cannot take scheme 'xpos'; supported: alibi, .*nope.*rope.*yarn"):
+        hp.patch(model, "xpos")
+    assert hp.supports(model, "yarn") and not hp.supports(model, "xpos")
+
+
+def test_concat_d_pos_must_leave_room_for_tokens():
+    model = tiny_model("gpt2")
+    with pytest.raises(hp.PosEncError, match=r"d_pos must be < the hidden size 64, got 64"):
+        hp.patch(model, "concat", d_pos=64)
+    assert hp.describe(model) is None
 
 
 def test_config_from_a_newer_format_is_refused():

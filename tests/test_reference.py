@@ -89,15 +89,15 @@ def merge(x):
     return x.transpose(1, 2).flatten(-2)
 
 
-def gpt2_reference(model, ids, add=None, qk=None, bias=None):
+def gpt2_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
     t, n = model.base_model, TINY["heads"]
-    x = t.wte(ids) + (add if add is not None else 0)
+    x = tokens(t.wte(ids)) + (add if add is not None else 0)
     for block in t.h:
         h = F.layer_norm(x, (x.shape[-1],), block.ln_1.weight, block.ln_1.bias, block.ln_1.eps)
         q, k, v = (h @ block.attn.c_attn.weight + block.attn.c_attn.bias).split(x.shape[-1], dim=-1)
         q, k, v = heads(q, n), heads(k, n), heads(v, n)
         if qk is not None:
-            q, k = qk(q), qk(k)
+            q, k = qk(q, "q"), qk(k, "k")
         x = x + merge(attend(q, k, v, bias)) @ block.attn.c_proj.weight + block.attn.c_proj.bias
         h = F.layer_norm(x, (x.shape[-1],), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         h = F.gelu(h @ block.mlp.c_fc.weight + block.mlp.c_fc.bias, approximate="tanh")
@@ -105,31 +105,32 @@ def gpt2_reference(model, ids, add=None, qk=None, bias=None):
     return F.layer_norm(x, (x.shape[-1],), t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
 
 
-def bert_reference(model, ids, add=None, qk=None, bias=None):
+def bert_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
     model = model.base_model
     e, n = model.embeddings, TINY["heads"]
-    x = e.word_embeddings(ids) + e.token_type_embeddings(torch.zeros_like(ids)) + (add if add is not None else 0)
+    x = tokens(e.word_embeddings(ids)) + tokens(e.token_type_embeddings(torch.zeros_like(ids)))
+    x = x + (add if add is not None else 0)
     x = e.LayerNorm(x)
     for layer in model.encoder.layer:
         a = layer.attention
         q, k, v = (heads(lin(x), n) for lin in (a.self.query, a.self.key, a.self.value))
         if qk is not None:
-            q, k = qk(q), qk(k)
+            q, k = qk(q, "q"), qk(k, "k")
         x = a.output.LayerNorm(x + a.output.dense(merge(attend(q, k, v, bias, causal=False))))
         h = F.gelu(layer.intermediate.dense(x))
         x = layer.output.LayerNorm(x + layer.output.dense(h))
     return x
 
 
-def llama_reference(model, ids, qk=None, bias=None):
+def llama_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
     m, n, kv = model.base_model, TINY["heads"], 2
-    x = m.embed_tokens(ids)
+    x = tokens(m.embed_tokens(ids)) + (add if add is not None else 0)
     for layer in m.layers:
         a = layer.self_attn
         h = layer.input_layernorm(x)
         q, k, v = heads(a.q_proj(h), n), heads(a.k_proj(h), kv), heads(a.v_proj(h), kv)
         if qk is not None:
-            q, k = qk(q), qk(k)
+            q, k = qk(q, "q"), qk(k, "k")
         k, v = k.repeat_interleave(n // kv, 1), v.repeat_interleave(n // kv, 1)
         x = x + a.o_proj(merge(attend(q, k, v, bias)))
         h = layer.post_attention_layernorm(x)
@@ -147,26 +148,25 @@ ORIG = TINY["positions"]
 CASES = {
     "nope": ("nope", {}, lambda causal: {}),
     "sinusoidal": ("sinusoidal", {"scale": 1.0}, lambda causal: {"add": sinusoid(L, TINY["hidden"])}),
-    "rope": ("rope", {"theta": THETA}, lambda causal: {"qk": lambda x: rotate_complex(x, POS, inv_freq(HEAD_DIM))}),
+    "rope": ("rope", {"theta": THETA}, lambda causal: {"qk": lambda x, role: rotate_complex(x, POS, inv_freq(HEAD_DIM))}),
     "rope-partial": ("rope", {"theta": THETA, "partial": 0.5},
-                     lambda causal: {"qk": lambda x: rotate_complex(x, POS, inv_freq(HEAD_DIM // 2))}),
+                     lambda causal: {"qk": lambda x, role: rotate_complex(x, POS, inv_freq(HEAD_DIM // 2))}),
     "linear": ("linear", {"factor": 4.0, "theta": THETA},
-               lambda causal: {"qk": lambda x: rotate_complex(x, POS / 4.0, inv_freq(HEAD_DIM))}),
+               lambda causal: {"qk": lambda x, role: rotate_complex(x, POS / 4.0, inv_freq(HEAD_DIM))}),
     "ntk": ("ntk", {"factor": 4.0, "theta": THETA},
-            lambda causal: {"qk": lambda x: rotate_complex(x, POS, inv_freq(HEAD_DIM, THETA * 4.0 ** (HEAD_DIM / (HEAD_DIM - 2))))}),
+            lambda causal: {"qk": lambda x, role: rotate_complex(x, POS, inv_freq(HEAD_DIM, THETA * 4.0 ** (HEAD_DIM / (HEAD_DIM - 2))))}),
     "yarn": ("yarn", {"factor": 4.0, "theta": THETA},
-             lambda causal: {"qk": lambda x: rotate_complex(x, POS, yarn_inv_freq(HEAD_DIM, 4.0, ORIG), 0.1 * math.log(4.0) + 1)}),
+             lambda causal: {"qk": lambda x, role: rotate_complex(x, POS, yarn_inv_freq(HEAD_DIM, 4.0, ORIG), 0.1 * math.log(4.0) + 1)}),
     "alibi": ("alibi", {}, lambda causal: {"bias": alibi_bias(TINY["heads"], causal)}),
 }
 REFERENCES = {"gpt2": (gpt2_reference, True), "bert": (bert_reference, False), "llama": (llama_reference, True)}
+ARCHS = sorted(REFERENCES)
 
 
 @pytest.mark.parametrize("label", sorted(CASES))
-@pytest.mark.parametrize("arch", sorted(REFERENCES))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_patched_model_equals_reference(arch, label):
     scheme, options, reference_kwargs = CASES[label]
-    if not hp.supports(tiny_model(arch), scheme):
-        pytest.skip(f"{arch} does not take {scheme}")
     model = tiny_model(arch, head="base")
     ids = torch.randint(3, TINY["vocab"], (2, L), generator=torch.Generator().manual_seed(0))
     reference, causal = REFERENCES[arch]
@@ -219,3 +219,138 @@ def test_rope_is_relative_shift_invariant():
     a = model(ids, position_ids=torch.arange(L)[None]).logits
     b = model(ids, position_ids=torch.arange(L)[None] + 17).logits
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+# ---- learned relative biases, concatenation, xPos: the formulas, with the patch's own parameters ----
+
+def ids_for_reference():
+    return torch.randint(3, TINY["vocab"], (2, L), generator=torch.Generator().manual_seed(0))
+
+
+def t5_bucket_reference(distance: int, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """Raffel et al. 2020: exact buckets for small distances, logarithmic ones up to max_distance."""
+    offset = 0
+    if not causal:
+        num_buckets //= 2
+        if distance < 0:
+            offset = num_buckets
+        distance = abs(distance)
+    else:
+        distance = max(distance, 0)
+    exact = num_buckets // 2
+    if distance < exact:
+        return offset + distance
+    bucket = exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact))
+    return offset + min(bucket, num_buckets - 1)
+
+
+def bias_reference(label: str, module: torch.nn.Module, causal: bool) -> torch.Tensor:
+    i = torch.arange(L)
+    d = (i[:, None] - i[None, :]).double()
+    if label == "t5":
+        table = module.relative_attention_bias.weight.double()
+        buckets = torch.tensor([[t5_bucket_reference(int(x), causal) for x in row] for row in d])
+        return table[buckets].permute(2, 0, 1)
+    if label == "kerple":  # -r1 log(1 + r2 |i - j|)
+        r1, r2 = module.log_r1.double().exp(), module.log_r2.double().exp()
+        return -r1[:, None, None] * torch.log(1 + r2[:, None, None] * d.abs())
+    if label == "fire":  # f(psi(|i - j|) / psi(max(L, i + 1))), psi(x) = log(cx + 1)
+        c, threshold = module.log_c.double().exp(), module.log_threshold.double().exp()
+        psi = lambda x: torch.log(c * x + 1)  # noqa: E731
+        x = psi(d.abs()) / psi(torch.maximum(i.double() + 1, threshold))[:, None]
+        w1, b1, w2, b2 = (p.double() for p in (module.mlp[0].weight, module.mlp[0].bias, module.mlp[2].weight, module.mlp[2].bias))
+        return (torch.relu(x[..., None] @ w1.T + b1) @ w2.T + b2).permute(2, 0, 1)
+    if label == "untied":  # TUPE: (p_i U^Q)(p_j U^K)^T / sqrt(2 d_h), per head
+        p = module.positions.double()[:L]
+        q = (p @ module.query.double()).unflatten(-1, (TINY["heads"], -1)).transpose(0, 1)
+        k = (p @ module.key.double()).unflatten(-1, (TINY["heads"], -1)).transpose(0, 1)
+        return q @ k.transpose(-1, -2) / math.sqrt(2 * HEAD_DIM)
+    raise KeyError(label)
+
+
+LEARNED_BIASES = {"t5": {"init_std": 0.5}, "kerple": {"r1": 0.7, "r2": 1.3}, "fire": {"init": "random"},
+                  "untied": {"init_std": 0.3}}
+
+
+@pytest.mark.parametrize("label", sorted(LEARNED_BIASES))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_learned_biases_equal_their_formulas(arch, label):
+    model = hp.patch(tiny_model(arch, head="base"), label, **LEARNED_BIASES[label])
+    (bias_module,) = hp.patching.describe_modules(model)
+    reference, causal = REFERENCES[arch]
+    ids = ids_for_reference()
+    with torch.no_grad():
+        got = model(ids).last_hidden_state
+        hp.unpatch(model)
+        hp.patch(model, "nope")  # the token path of a biased model carries no positions
+        expected = reference(model, ids, bias=bias_reference(label, bias_module, causal).float())
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("code", ["sinusoidal", "learned"])
+def test_concat_is_projection_plus_code_in_the_complement(arch, code):
+    import numpy as np
+
+    d_pos = 16
+    model = tiny_model(arch, head="base")
+    ids = ids_for_reference()
+    emb = model.get_input_embeddings().weight.detach().double().numpy()
+    _, singular, vh = np.linalg.svd(emb, full_matrices=False)
+    tok = torch.from_numpy(vh[: TINY["hidden"] - d_pos].T)
+    pos = torch.from_numpy(vh[TINY["hidden"] - d_pos:].T)
+    hp.patch(model, "concat", d_pos=d_pos, code=code)
+    (module,) = hp.patching.describe_modules(model)
+    # singular vectors are defined up to sign: compare the spans through their projectors
+    torch.testing.assert_close(module.position_basis.double() @ module.position_basis.double().T, pos @ pos.T,
+                               atol=1e-5, rtol=0)
+    pos = module.position_basis.double()
+    scale = model.config.posenc["options"]["scale"]
+    codes = module.table.detach().double()[:L] if code == "learned" else sinusoid(L, d_pos).double() * scale * 2**0.5
+    kept = float((singular[: TINY["hidden"] - d_pos] ** 2).sum() / (singular**2).sum())
+    assert model.config.posenc["notes"]["token_energy_kept"] == pytest.approx(kept, abs=1e-5)
+    reference, _ = REFERENCES[arch]
+    with torch.no_grad():
+        got = model(ids).last_hidden_state
+        hp.unpatch(model)
+        hp.patch(model, "nope")
+        expected = reference(model, ids, add=(codes @ pos.T).float(),
+                             tokens=lambda x: (x.double() @ tok @ tok.T).float())
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    # token and position channels are orthogonal (to fp32 precision of the stored bases)
+    assert float((module.token_basis.double().T @ module.position_basis.double()).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_xpos_equals_rotation_with_decay(arch):
+    """Sun et al. 2022: q_n scaled by zeta^(n/B), k_m by zeta^(-m/B), zeta_i = (2i/d + 0.4)/1.4."""
+    base = 8.0
+    zeta = torch.tensor([(2 * i / HEAD_DIM + 0.4) / 1.4 for i in range(HEAD_DIM // 2)], dtype=torch.float64)
+    scale = zeta[None, :] ** (POS.double()[:, None] / base)  # (L, D/2)
+    scale = torch.cat((scale, scale), dim=-1)
+
+    def qk(x, role):
+        rotated = rotate_complex(x, POS, inv_freq(HEAD_DIM)).double()
+        return (rotated * (scale if role == "q" else 1 / scale)).float()
+
+    model = tiny_model(arch, head="base")
+    ids = ids_for_reference()
+    reference, _ = REFERENCES[arch]
+    with torch.no_grad():
+        hp.patch(model, "nope")
+        expected = reference(model, ids, qk=qk)
+        hp.patch(model, "xpos", theta=THETA, scale_base=base)
+        got = model(ids).last_hidden_state
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("scheme,options", [("concat", {"d_pos": 0}), ("untied", {"init_std": 0.0}),
+                                            ("t5", {}), ("fire", {})])
+def test_degenerate_settings_reduce_to_nope(arch, scheme, options):
+    ids = ids_for_reference()
+    model = tiny_model(arch, head="base")
+    with torch.no_grad():
+        nope = hp.patch(model, "nope")(ids).last_hidden_state
+        got = hp.patch(model, scheme, **options)(ids).last_hidden_state
+    torch.testing.assert_close(got, nope, atol=1e-4, rtol=1e-4)  # concat d_pos=0 projects in fp32
