@@ -130,7 +130,6 @@ def test_missing_column_and_unsupported_scheme_fail_before_loading(tmp_path, ass
     cls = recipe_dict(assets, tmp_path / "o2", model={"task": "classification"}, data={"label_column": "stars"})
     with pytest.raises(PosEncError, match="data.label_column: column 'stars'"):
         preflight(load_recipe(write_recipe(tmp_path / "l.yaml", cls)), False, False, 1)
-    config = hf_posenc.registry.get_scheme  # noqa: F841 - the registry decides support, not the runner
     unsupported = [s for s in hf_posenc.list_schemes() if not hf_posenc.supports(tiny_model("llama").config, s)]
     if not unsupported:
         pytest.skip("llama supports every scheme")
@@ -180,6 +179,7 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     assert (out / "loss.png").stat().st_size > 0
     assert results["world_size"] == 1 and results["samples_per_rank"] == [24]
     assert results["after"]["loss"] < results["before"]["loss"]
+    assert results["original"]["loss"] != results["before"]["loss"]  # the swap changed the model
     run = json.loads((out / "run.json").read_text())
     assert 0 < run["trainable_parameters"] < run["total_parameters"]
 
@@ -206,3 +206,18 @@ def test_classification_recipe_with_rope_on_bert(tmp_path):
         assert results[when]["suite"]["mode"] == "classifier" and "f1" in results[when]["suite"]
     model = hf_posenc.from_pretrained(tmp_path / "out", model_cls=__import__("transformers").AutoModelForSequenceClassification)
     assert hf_posenc.describe(model).scheme == "rope"
+
+
+def test_lora_trains_projections_plus_new_positional_params_norms_embeddings(tmp_path, assets):
+    from hf_posenc.train import modeling
+
+    data = recipe_dict(assets, tmp_path / "o", posenc={"scheme": "learned"}, peft={"trainable": ["posenc", "norms"]})
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", data))
+    model = tiny_model("gpt2")
+    new = modeling.apply_posenc(model, recipe)
+    assert new and all("wpe" in n for n in new)  # the learned table the patch installed
+    wrapped = modeling.select_trainable(model, recipe, new)
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.weight") for n in trainable)
+    assert any(".ln_1." in n for n in trainable) and not any("wte" in n for n in trainable)
+    assert not any(n.endswith("c_attn.base_layer.weight") for n in trainable)  # frozen under LoRA

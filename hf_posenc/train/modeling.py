@@ -145,11 +145,13 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     return wrapped
 
 
-def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path) -> None:
+def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path,
+               state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write the final model to `out`; it reloads with `hf_posenc.from_pretrained(out)`.
 
     LoRA is merged into the weights when `output.merge`; otherwise `out` holds the base model
-    (with the groups trained in full) and `out/adapter` the LoRA weights for peft.
+    (with the groups trained in full) and `out/adapter` the LoRA weights for peft. `state_dict`
+    is the full-precision gathered copy of a sharded (FSDP) full fine-tune.
     """
     import peft
 
@@ -159,5 +161,6 @@ def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path
         else:
             model.save_pretrained(out / "adapter")
             model = model.unload()
-    model.save_pretrained(out)
+        state_dict = None  # the gathered keys are peft's; the merged/unloaded model holds the values
+    model.save_pretrained(out, state_dict=state_dict)
     tokenizer.save_pretrained(out)

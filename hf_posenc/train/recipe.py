@@ -95,6 +95,7 @@ class TrainingArgs:
 
 @dataclasses.dataclass
 class EvaluationArgs:
+    original: bool = field(True, help="LM: evaluate the model before the swap too, the target a recovery aims at")
     before: bool = field(True, help="evaluate the patched model before training")
     after: bool = field(True, help="evaluate after training")
     micro_batch_size: int = field(4, help="eval sequences per forward")

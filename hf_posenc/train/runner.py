@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
 from ..errors import PosEncError
@@ -39,6 +39,7 @@ class TrainerState:
     samples: list[int] = dataclasses.field(default_factory=list)  # per rank, for the proof of who trained
     tokens: list[int] = dataclasses.field(default_factory=list)
     log: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    original: dict[str, Any] | None = None
     before: dict[str, Any] | None = None
     train_seconds: float = 0.0
 
@@ -200,6 +201,9 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
     )
+    if accelerator.distributed_type == DistributedType.FSDP and recipe.peft.method == "lora" and recipe.output.save_model:
+        raise PosEncError(f"{recipe.source}: peft.method: with FSDP use 'full' (a sharded LoRA model cannot be "
+                          "merged and saved here); or run LoRA with the ddp config")
     main = accelerator.is_main_process
     if overwrite and main and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
@@ -210,11 +214,17 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
     model, tokenizer = modeling.load_model(recipe)
+    data = inputs.prepare(recipe, raw, tokenizer)
+    eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
+        data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
+        generator=torch.Generator().manual_seed(t.seed)))
+    original = None  # a classifier's head is untrained before the run: nothing to compare with
+    if recipe.evaluation.original and recipe.posenc.scheme and recipe.model.task == "causal_lm" and latest is None:
+        original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
     posenc_names = modeling.apply_posenc(model, recipe)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = modeling.select_trainable(model, recipe, posenc_names)
-    data = inputs.prepare(recipe, raw, tokenizer)
 
     sampler = inputs.EpochSampler(len(data.train), t.batch_size, t.seed)
     if sampler.steps_per_epoch == 0:
@@ -224,8 +234,6 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     # the dropout stream of a resumed run (its pass over the data starts after the restore).
     loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate,
                                          generator=torch.Generator().manual_seed(t.seed))
-    eval_loader = torch.utils.data.DataLoader(data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
-                                              generator=torch.Generator().manual_seed(t.seed))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(  # no decay on biases and norm gains (the usual GPT recipe)
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
@@ -234,11 +242,10 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
 
     scheduler = get_scheduler("constant_with_warmup" if t.scheduler == "constant" else t.scheduler, optimizer,
                               num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
-    model, optimizer, loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, loader, eval_loader, scheduler)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     rank, n_trainable = accelerator.process_index, sum(p.numel() for p in params)
-    state = TrainerState(samples=[0] * world, tokens=[0] * world)
+    state = TrainerState(samples=[0] * world, tokens=[0] * world, original=original)
     if latest is not None:
         state = TrainerState(**json.loads((latest / STATE_FILE).read_text()))
         if len(state.samples) != world:
@@ -311,7 +318,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     results = {
         "scheme": recipe.posenc.scheme, "model": recipe.model.name_or_path, "steps": state.step,
         "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
-        "train_seconds": state.train_seconds, "before": state.before, "after": after,
+        "train_seconds": state.train_seconds, "original": state.original, "before": state.before, "after": after,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
     }
     if main:
@@ -319,8 +326,10 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
         _write_json(out / "results.json", results)
         if recipe.output.plot:
             _plot(state.log, state.before, after, out / "loss.png")
-        if recipe.output.save_model:
-            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out)
+    if recipe.output.save_model:
+        weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
+        if main:
+            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out, weights)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
