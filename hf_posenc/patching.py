@@ -23,6 +23,7 @@ from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme, ZeroPositions
+from .schemes.relative import fit_keys
 from .schemes.rope import Rotary, native_partial, rotate
 
 STATE_ATTR = "_posenc_state"
@@ -160,20 +161,24 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
         # Switch the model's own rotation off: cos=1, sin=0 everywhere.
         state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
 
-    bias = None
-    if spec.site == "score":
+    bias = scores = None
+    if spec.site in ("score", "attention"):
         state.set_attn_implementation(model, attention.implementation_for(compat.attn_implementation(config)))
-        if spec.learned:
-            bias = spec.module(options, facts).to(facts.device)
-            state.add_module(base, "posenc_bias", bias, new=True)
+    if spec.site == "score" and spec.learned:
+        bias = spec.module(options, facts).to(facts.device)
+        state.add_module(base, "posenc_bias", bias, new=True)
+    if spec.site == "attention":
+        scores = spec.module(options, facts).to(facts.device)
+        state.add_module(base, "posenc_attention", scores)
 
     if rotary is not None:
         state.add_module(base, "posenc_rotary", rotary)
         for module in adapter.attention_modules(model):
             _tap_queries_and_keys(module, adapter, facts.head_dim, state)
 
-    if adapter.position_slot or added is not None or rotary is not None or spec.site == "score":
-        hook = _layer_loop_hook(model, adapter, offset, added, rotary, bias, guard=spec.site == "score")
+    if adapter.position_slot or added is not None or rotary is not None or spec.site in ("score", "attention"):
+        hook = _layer_loop_hook(model, adapter, offset, added, rotary, bias, scores,
+                                guard=spec.site in ("score", "attention"))
         state.hook(base.register_forward_pre_hook(hook, with_kwargs=True))
 
 
@@ -194,7 +199,8 @@ def _positions(kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _layer_loop_hook(model: nn.Module, adapter: Adapter, offset: int, added: nn.Module | None,
-                     rotary: nn.Module | None, bias: nn.Module | None, guard: bool) -> Callable:
+                     rotary: nn.Module | None, bias: nn.Module | None, scores: nn.Module | None,
+                     guard: bool) -> Callable:
     """Pre-hook on the module owning the layer loop. Once per forward it fills in padding-aware
     position_ids, adds slot-less input codes, and computes (cos, sin) and learned-bias closures that
     travel down as private kwargs (not as position_ids, which transformers would read as packed
@@ -206,7 +212,7 @@ def _layer_loop_hook(model: nn.Module, adapter: Adapter, offset: int, added: nn.
         if guard and not compat.attn_implementation(module.config).startswith(attention.PREFIX):
             raise PosEncError(
                 f"attention implementation was switched to {compat.attn_implementation(module.config)!r} after "
-                f"patching, which drops the {module.config.posenc['scheme']!r} bias; set it back with "
+                f"patching, which drops the {module.config.posenc['scheme']!r} scheme; set it back with "
                 "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
             )
         positions, key_positions = _positions(kwargs)
@@ -226,9 +232,16 @@ def _layer_loop_hook(model: nn.Module, adapter: Adapter, offset: int, added: nn.
             kwargs[ROTARY_KWARG] = rotary(torch.empty(0, device=positions.device), positions)
         if bias is not None:
             kwargs[attention.BIAS_KWARG] = functools.partial(bias, positions, key_positions)
+        if scores is not None:
+            kwargs[attention.SCORES_KWARG] = functools.partial(_scores, scores, positions, key_positions)
         return (), kwargs
 
     return hook
+
+
+def _scores(module: nn.Module, q_pos: torch.Tensor, k_pos: torch.Tensor, query: torch.Tensor,
+            key: torch.Tensor) -> torch.Tensor:
+    return module.scores(query, key, q_pos, fit_keys(k_pos, key.shape[-2]))
 
 
 class _Tap:

@@ -29,6 +29,7 @@ SCHEMES = {
     "fire": {"init": "random"},
     "kerple": {},
     "xpos": {"scale_base": 16.0},
+    "self_extend": {"group": 2, "window": 4},
 }
 SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
@@ -180,7 +181,9 @@ def test_repatching_equals_patching_a_fresh_model(arch):
     assert torch.equal(twice(x).logits, tiny_model(arch)(x).logits)
 
 
-@pytest.mark.parametrize("arch,label", [("gpt2", "rope"), ("gpt2", "learned"), ("llama", "alibi"), ("bert", "yarn")])
+@pytest.mark.parametrize("arch,label", [("gpt2", "rope"), ("gpt2", "learned"), ("llama", "alibi"), ("bert", "yarn"),
+                                        ("llama", "t5"), ("qwen3", "xpos"), ("llama", "self_extend"),
+                                        ("llama", "concat")])
 def test_torch_compile_fullgraph_matches(arch, label):
     model = patched(arch, label)
     x = ids()

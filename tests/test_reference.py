@@ -72,8 +72,8 @@ def alibi_bias(heads: int, causal: bool) -> torch.Tensor:
 
 # ---- the architectures, from their weights --------------------------------------------------
 
-def attend(q, k, v, bias=None, causal=True):
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+def attend(q, k, v, bias=None, causal=True, logits=None):
+    scores = (logits(q, k) if logits is not None else q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if bias is not None:
         scores = scores + bias
     if causal:
@@ -89,7 +89,7 @@ def merge(x):
     return x.transpose(1, 2).flatten(-2)
 
 
-def gpt2_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
+def gpt2_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x, logits=None):
     t, n = model.base_model, TINY["heads"]
     x = tokens(t.wte(ids)) + (add if add is not None else 0)
     for block in t.h:
@@ -98,14 +98,14 @@ def gpt2_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x)
         q, k, v = heads(q, n), heads(k, n), heads(v, n)
         if qk is not None:
             q, k = qk(q, "q"), qk(k, "k")
-        x = x + merge(attend(q, k, v, bias)) @ block.attn.c_proj.weight + block.attn.c_proj.bias
+        x = x + merge(attend(q, k, v, bias, logits=logits)) @ block.attn.c_proj.weight + block.attn.c_proj.bias
         h = F.layer_norm(x, (x.shape[-1],), block.ln_2.weight, block.ln_2.bias, block.ln_2.eps)
         h = F.gelu(h @ block.mlp.c_fc.weight + block.mlp.c_fc.bias, approximate="tanh")
         x = x + h @ block.mlp.c_proj.weight + block.mlp.c_proj.bias
     return F.layer_norm(x, (x.shape[-1],), t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
 
 
-def bert_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
+def bert_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x, logits=None):
     model = model.base_model
     e, n = model.embeddings, TINY["heads"]
     x = tokens(e.word_embeddings(ids)) + tokens(e.token_type_embeddings(torch.zeros_like(ids)))
@@ -116,13 +116,13 @@ def bert_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x)
         q, k, v = (heads(lin(x), n) for lin in (a.self.query, a.self.key, a.self.value))
         if qk is not None:
             q, k = qk(q, "q"), qk(k, "k")
-        x = a.output.LayerNorm(x + a.output.dense(merge(attend(q, k, v, bias, causal=False))))
+        x = a.output.LayerNorm(x + a.output.dense(merge(attend(q, k, v, bias, causal=False, logits=logits))))
         h = F.gelu(layer.intermediate.dense(x))
         x = layer.output.LayerNorm(x + layer.output.dense(h))
     return x
 
 
-def llama_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x):
+def llama_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x, logits=None):
     m, n, kv = model.base_model, TINY["heads"], 2
     x = tokens(m.embed_tokens(ids)) + (add if add is not None else 0)
     for layer in m.layers:
@@ -132,7 +132,7 @@ def llama_reference(model, ids, add=None, qk=None, bias=None, tokens=lambda x: x
         if qk is not None:
             q, k = qk(q, "q"), qk(k, "k")
         k, v = k.repeat_interleave(n // kv, 1), v.repeat_interleave(n // kv, 1)
-        x = x + a.o_proj(merge(attend(q, k, v, bias)))
+        x = x + a.o_proj(merge(attend(q, k, v, bias, logits=logits)))
         h = layer.post_attention_layernorm(x)
         x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
     return m.norm(x)
@@ -354,3 +354,34 @@ def test_degenerate_settings_reduce_to_nope(arch, scheme, options):
         nope = hp.patch(model, "nope")(ids).last_hidden_state
         got = hp.patch(model, scheme, **options)(ids).last_hidden_state
     torch.testing.assert_close(got, nope, atol=1e-4, rtol=1e-4)  # concat d_pos=0 projects in fp32
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_self_extend_equals_grouped_attention(arch):
+    """Jin et al. 2024, eq. 3-4: relative distance i - j < W uses the true positions; beyond it the query
+    sits at floor(i/G) + W - floor(W/G) and the key at floor(j/G)."""
+    group, window = 3, 5
+    freqs = inv_freq(HEAD_DIM)
+
+    def logits(q, k):
+        out = torch.empty(q.shape[0], q.shape[1], L, L, dtype=torch.float64)
+        for i in range(L):
+            for j in range(L):
+                if i - j < window:
+                    qi, kj = i, j
+                else:
+                    qi, kj = i // group + window - window // group, j // group
+                qr = rotate_complex(q[:, :, i : i + 1], torch.tensor([qi]), freqs).double()
+                kr = rotate_complex(k[:, :, j : j + 1], torch.tensor([kj]), freqs).double()
+                out[:, :, i, j] = (qr * kr).sum(-1)[..., 0]
+        return out.float()
+
+    model = tiny_model(arch, head="base")
+    ids = ids_for_reference()
+    reference, _ = REFERENCES[arch]
+    with torch.no_grad():
+        hp.patch(model, "nope")
+        expected = reference(model, ids, logits=logits)
+        hp.patch(model, "self_extend", group=group, window=window, theta=THETA)
+        got = model(ids).last_hidden_state
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)

@@ -9,6 +9,8 @@ A scheme knows only maths (lucidrains-style contracts):
 - score site:  parameter-free: `bias(options, num_heads, q_pos (q,), k_pos (k,), causal)` -> (H, q, k);
                learned: `module(options, facts)` -> nn.Module, `forward(q_pos (B, q), k_pos (B, k),
                kv_length)` -> (B, H, q, kv_length); both fp32 logit biases
+- attention:   `module(options, facts)` -> nn.Module with `scores(query, key, q_pos, k_pos)` ->
+               (B, H, q, k) fp32 logits on unrotated q/k (schemes needing two rotations: Self-Extend)
 - none:        removes the model's own positions and adds nothing (NoPE)
 """
 
@@ -22,7 +24,7 @@ from torch import nn
 
 from ..config import validate_options
 
-Site = Literal["input", "qk", "score", "none"]
+Site = Literal["input", "qk", "score", "attention", "none"]
 
 
 @dataclass(frozen=True)
