@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .adapters.base import get_module
 from .errors import PosEncError
-from .patching import describe, from_pretrained
+from .patching import ROTARY_MODULE, describe, from_pretrained
 from .registry import ADAPTERS, adapter_for, get_scheme
 from .schemes import alibi as alibi_scheme
 
@@ -75,18 +75,13 @@ def check_length(model: nn.Module, length: int) -> None:
 
 
 def _qk_modules(model: nn.Module, layer: int) -> tuple[nn.Module, nn.Module | None]:
-    """The modules whose outputs are layer `layer`'s q and k before any rotation; k is None when packed.
-
-    Natively rotating adapters declare no q/k tap (they need none to patch), so those use the Llama
-    family's names, reading after Qwen3's per-head q/k norms when present.
-    """
+    """The modules whose outputs are layer `layer`'s q and k before any rotation (the adapter's q/k
+    taps: after Qwen3's per-head norms); k is None when q, k, v leave one packed projection."""
     adapter = adapter_for(model)
     attention = adapter.attention_modules(model)[layer]
-    if adapter.qk is not None:
-        names = adapter.qk.projections
-        return (get_module(attention, names[0]), None) if adapter.qk.packed else \
-            (get_module(attention, names[0]), get_module(attention, names[1]))
-    names = ("q_norm", "k_norm") if hasattr(attention, "q_norm") else ("q_proj", "k_proj")
+    names = adapter.qk.projections
+    if adapter.qk.packed:
+        return get_module(attention, names[0]), None
     return get_module(attention, names[0]), get_module(attention, names[1])
 
 
@@ -474,8 +469,7 @@ def rotary_profile(model: nn.Module, input_ids: Tensor, max_distance: int = 256)
 def _rotary_module(model: nn.Module) -> nn.Module:
     """The module returning (cos, sin): the model's own (possibly rebuilt by a patch) or the patch's."""
     rotary = adapter_for(model).rotary
-    # a RoPE patch on a model without rotary module adds it under this name (hf_posenc.patching)
-    return get_module(model.base_model, rotary or "posenc_rotary")
+    return get_module(model.base_model, rotary or ROTARY_MODULE)
 
 
 def alibi_slopes(model: nn.Module) -> list[float]:

@@ -28,6 +28,7 @@ from .schemes.rope import Rotary, native_partial, rotate
 
 STATE_ATTR = "_posenc_state"
 ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
+ROTARY_MODULE = "posenc_rotary"  # where a q/k scheme's rotary module lives on a model that had none
 _MISSING = object()
 
 
@@ -172,7 +173,7 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
         state.add_module(base, "posenc_attention", scores)
 
     if rotary is not None:
-        state.add_module(base, "posenc_rotary", rotary)
+        state.add_module(base, ROTARY_MODULE, rotary)
         for module in adapter.attention_modules(model):
             _tap_queries_and_keys(module, adapter, facts.head_dim, state)
 
