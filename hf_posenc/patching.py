@@ -334,6 +334,10 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model
+    if hasattr(model.config, "auto_map"):
+        # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
+        # would otherwise point at a file its folder does not have.
+        del model.config.auto_map
     patch(model, PosEncConfig.from_dict(posenc))
     names = {id(m): n for n, m in model.named_modules()}
     wanted = {
@@ -342,10 +346,14 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         for key, tensor in m.state_dict().items()
     }
     if wanted:
+        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
+        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
         found: dict[str, torch.Tensor] = {}
         for file in _checkpoint_files(path, **kwargs):
             with safe_open(file, framework="pt") as handle:
-                found.update({k: handle.get_tensor(k) for k in handle.keys() if k in wanted})
+                for key in handle.keys():
+                    if key in wanted or key in prefixed:
+                        found[prefixed.get(key, key)] = handle.get_tensor(key)
         if missing := sorted(set(wanted) - set(found)):
             raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
         with torch.no_grad():

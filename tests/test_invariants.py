@@ -190,3 +190,13 @@ def test_torch_compile_fullgraph_matches(arch, label):
     expected = model(x).logits
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x).logits, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_reload_a_checkpoint_with_head_as_a_bare_base_model(tmp_path):
+    from transformers import GPT2Model
+
+    model = hp.patch(tiny_model("gpt2"), "learned", init="interpolate", max_positions=100)
+    model.save_pretrained(tmp_path)
+    base = hp.from_pretrained(str(tmp_path), model_cls=GPT2Model).eval()
+    x = ids(length=90)
+    torch.testing.assert_close(base(x).last_hidden_state, model.transformer(x).last_hidden_state, atol=0, rtol=0)
