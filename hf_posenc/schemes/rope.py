@@ -66,6 +66,13 @@ def native_partial(facts: ModelFacts) -> float:
     return float((facts.rope_parameters or {}).get("partial_rotary_factor", 1.0))
 
 
+def resolve_rotation(options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+    """`theta` and `partial` left as None take the model's own (or 10000 and 1 on a model that had none)."""
+    theta = options["theta"] if options["theta"] is not None else native_theta(facts)
+    partial = options["partial"] if options["partial"] is not None else native_partial(facts)
+    return {**options, "theta": float(theta), "partial": float(partial)}
+
+
 def check_rope_options(theta: float | None, partial: float | None) -> None:
     check(theta is None or (isinstance(theta, (int, float)) and theta > 0), f"theta must be > 0, got {theta!r}")
     check(partial is None or (isinstance(partial, (int, float)) and 0 < partial <= 1),
@@ -87,9 +94,7 @@ class Rope(RotaryScheme):
     citation = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding"
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        theta = options["theta"] if options["theta"] is not None else native_theta(facts)
-        partial = options["partial"] if options["partial"] is not None else native_partial(facts)
-        return {"theta": float(theta), "partial": float(partial)}
+        return resolve_rotation(options, facts)
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return {"rope_type": "default", "rope_theta": options["theta"]}

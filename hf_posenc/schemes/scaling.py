@@ -17,7 +17,7 @@ from typing import Any
 from ..config import check, option
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
-from .rope import check_rope_options, native_partial, native_theta
+from .rope import check_rope_options, resolve_rotation
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,8 @@ class Scaling(RotaryScheme):
         self.name, self.rope_type, self.Options, self.extra, self.citation = name, rope_type, options, extra, citation
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        out = dict(options)
+        out = resolve_rotation(options, facts)
         out["factor"] = float(out["factor"])
-        out["theta"] = float(out["theta"] if out["theta"] is not None else native_theta(facts))
-        out["partial"] = float(out["partial"] if out["partial"] is not None else native_partial(facts))
         native_omp = (facts.rope_parameters or {}).get("original_max_position_embeddings")
         out["original_max_position_embeddings"] = out["original_max_position_embeddings"] or native_omp or facts.max_positions
         if self.rope_type == "longrope":

@@ -18,7 +18,7 @@ from torch import nn
 from ..config import check, option
 from ..registry import register_scheme
 from .base import ModelFacts, Scheme
-from .rope import Rotary, check_rope_options, native_partial, native_theta, rotate
+from .rope import Rotary, check_rope_options, resolve_rotation, rotate
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,7 @@ class SelfExtend(Scheme):
     citation = "Jin et al. 2024, LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        theta = options["theta"] if options["theta"] is not None else native_theta(facts)
-        partial = options["partial"] if options["partial"] is not None else native_partial(facts)
-        return {**options, "theta": float(theta), "partial": float(partial)}
+        return resolve_rotation(options, facts)
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
         return None

@@ -18,7 +18,7 @@ from torch import nn
 from ..config import check, option
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
-from .rope import Rotary, check_rope_options, native_partial, native_theta
+from .rope import Rotary, check_rope_options, resolve_rotation
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,7 @@ class Xpos(RotaryScheme):
     citation = "Sun et al. 2022, A Length-Extrapolatable Transformer (xPos)"
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        theta = options["theta"] if options["theta"] is not None else native_theta(facts)
-        partial = options["partial"] if options["partial"] is not None else native_partial(facts)
-        return {**options, "theta": float(theta), "partial": float(partial)}
+        return resolve_rotation(options, facts)
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return {"rope_type": "default", "rope_theta": options["theta"]}
