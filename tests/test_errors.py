@@ -103,7 +103,7 @@ def test_a_patch_failing_halfway_leaves_the_model_untouched(previous):
 def test_switching_attention_implementation_after_alibi_is_refused():
     model = hp.patch(tiny_model("llama"), "alibi")
     model.set_attn_implementation("sdpa")
-    with pytest.raises(hp.PosEncError, match=r"switched to 'sdpa' after patching, which drops the 'alibi' bias"):
+    with pytest.raises(hp.PosEncError, match=r"switched to 'sdpa' after patching, which drops the 'alibi' scheme"):
         model(torch.randint(3, 100, (1, 5)))
 
 
