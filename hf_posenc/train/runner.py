@@ -158,7 +158,8 @@ def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, k
     accelerator.wait_for_everyone()
 
 
-def _plot(log: list[dict[str, float]], before: dict | None, after: dict | None, path: Path) -> None:
+def _plot(log: list[dict[str, float]], original: dict | None, before: dict | None, after: dict | None,
+          path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,6 +167,8 @@ def _plot(log: list[dict[str, float]], before: dict | None, after: dict | None, 
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in log], [r["loss"] for r in log], label="train loss")
+    if original:
+        ax.axhline(original["loss"], color="gray", linestyle="--", label=f"eval, before the swap: {original['loss']:.3f}")
     for tag, res, marker in (("eval before", before, "o"), ("eval after", after, "s")):
         if res:
             step = 0 if tag == "eval before" else (log[-1]["step"] if log else 0)
@@ -325,7 +328,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
         _write_json(out / "loss.json", state.log)
         _write_json(out / "results.json", results)
         if recipe.output.plot:
-            _plot(state.log, state.before, after, out / "loss.png")
+            _plot(state.log, state.original, state.before, after, out / "loss.png")
     if recipe.output.save_model:
         weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
         if main:
