@@ -103,10 +103,12 @@ def _write(report: dict, path: Path, t0: float) -> None:
 def _plot(report: dict, path: Path) -> None:
     plt = evaluation._pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, cell in report["configs"].items():
-        for ax, field, key in ((left, "perplexity", "ppl"), (right, "accuracy", "passkey")):
-            xs, ys = evaluation._series({str(k): v for k, v in cell.get(key, {}).items()}, field)
-            ax.plot(xs, ys, marker="o", label=name)
+    for i, (name, cell) in enumerate(report["configs"].items()):
+        xs, ys = evaluation._series({str(k): v for k, v in cell.get("ppl", {}).items()}, "perplexity")
+        left.plot(xs, ys, marker="o", label=name)
+        # passkey lengths are sparse: markers only (a line would invent the lengths in between)
+        xs, ys = evaluation._series({str(k): v for k, v in cell.get("passkey", {}).items()}, "accuracy")
+        right.plot(xs, ys, marker="os^"[i % 3], markersize=11 - 3 * (i % 3), linestyle="none", label=name)
     trained = report["trained_context"]
     for ax in (left, right):
         ax.axvline(trained, color="grey", linestyle=":", label=f"trained context ({trained})")
