@@ -102,7 +102,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "load_average_at_end": os.getloadavg(),
         "rows": rows,
-        "versions": evaluation._versions(),
+        "versions": evaluation.versions(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

@@ -95,7 +95,7 @@ def main() -> None:
 
 def _write(report: dict, path: Path, t0: float) -> None:
     report["wall_time_s"] = round(time.perf_counter() - t0, 1)
-    report["versions"] = evaluation._versions()
+    report["versions"] = evaluation.versions()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str))
 

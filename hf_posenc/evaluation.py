@@ -54,6 +54,7 @@ __all__ = [
     "PASSKEY_FILLER",
     "SUITES",
     "classification",
+    "compare",
     "length_generalization",
     "load_metric",
     "load_model",
@@ -62,7 +63,11 @@ __all__ = [
     "passkey",
     "passkey_prompt",
     "perplexity_by_length",
+    "plot_results",
     "prefix_perplexity",
+    "run_suites",
+    "text_token_ids",
+    "versions",
 ]
 
 METRICS_DIR = Path(__file__).parent / "metrics"
@@ -659,7 +664,8 @@ def parse_suites(text: str) -> list[str]:
     return suites
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """Installed versions of what a result depends on, for results files."""
     names = ["hf-posenc", "torch", "transformers", "accelerate", "datasets", "evaluate"]
     found = {"python": platform.python_version()}
     for name in names:
@@ -729,7 +735,7 @@ def run_suites(
                 "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed}
     record = _Results(out / "results.json", {
         "format": 1, **(header or {}), "posenc": described.to_dict() if described else None,
-        "settings": settings, "versions": _versions(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "settings": settings, "versions": versions(), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
     if "ppl" in suites:
         source = data.long_text(text, text_column=text_column, config=text_config)
