@@ -1,8 +1,12 @@
 """Training throughput: the recipe runner (hf_posenc.train) vs a plain transformers Trainer loop.
 
 Same model, same patch, same LoRA/trainable set, same packed data, same batch and accumulation,
-same optimizer and schedule. Each measurement runs in its own process (peak RSS is per process);
-throughput counts the steps after the first (warm-up) over their wall time, for both loops.
+same optimizer (fused AdamW, the Trainer's default) and schedule. Each measurement runs in its own
+process (peak RSS is per process); throughput counts the steps after the first (warm-up), per
+second of wall time and per second of process CPU time. On a shared machine the wall clock
+measures the neighbours as much as the loop, so the ratio is taken per adjacent pair of runs
+(runner and Trainer back to back, order alternating) and on CPU time; run it with
+OMP_NUM_THREADS=1 for the same reason.
 
     python benchmarks/train_throughput.py                        # SmolLM2-135M + alibi, seq 256
     python benchmarks/train_throughput.py --model tiny --steps 30 # a random 4-layer llama, quick
@@ -52,7 +56,7 @@ def _recipe(args: argparse.Namespace, out: Path) -> dict:
                  "max_eval_samples": 1},
         "training": {"max_steps": args.steps, "batch_size": args.batch, "micro_batch_size": args.micro_batch,
                      "lr": 1e-4, "warmup_steps": 0, "scheduler": "linear", "seed": 0},
-        "evaluation": {"before": False, "after": False},
+        "evaluation": {"original": False, "before": False, "after": False},
         "output": {"dir": str(out), "save_model": False, "plot": False},
     }
 
@@ -72,12 +76,13 @@ def worker_runner(args: argparse.Namespace, recipe: dict) -> dict:
 
     train(from_dict(recipe))
     log = json.loads((Path(recipe["output"]["dir"]) / "loss.json").read_text())
-    return {"tokens_per_s": _throughput([r["elapsed_s"] for r in log], args.batch * args.seq_len),
+    tokens = args.batch * args.seq_len
+    return {"tokens_per_s": _throughput([r["elapsed_s"] for r in log], tokens),
+            "tokens_per_cpu_s": _throughput([r["cpu_s"] for r in log], tokens),
             "final_loss": log[-1]["loss"], "peak_rss_mb": _peak_mb()}
 
 
 def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
-    import torch
     import transformers
 
     from hf_posenc.train import inputs, modeling
@@ -90,10 +95,12 @@ def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
     model = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
     data = inputs.prepare(recipe, raw, tokenizer)
     times: list[float] = []
+    cpu: list[float] = []
 
     class Clock(transformers.TrainerCallback):
         def on_step_end(self, *_, **__):
             times.append(time.perf_counter())
+            cpu.append(time.process_time())
 
     t = recipe.training
     targs = transformers.TrainingArguments(
@@ -103,12 +110,13 @@ def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, seed=0,
     )
-    trainer = transformers.Trainer(model=model, args=targs, train_dataset=data.train, data_collator=data.collate)
+    trainer = transformers.Trainer(model=model, args=targs, train_dataset=data.train, data_collator=data.collate,
+                                   callbacks=[Clock()])
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
-    del torch  # imported for its side effect of being the backend; keep the namespace clean
-    return {"tokens_per_s": _throughput(times, args.batch * args.seq_len), "final_loss": losses[-1],
-            "peak_rss_mb": _peak_mb()}
+    tokens = args.batch * args.seq_len
+    return {"tokens_per_s": _throughput(times, tokens), "tokens_per_cpu_s": _throughput(cpu, tokens),
+            "final_loss": losses[-1], "peak_rss_mb": _peak_mb()}
 
 
 def main() -> None:
@@ -148,18 +156,24 @@ def main() -> None:
                 for sub in ("runner", "trainer"):
                     subprocess.run(["rm", "-rf", str(Path(work) / sub)], check=True)
 
-    summary = {loop: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
-                      "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "final_loss": rs[0]["final_loss"],
-                      "runs": rs} for loop, rs in runs.items()}
+    summary = {loop: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "tokens_per_cpu_s")}
+               | {"peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "final_loss": rs[0]["final_loss"], "runs": rs}
+               for loop, rs in runs.items()}
+    pairs = list(zip(runs["runner"], runs["trainer"]))
     result = {
         "model": args.model, "scheme": args.scheme, "seq_len": args.seq_len, "batch": args.batch,
-        "micro_batch": args.micro_batch, "steps": args.steps, "threads": os.cpu_count(),
-        **summary, "ratio_runner_over_trainer": summary["runner"]["tokens_per_s"] / summary["trainer"]["tokens_per_s"],
+        "micro_batch": args.micro_batch, "steps": args.steps, "cpus": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **summary,
+        "ratio_wall_per_pair": [r["tokens_per_s"] / t["tokens_per_s"] for r, t in pairs],
+        "ratio_runner_over_trainer_wall": statistics.median(r["tokens_per_s"] / t["tokens_per_s"] for r, t in pairs),
+        "ratio_runner_over_trainer_cpu": statistics.median(
+            r["tokens_per_cpu_s"] / t["tokens_per_cpu_s"] for r, t in pairs),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("runner", "trainer")}, indent=1))
-    print(f"runner {summary['runner']['tokens_per_s']:.0f} tok/s, Trainer {summary['trainer']['tokens_per_s']:.0f} tok/s")
+    print(f"runner {summary['runner']['tokens_per_s']:.0f} tok/s, Trainer {summary['trainer']['tokens_per_s']:.0f} tok/s "
+          f"(wall); {summary['runner']['tokens_per_cpu_s']:.0f} vs {summary['trainer']['tokens_per_cpu_s']:.0f} tok/cpu-s")
 
 
 if __name__ == "__main__":

@@ -181,6 +181,14 @@ def _plot(log: list[dict[str, float]], original: dict | None, before: dict | Non
     plt.close(fig)
 
 
+def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    """Fused AdamW where torch has the kernel for the device (the Trainer's default too), else foreach."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, fused=True)
+    except RuntimeError:
+        return torch.optim.AdamW(groups, lr=lr)
+
+
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(json.dumps(data, indent=1))
@@ -238,7 +246,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate,
                                          generator=torch.Generator().manual_seed(t.seed))
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(  # no decay on biases and norm gains (the usual GPT recipe)
+    optimizer = _adamw(  # no decay on biases and norm gains (the usual GPT recipe)
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
          {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=t.lr)
     from transformers import get_scheduler
@@ -272,7 +280,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     bar = tqdm(total=t.max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True)
     window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
     samples, tokens = state.samples[rank], state.tokens[rank]
-    tick = time.perf_counter()
+    tick, cpu0 = time.perf_counter(), time.process_time()
     model.train()
     while state.step < t.max_steps:
         sampler.set_position(state.epoch, state.offset)
@@ -298,7 +306,8 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
                 state.train_seconds += seconds
                 row = {"step": state.step, "loss": total[0].item() / total[1].item(),
                        "lr": scheduler.get_last_lr()[0], "tokens_per_s": total[2].item() / seconds,
-                       "elapsed_s": state.train_seconds}
+                       "elapsed_s": state.train_seconds,
+                       "cpu_s": time.process_time() - cpu0}  # this session's process CPU time: robust to a busy machine
                 state.log.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 window.zero_()
