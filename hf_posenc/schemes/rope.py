@@ -20,11 +20,14 @@ from .base import ModelFacts, RotaryScheme
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, L, H, D) rotated by cos/sin (B, L, D): x*cos + rotate_half(x)*sin, in fp32, cast back."""
+    """x (B, L, H, D) rotated by cos/sin (B, L, D) laid out as [c | c], [s | s]: pair (i, i + D/2)
+    becomes (x_i c_i - x_{i+D/2} s_i, x_{i+D/2} c_i + x_i s_i); fp32 inside, cast back. Written on
+    halves: one pass fewer than x*cos + rotate_half(x)*sin."""
+    half = x.shape[-1] // 2
     xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (xf * cos[:, :, None].float() + rotated * sin[:, :, None].float()).to(x.dtype)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, :, None, :half].float(), sin[:, :, None, :half].float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
 
 
 class Rotary(nn.Module):
