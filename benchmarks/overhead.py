@@ -2,7 +2,7 @@
 
 - prefill at 512 and 2048 tokens, per-token decode at 512 context (KV cache):
   GPT-2 (4 layers x 768) stock vs patched to `rope`; a Llama of the same size stock vs `alibi`
-- peak memory of a 2048-token prefill (fresh process each, max RSS above the loaded model)
+- peak memory of a 2048-token prefill (fresh process each, sampled RSS above the loaded model)
 - `patch()` wall time on SmolLM2-135M and whether any existing weight was copied
 
 Timings interleave stock and patched runs and keep the median of repeats. Results go to
@@ -18,6 +18,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,11 +85,29 @@ def timings(repeats: int) -> dict:
     return results
 
 
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def memory_probe(arch: str, patched: bool) -> None:
+    """Peak resident memory above the loaded model during one 2048-token prefill, sampled every
+    millisecond (max RSS would report the model's own initialisation instead)."""
     model = build(arch, patched)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    prefill(model, 64)  # allocator warm-up
+    before, peak, done = rss_mib(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mib())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     prefill(model, 2048)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)  # MiB above the loaded model
+    done.set()
+    sampler.join()
+    print(peak[0] - before)
 
 
 def memory() -> dict:
