@@ -60,8 +60,9 @@ def test_unpatch_restores_original_logits_exactly(arch, label):
     changed = model(x).logits
     hp.unpatch(model)
     assert torch.equal(model(x).logits, before)
-    if not (label in ("learned", "dynamic") and arch not in ("llama", "mistral", "qwen2", "qwen3")):
-        # learned (copy) and dynamic equal the original within the trained length
+    rotates = arch in ("llama", "mistral", "qwen2", "qwen3")
+    if not (label == "learned" and not rotates) and not (label == "dynamic" and rotates):
+        # a copied learned table, or dynamic scaling within the trained length, is the original model
         assert not torch.allclose(changed, before, atol=1e-3), "patch had no effect"
     assert hp.describe(model) is None
 

@@ -20,8 +20,6 @@ class PosEncModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *, config, **kwargs):
         kwargs.pop("trust_remote_code", None)  # the stock class below needs no remote code
         stock = getattr(transformers, config.architectures[0])
-        model = hf_posenc.from_pretrained(pretrained_model_name_or_path, model_cls=stock, config=config, **kwargs)
-        # config.auto_map names a file of the published repo, not of wherever the model is saved next:
-        # dropping it lets `save_pretrained` write a folder that hf_posenc.from_pretrained reloads.
-        del model.config.auto_map
-        return model
+        # hf_posenc.from_pretrained also drops config.auto_map, which names a file of the published
+        # repo, so a later save_pretrained writes a folder that it reloads anywhere.
+        return hf_posenc.from_pretrained(pretrained_model_name_or_path, model_cls=stock, config=config, **kwargs)
