@@ -56,7 +56,6 @@ class Adapter:
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
         embeddings = model.get_input_embeddings().weight
-        token_rms = float(embeddings.detach().float().pow(2).mean().sqrt())
         return ModelFacts(
             hidden_size=config.hidden_size,
             num_heads=heads,
@@ -66,7 +65,6 @@ class Adapter:
             rope_parameters=compat.rope_parameters(config) if self.rotary else None,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
-            token_rms=token_rms,
             token_embeddings=embeddings.detach(),
             dtype=embeddings.dtype,
             device=embeddings.device,

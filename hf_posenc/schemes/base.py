@@ -16,6 +16,7 @@ A scheme knows only maths (lucidrains-style contracts):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -39,10 +40,18 @@ class ModelFacts:
     rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
     position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
     position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
-    token_rms: float = 1.0  # RMS of the token embedding entries, to size new position codes
     token_embeddings: torch.Tensor | None = None  # (V, d) input embedding matrix, detached
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
+
+
+    @functools.cached_property
+    def token_rms(self) -> float:
+        """RMS of the token embedding entries, to size new position codes (computed on demand:
+        a pass over a large vocabulary is most of what a patch would otherwise cost)."""
+        if self.token_embeddings is None:
+            return 1.0
+        return float(self.token_embeddings.float().pow(2).mean().sqrt())
 
 
 class Scheme:
