@@ -17,8 +17,8 @@ from torch import nn
 
 from ..config import check, option
 from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
-from .rope import Rotary, check_rope_options, resolve_rotation
+from .base import ModelFacts
+from .rope import Rope, Rotary, check_rope_options
 
 
 @dataclass(frozen=True)
@@ -49,22 +49,17 @@ class XposRotary(nn.Module):
         return cos, sin, torch.cat((scale, scale), dim=-1).to(x.dtype)
 
 
-class Xpos(RotaryScheme):
+class Xpos(Rope):
+    """RoPE's options and rotation, plus the decay."""
+
     name = "xpos"
     native = False
     causal_only = True
     Options = XposOptions
     citation = "Sun et al. 2022, A Length-Extrapolatable Transformer (xPos)"
 
-    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        return resolve_rotation(options, facts)
-
-    def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        return {"rope_type": "default", "rope_theta": options["theta"]}
-
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
-        rotary = Rotary(facts.head_dim, self.rope_parameters(options, facts), options["partial"], max_positions)
-        return XposRotary(rotary, options["gamma"], options["scale_base"])
+        return XposRotary(super().rotary(options, facts, max_positions), options["gamma"], options["scale_base"])
 
 
 register_scheme(Xpos())
