@@ -20,15 +20,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-posenc", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hf-posenc",
+        description="Swap the positional encoding of a transformers model, fine-tune, evaluate, inspect and publish it.",
+        epilog="examples:\n  hf-posenc list\n  hf-posenc demo\n  hf-posenc patch smollm2 yarn --opt factor=4 --out out/yarn4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # subcommand not built yet
+        module = importlib.import_module(module_name)
         sp = sub.add_parser(name, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter)
         getattr(module, f"make_parser_{name}", getattr(module, "make_parser", None))(sp)
         sp.set_defaults(_main=getattr(module, f"main_{name}", getattr(module, "main", None)))
