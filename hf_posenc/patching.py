@@ -155,7 +155,8 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
             old = get_module(base, adapter.rotary)
             state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
         elif native:
-            state.replace(base, adapter.rotary, spec.rotary(options, facts, config.max_position_embeddings))
+            rotary_module = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
+            state.replace(base, adapter.rotary, rotary_module)
         else:
             rotary = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
     if adapter.rotary and (spec.site != "qk" or rotary is not None):
