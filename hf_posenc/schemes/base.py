@@ -54,6 +54,15 @@ class ModelFacts:
         return float(self.token_embeddings.float().pow(2).mean().sqrt())
 
 
+    @functools.cached_property
+    def position_rms(self) -> float:
+        """RMS of the model's own position vectors, else of its tokens: the magnitude a new position
+        code should have to sit in the model the way its old positions did."""
+        if self.position_table is None:
+            return self.token_rms
+        return float(self.position_table.float().pow(2).mean().sqrt())
+
+
 class Scheme:
     name: ClassVar[str]
     site: ClassVar[Site]

@@ -87,10 +87,8 @@ class Concat(InputScheme):
         if out["code"] == "learned":
             out["max_positions"] = out["max_positions"] or facts.max_positions
         if out["scale"] is None:
-            # |code|^2 = d * rms^2 spread over d_pos dims, rms that of the model's own positions (or tokens)
-            old = facts.position_table
-            rms = float(old.float().pow(2).mean().sqrt()) if old is not None else facts.token_rms
-            out["scale"] = round(rms * (facts.hidden_size / max(out["d_pos"], 1)) ** 0.5, 6)
+            # |code|^2 = d * rms^2 spread over d_pos dims
+            out["scale"] = round(facts.position_rms * (facts.hidden_size / max(out["d_pos"], 1)) ** 0.5, 6)
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:

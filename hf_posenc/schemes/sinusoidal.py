@@ -49,10 +49,7 @@ class Sinusoidal(InputScheme):
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
         if out["scale"] is None:
-            # Match the magnitude of the model's own positions (or tokens): the code has RMS 1/sqrt(2).
-            table = facts.position_table
-            rms = float(table.float().pow(2).mean().sqrt()) if table is not None else facts.token_rms
-            out["scale"] = round(rms * 2**0.5, 6)
+            out["scale"] = round(facts.position_rms * 2**0.5, 6)  # the code has RMS 1/sqrt(2) per dim
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
