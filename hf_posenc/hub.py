@@ -180,9 +180,12 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
     return [run.label for run in record.runs], rows
 
 
-# The run of a results file that describes the model in its folder, for model-index metadata:
-# an evaluation's only run, a training run's last; the demo scores schemes, not the folder's model.
-INDEXED_RUN = {"eval": -1, "train": -1, "demo": None}
+def _indexed_run(record: results.Results) -> results.Run | None:
+    """The run that describes the model in the folder, for model-index metadata: an evaluation's only
+    run, a training run's "after training"; the demo scores schemes, not the folder's model."""
+    if record.kind == "eval":
+        return record.runs[0] if record.runs else None
+    return next((run for run in record.runs if run.label == "after training"), None) if record.kind == "train" else None
 
 
 def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo_id: str | None = None) -> ModelCard:
@@ -191,7 +194,8 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     Reads what is there: config.json (`config.posenc`: scheme, options, original scheme),
     run.json (the training recipe), every results.json in the folder and its direct subfolders
     (each a table with a column per run; the run that describes this model -- an evaluation's, a
-    training run's last -- becomes model-index metadata) and the PNG plots, embedded by relative path.
+    training run's "after training" -- becomes model-index metadata) and the PNG plots, embedded by
+    relative path.
 
     Args:
         folder: the folder to describe.
@@ -209,8 +213,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     if not config and not found and not run_info:
         raise PosEncError(f"{folder} has no config.json, run.json or results.json: nothing to describe")
 
-    indexed = [(record, record.runs[INDEXED_RUN[record.kind]]) for _, record in found
-               if INDEXED_RUN[record.kind] is not None and record.runs]
+    indexed = [(record, run) for _, record in found if (run := _indexed_run(record)) is not None]
     posenc = config.get("posenc") or next((run.posenc for _, run in indexed if run.posenc), None)
     recipe = run_info.get("recipe", {})
     base_model = base_model or _hub_id(recipe.get("model", {}).get("name_or_path")) or next(

@@ -65,16 +65,16 @@ class PeftArgs:
     alpha: float = field(32.0, help="LoRA scale numerator (scale = alpha / r)")
     dropout: float = field(0.0, help="LoRA dropout")
     target_modules: str | list[str] = field("all-linear", help="'all-linear' (attention + MLP projections) or module names")
-
-    def __post_init__(self) -> None:
-        if self.target_modules == ["all-linear"]:  # the command line gives a list of one
-            self.target_modules = "all-linear"
     trainable: list[str] = field(
         ["posenc", "embeddings", "norms", "head"],
         help="parameter groups trained in full next to LoRA; LongLoRA (Chen et al. 2023) found LoRA alone "
         "does not adapt to new positions without embeddings and norms",
     )
     extra_trainable: list[str] = field([], help="regexes of further parameter names to train in full")
+
+    def __post_init__(self) -> None:
+        if self.target_modules == ["all-linear"]:  # the command line gives a list of one
+            self.target_modules = "all-linear"
 
 
 @dataclasses.dataclass
@@ -116,7 +116,9 @@ class EvaluationArgs:
     before: bool = field(True, help="evaluate the patched model before training")
     after: bool = field(True, help="evaluate after training")
     micro_batch_size: int = field(4, help="eval sequences per forward")
-    perplexity_lengths: list[int] = field([], help="LM: perplexity_by_length on held-out text at these lengths")
+    perplexity_lengths: list[int] = field(
+        [], help="LM: perplexity_by_length on held-out text at these lengths (data.seq_len is always scored, "
+        "on the held-out blocks)")
     max_windows: int | None = field(8, help="windows per length for perplexity_by_length")
 
 

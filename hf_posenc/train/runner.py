@@ -135,7 +135,7 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
     return metrics
 
 
-def held_out_loss(recipe: Recipe, metrics: dict[str, dict[str, dict[str, Any]]]) -> float:
+def _held_out_loss(recipe: Recipe, metrics: dict[str, dict[str, dict[str, Any]]]) -> float:
     """The held-out loss at the training length, from `_evaluate`'s tables."""
     if recipe.model.task == "causal_lm":
         return metrics["perplexity"][str(recipe.data.seq_len)]["loss"]
@@ -323,7 +323,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> resu
         write_json(out / "loss.json", state.log)
         record.save(out / "results.json", complete=True)
         if recipe.output.plot:
-            losses = {run.label: held_out_loss(recipe, run.metrics) for run in record.runs}
+            losses = {run.label: _held_out_loss(recipe, run.metrics) for run in record.runs}
             plots.loss_curve(
                 state.log, out / "loss.png",
                 reference=("eval, before the swap", losses["original"]) if "original" in losses else None,
