@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from hf_posenc import data, evaluation
+from hf_posenc import data, evaluation, loading, results
 
 RESULTS = Path(__file__).parent / "results"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "eval_throughput.json"))
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    model, tokenizer = evaluation.load_model(args.model)
+    model, tokenizer = loading.load(args.model, dtype=torch.float32)
     ids = evaluation.text_token_ids(tokenizer, data.long_text("kjv"), max(lengths) * args.windows)
 
     rows = []
@@ -102,7 +102,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "load_average_at_end": os.getloadavg(),
         "rows": rows,
-        "versions": evaluation.versions(),
+        "versions": results.versions(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

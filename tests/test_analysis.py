@@ -127,8 +127,8 @@ def test_position_vectors_of_a_sinusoidal_patch_are_the_code():
 
 def _real_layer0_logits(model, ids):
     """q.k / sqrt(d_h) from the model's own layer-0 projections, captured in an ordinary forward."""
-    heads, head_dim = A._heads(model)
-    q_proj, k_proj = A._qk_modules(model, 0)
+    heads, head_dim = A.head_shape(model)
+    q_proj, k_proj = A.qk_modules(model, 0)
     out = {}
     hooks = [q_proj.register_forward_hook(lambda m, a, o: out.setdefault("q", o))]
     if k_proj is not None:

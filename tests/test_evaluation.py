@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import string
 
@@ -14,7 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import hf_posenc
-from hf_posenc import cli, data, evaluation
+from hf_posenc import cli, data, evaluation, loading, results
 from hf_posenc.errors import PosEncError
 
 
@@ -256,21 +255,51 @@ def test_eval_command_keeps_results_when_a_later_length_fails(saved_tiny, tmp_pa
     out = tmp_path / "run"
     code = cli.main(["eval", "--model", saved_tiny("gpt2"), "--suite", "ppl", "--lengths", "32,128",
                      "--max-windows", "2", "--out", str(out)])
-    results = json.loads((out / "results.json").read_text())
-    assert code == 0 and results["complete"] is True
-    assert results["results"]["ppl"]["32"]["perplexity"] > 1
-    assert "IndexError" in results["results"]["ppl"]["128"]["skipped"]
-    assert results["scheme"] is None and results["versions"]["torch"] == torch.__version__
+    record = results.load(out / "results.json")
+    assert code == 0 and record.complete is True and record.kind == "eval"
+    (run,) = record.runs
+    assert run.metrics["perplexity"]["32"]["perplexity"] > 1
+    assert "IndexError" in run.metrics["perplexity"]["128"]["skipped"]
+    assert run.scheme is None and record.versions["torch"] == torch.__version__
     assert (out / "perplexity.png").stat().st_size > 1000
+
+
+class BrokenLM(torch.nn.Module):
+    """A causal LM whose forward fails with an error that is a bug, not a length limit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = torch.nn.Linear(4, TINY["vocab"])
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+
+def test_a_bug_during_scoring_propagates_instead_of_skipping_the_length(kjv_ids):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        evaluation.perplexity_by_length(BrokenLM(), kjv_ids, [16])
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        evaluation.prefix_perplexity(BrokenLM(), kjv_ids, [16])
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        evaluation.passkey(BrokenLM(), char_tokenizer(), [400], depths=[0.5], trials=1)
 
 
 def test_results_on_disk_survive_a_crash_in_a_later_suite(tmp_path):
     model = tiny_model("llama")
     with pytest.raises(PosEncError, match="pad_token"):
-        evaluation.run_suites(model, char_tokenizer(pad=False), ["ppl", "sst2"], [16, 32], tmp_path, max_windows=1)
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert results["complete"] is False
-    assert set(results["results"]["ppl"]) == {"16", "32"}
+        evaluation.run_suites(model, char_tokenizer(pad=False), ["ppl", "rotten_tomatoes"], [16, 32], tmp_path,
+                              max_windows=1)
+    record = results.load(tmp_path / "results.json")
+    assert record.complete is False
+    assert set(record.runs[0].metrics["perplexity"]) == {"16", "32"}
+
+
+def test_sst2_is_the_glue_task_and_needs_the_hub(tmp_path):
+    with pytest.raises(PosEncError, match="could not load dataset 'glue'.*eval suite rotten_tomatoes"):
+        evaluation.run_suites(tiny_model("llama"), char_tokenizer(), ["sst2"], [16], tmp_path)
 
 
 def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
@@ -282,19 +311,22 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
                          "--max-windows", "1", "--depths", "0,1", "--trials", "1", "--task-lengths", "2,3",
                          "--examples", "3", "--out", str(out)]) == 0
         runs.append(out / "results.json")
-    yarn = json.loads(runs[1].read_text())
-    assert yarn["scheme"] == "yarn" and yarn["posenc"]["options"]["factor"] == 2.0
-    assert set(yarn["results"]) == {"ppl", "passkey", "copy"}
-    assert "too short" in yarn["results"]["passkey"]["64"]["skipped"]
+    (yarn,) = results.load(runs[1]).runs
+    assert yarn.scheme == "yarn" and yarn.posenc["options"]["factor"] == 2.0
+    assert set(yarn.metrics) == {"perplexity", "passkey", "copy"}
+    assert "too short" in yarn.metrics["passkey"]["64"]["skipped"]
+    assert set(yarn.metrics["copy"]["3"]) == {"exact_match"}
     assert (tmp_path / "orig" / "passkey.png").is_file()
     assert cli.main(["eval", "--compare", *map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "yarn(factor=2)" in table and "(as loaded)" in table and "ppl @ 400" in table
+    assert "yarn(factor=2)" in table and "(as loaded)" in table and "| perplexity @ 400 tokens |" in table
+    assert "| passkey accuracy @ 64 tokens | skipped (length 64 is too short" in table
     assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "passkey.png").is_file()
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--suite", "ppl,bleu"], "unknown suite 'bleu'"),
+    (["--suite", "sentiment"], "rotten_tomatoes, sst2"),
     (["--lengths", "512,0"], "positive integer"),
     (["--lengths", "1k"], "comma-separated integers"),
     (["--opt", "factor=2"], "--opt needs --patch"),
@@ -311,16 +343,17 @@ def test_load_model_names_the_install_command_for_a_missing_package(monkeypatch)
     monkeypatch.setitem(models.NAMED_MODELS, "absent",
                         ("no-such-dist-xyz", "x", {"gguf_file": "x.gguf"}, "Absent", "pip install no-such-dist-xyz"))
     with pytest.raises(PosEncError, match="pip install no-such-dist-xyz"):
-        evaluation.load_model("absent")
+        loading.load_model("absent")
 
 
 @pytest.mark.slow
 def test_smollm2_end_to_end(tmp_path):
     out = tmp_path / "smol"
-    code = cli.main(["eval", "--model", "smollm2", "--suite", "ppl,passkey,sst2", "--lengths", "300",
+    code = cli.main(["eval", "--model", "smollm2", "--suite", "ppl,passkey,rotten_tomatoes", "--lengths", "300",
                      "--max-windows", "1", "--depths", "0.5", "--trials", "1", "--limit", "16", "--out", str(out)])
-    results = json.loads((out / "results.json").read_text())["results"]
+    metrics = results.load(out / "results.json").runs[0].metrics
+    sentiment = metrics["classification"]["rotten_tomatoes"]
     assert code == 0
-    assert 1.5 < results["ppl"]["300"]["perplexity"] < 10  # ASSETS.md: loss ~2.7 on plain English
-    assert results["passkey"]["300"]["accuracy"] == 1.0
-    assert results["sst2"]["mode"] == "zero-shot" and results["sst2"]["examples"] == 16
+    assert 1.5 < metrics["perplexity"]["300"]["perplexity"] < 10  # ASSETS.md: loss ~2.7 on plain English
+    assert metrics["passkey"]["300"]["accuracy"] == 1.0
+    assert sentiment["mode"] == "zero-shot" and sentiment["examples"] == 16

@@ -18,9 +18,8 @@ from conftest import tiny_model
 from huggingface_hub import ModelCard
 
 import hf_posenc as hp
-from hf_posenc import cli, hub
+from hf_posenc import cli, hub, plots, results
 from hf_posenc.errors import PosEncError
-from hf_posenc.evaluation import plot_results
 
 LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
 
@@ -46,20 +45,17 @@ def _snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _eval_results(model: str, posenc: dict | None) -> dict:
-    """A results.json as `hf-posenc eval` writes it (schema in hf_posenc/evaluation.py)."""
-    return {
-        "format": 1, "label": "tiny rope()", "model": model, "scheme": "rope", "options": {}, "posenc": posenc,
-        "settings": {"suite": ["ppl", "passkey", "sst2", "copy"], "lengths": [64, 128], "text": "kjv"},
-        "results": {
-            "ppl": {"64": {"perplexity": 17.25, "loss": 2.85, "tokens": 63, "windows": 1, "stride": 64},
-                    "128": {"skipped": "IndexError: index out of range"}},
-            "passkey": {"64": {"accuracy": 0.5, "by_depth": {"0.0": 1.0, "1.0": 0.0}, "trials": 2, "tokens": 60}},
-            "sst2": {"accuracy": 0.625, "f1": 0.6, "examples": 40, "mode": "zero-shot"},
-            "copy": {"2": 1.0, "4": 0.25},
-        },
-        "versions": {"python": "3.12", "transformers": transformers.__version__}, "complete": True,
-    }
+def _eval_results(model: str, posenc: dict | None) -> results.Results:
+    """Results as `hf-posenc eval` writes them (schema in hf_posenc/results.py)."""
+    run = results.Run("tiny rope()", "rope", {}, posenc, metrics={
+        "perplexity": {"64": {"perplexity": 17.25, "loss": 2.85, "tokens": 63, "windows": 1, "stride": 64},
+                       "128": {"skipped": "IndexError: index out of range"}},
+        "passkey": {"64": {"accuracy": 0.5, "by_depth": {"0.0": 1.0, "1.0": 0.0}, "trials": 2, "tokens": 60}},
+        "classification": {"rotten_tomatoes": {"accuracy": 0.625, "f1": 0.6, "examples": 40, "mode": "zero-shot"}},
+        "copy": {"2": {"exact_match": 1.0}, "4": {"exact_match": 0.25}},
+    })
+    return results.Results("eval", model, runs=[run], complete=True, settings={
+        "suite": ["perplexity", "passkey", "rotten_tomatoes", "copy"], "lengths": [64, 128], "text": "kjv"})
 
 
 @pytest.fixture
@@ -68,10 +64,10 @@ def saved(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     model = hp.patch(tiny_model("gpt2"), "rope", theta=500.0)
     folder = tmp_path / "gpt2-rope"
     model.save_pretrained(folder)
-    results = _eval_results("openai-community/gpt2", hp.describe(model).to_dict())
+    record = _eval_results("openai-community/gpt2", hp.describe(model).to_dict())
     (folder / "eval").mkdir()
-    (folder / "eval" / "results.json").write_text(json.dumps(results))
-    assert plot_results([results], folder / "eval")
+    record.save(folder / "eval" / "results.json", complete=True)
+    assert plots.results_by_length(record.runs, folder / "eval")
     (folder / "checkpoints" / "step-2").mkdir(parents=True)
     (folder / "checkpoints" / "step-2" / "optimizer.bin").write_bytes(b"\0" * 64)
     return folder, model
@@ -130,17 +126,22 @@ def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path
     assert metrics == {
         ("kjv", "perplexity", "perplexity @ 64 tokens"): 17.25,  # the skipped 128 is in the text, not the index
         ("passkey", "accuracy", "passkey accuracy @ 64 tokens"): 0.5,
-        ("rotten_tomatoes", "accuracy", "sentiment accuracy (zero-shot)"): 0.625,
-        ("rotten_tomatoes", "f1", "sentiment f1 (zero-shot)"): 0.6,
+        ("rotten_tomatoes", "accuracy", "classification accuracy @ rotten_tomatoes"): 0.625,
+        ("rotten_tomatoes", "f1", "classification f1 @ rotten_tomatoes"): 0.6,
         ("synthetic-copy", "exact_match", "copy exact match @ 2 digits"): 1.0,
         ("synthetic-copy", "exact_match", "copy exact match @ 4 digits"): 0.25,
     }
+    by_name = {r.metric_name: r for r in card.data.eval_results}
+    assert by_name["classification f1 @ rotten_tomatoes"].dataset_split == "test"
+    assert by_name["perplexity @ 64 tokens"].metric_args == {"stride": 64, "windows": 1, "context_length": 64}
     text = card.text
     for piece in ["swapped from **`learned`** to **`rope`**", "| option `theta` | `500.0` |",
                   'hf_posenc.from_pretrained("me/gpt2-rope", model_cls=AutoModelForCausalLM)',
                   'AutoModelForCausalLM.from_pretrained("me/gpt2-rope", trust_remote_code=True)',
                   repr(hp.describe(model)), "![eval/perplexity.png](eval/perplexity.png)",
-                  "![eval/passkey.png](eval/passkey.png)", "skipped: IndexError"]:
+                  "![eval/passkey.png](eval/passkey.png)", "`hf-posenc eval` results from `eval/results.json`",
+                  "| metric | setting | tiny rope() |", "| perplexity | 128 tokens | skipped: IndexError",
+                  "| classification f1 | rotten_tomatoes | 0.6 |"]:
         assert piece in text, piece
 
 
@@ -202,22 +203,23 @@ def test_card_of_a_real_training_run(tmp_path):
     recipe = recipe_dict(assets, out, output={"plot": True}, evaluation={"perplexity_lengths": [16], "max_windows": 2})
     proc = run_cli([str(write_recipe(tmp_path / "recipe.yaml", recipe))])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    record = results.load(out / "results.json")
+    assert [run.label for run in record.runs] == ["original", "before training", "after training"]
+    ppl = [run.metrics["perplexity"] for run in record.runs]
 
     card = hub.model_card(out, "HuggingFaceTB/SmolLM2-135M")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M" and "posenc-alibi" in card.data.tags
     metrics = {r.metric_name: r.metric_value for r in card.data.eval_results}
-    assert metrics == {
-        "loss after training": round(results["after"]["loss"], 4),
-        "perplexity @ 32 tokens, training blocks after training": round(results["after"]["perplexity@32"], 4),
-        "perplexity @ 16 tokens, sliding window after training":
-            round(results["after"]["perplexity_by_length"]["16"]["perplexity"], 4),
+    assert metrics == {  # the model in the folder is the one after training
+        "perplexity @ 16 tokens": round(ppl[2]["16"]["perplexity"], 4),
+        "perplexity @ 32 tokens": round(ppl[2]["32"]["perplexity"], 4),
     }
     assert {r.dataset_type for r in card.data.eval_results} == {"data.jsonl"}  # no local path in a public card
     text = card.text
-    loss_row = f"| loss | {results['before']['loss']:.4g} | {results['after']['loss']:.4g} |"
+    row = "| perplexity | 32 tokens | " + " | ".join(f"{p['32']['perplexity']:.4g}" for p in ppl) + " |"
     for piece in ["swapped from **`rope`** to **`alibi`**", "then fine-tuned with the recipe below",
-                  "  scheme: alibi", "max_steps: 6", loss_row, "![loss.png](loss.png)"]:
+                  "  scheme: alibi", "max_steps: 6", "| metric | setting | original | before training | after training |",
+                  row, "![loss.png](loss.png)"]:
         assert piece in text, piece
     repo = hub.export(out, tmp_path / "staged")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()

@@ -59,16 +59,22 @@ def test_perplexity_module_pools_documents_by_tokens():
     model = tiny_model("llama")
     torch.manual_seed(1)
     docs = [torch.randint(0, 128, (100,)), torch.randint(0, 128, (40,))]
-    result = load("perplexity_by_length").compute(
-        input_ids=[d.tolist() for d in docs], model=model, lengths=[16, 64], stride=8, max_windows=3
-    )["by_length"]
     per_doc = [evaluation.perplexity_by_length(model, d, [16, 64], stride=8, max_windows=3) for d in docs]
+    cells = [(length, cell) for doc in per_doc for length, cell in doc.items()]
+    result = load("perplexity_by_length").compute(
+        lengths=[length for length, _ in cells], losses=[c.get("loss", 0.0) for _, c in cells],
+        tokens=[c.get("tokens", 0) for _, c in cells], windows=[c.get("windows", 0) for _, c in cells],
+    )["by_length"]
     nll = sum(p[16]["loss"] * p[16]["tokens"] for p in per_doc)
     tokens = sum(p[16]["tokens"] for p in per_doc)
     assert result[16]["tokens"] == tokens and result[16]["perplexity"] == pytest.approx(math.exp(nll / tokens))
+    assert result[16]["windows"] == per_doc[0][16]["windows"] + per_doc[1][16]["windows"] == 6
     # the 40-token document is too short for 64: only the first one counts
+    assert "skipped" in per_doc[1][64]
     assert result[64]["tokens"] == per_doc[0][64]["tokens"]
     assert result[64]["loss"] == pytest.approx(per_doc[0][64]["loss"])
+    alone = load("perplexity_by_length").compute(lengths=[64], losses=[0.0], tokens=[0], windows=[0])["by_length"]
+    assert "skipped" in alone[64]
 
 
 def test_unknown_metric_names_the_shipped_ones():

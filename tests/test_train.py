@@ -6,6 +6,7 @@ Helpers here (`tiny_assets`, `write_recipe`, `run_cli`) are shared with test_tra
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -18,6 +19,7 @@ import yaml
 from conftest import tiny_model
 
 import hf_posenc
+from hf_posenc import results
 from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe
 from hf_posenc.train.runner import preflight
@@ -93,7 +95,8 @@ def assets(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("sections, pieces", [
     ({"training": {"lrr": 1.0}}, ["training", "'lrr'", "did you mean 'lr'", "allowed:"]),
     ({"trainning": {"lr": 1.0}}, ["top level", "'trainning'", "training"]),
-    ({"training": {"max_steps": "ten"}}, ["training.max_steps", "expected int", "'ten'"]),
+    ({"training": {"max_steps": "ten"}}, ["training", "--max_steps", "invalid int value: 'ten'"]),
+    ({"training": {"max_steps": 2.5}}, ["training.max_steps", "expected int", "2.5"]),
     ({"training": {"scheduler": "step"}}, ["training.scheduler", "'constant', 'linear', 'cosine'"]),
     ({"peft": {"trainable": ["norms", "bias"]}}, ["peft.trainable", "'bias'", "posenc, embeddings, norms, head"]),
     ({"training": {"batch_size": 6, "micro_batch_size": 4}}, ["training.batch_size", "multiple"]),
@@ -112,15 +115,22 @@ def test_recipe_errors_name_file_field_and_allowed(tmp_path, assets, sections, p
 
 def test_overrides_typed_and_checked(tmp_path, assets):
     path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out"))
-    recipe = load_recipe(path, ["--training.lr", "1e-4", "--max_steps", "3", "--peft.target_modules", "[q_proj, v_proj]"])
+    recipe = load_recipe(path, ["--training.lr", "1e-4", "--max_steps=3", "--peft.target_modules", "q_proj", "v_proj",
+                                "--output.merge", "false", "--posenc.options", "{max_bias: 4}", "--deterministic"])
     assert recipe.training.lr == 1e-4 and recipe.training.max_steps == 3
-    assert recipe.peft.target_modules == ["q_proj", "v_proj"]
+    assert recipe.peft.target_modules == ["q_proj", "v_proj"] and recipe.output.merge is False
+    assert recipe.posenc.options == {"max_bias": 4} and recipe.training.deterministic is True
+    assert load_recipe(path, ["--peft.target_modules", "all-linear"]).peft.target_modules == "all-linear"
     with pytest.raises(PosEncError, match="ambiguous"):
         load_recipe(path, ["--micro_batch_size", "2"])  # in training and evaluation
-    with pytest.raises(PosEncError, match="training.max_steps: expected int"):
+    with pytest.raises(PosEncError, match="--max_steps.*invalid int value: 'many'"):
         load_recipe(path, ["--training.max_steps", "many"])
+    with pytest.raises(PosEncError, match=r"invalid choice: 'step' \(choose from 'constant', 'linear', 'cosine'\)"):
+        load_recipe(path, ["--scheduler", "step"])
     with pytest.raises(PosEncError, match="did you mean 'max_steps'"):
         load_recipe(path, ["--training.max_step", "3"])
+    with pytest.raises(PosEncError, match="posenc.options: must be a mapping"):
+        load_recipe(path, ["--posenc.options", "max_bias"])
 
 
 def test_missing_column_and_unsupported_scheme_fail_before_loading(tmp_path, assets):
@@ -174,13 +184,19 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[merge] = out
     out = runs[True]
-    results = json.loads((out / "results.json").read_text())
+    record = results.load(out / "results.json")
     log = json.loads((out / "loss.json").read_text())
     assert [r["step"] for r in log] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in log)
     assert (out / "loss.png").stat().st_size > 0
-    assert results["world_size"] == 1 and results["samples_per_rank"] == [24]
-    assert results["after"]["loss"] < results["before"]["loss"]
-    assert results["original"]["loss"] != results["before"]["loss"]  # the swap changed the model
+    assert record.kind == "train" and record.complete and record.settings["training"]["max_steps"] == 6
+    assert record.details["world_size"] == 1 and record.details["samples_per_rank"] == [24]
+    original, before, after = (record.run(label).metrics["perplexity"]["32"]
+                               for label in ("original", "before training", "after training"))
+    assert after["loss"] < before["loss"]
+    assert original["loss"] != before["loss"]  # the swap changed the model
+    assert before["windows"] == 8 and before["tokens"] == 8 * 31 and before["perplexity"] == pytest.approx(
+        math.exp(before["loss"]))
+    assert record.run("after training").posenc["scheme"] == "alibi" and record.run("original").posenc is None
     run = json.loads((out / "run.json").read_text())
     assert 0 < run["trainable_parameters"] < run["total_parameters"]
 
@@ -201,10 +217,12 @@ def test_classification_recipe_with_rope_on_bert(tmp_path):
         peft={"method": "full"}, training={"max_steps": 3, "lr": 1e-3}))
     proc = run_cli([str(path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    for when in ("before", "after"):
-        assert 0 <= results[when]["accuracy"] <= 1
-        assert results[when]["suite"]["mode"] == "classifier" and "f1" in results[when]["suite"]
+    record = results.load(tmp_path / "out" / "results.json")
+    assert [run.label for run in record.runs] == ["before training", "after training"]  # no original for a new head
+    for run in record.runs:
+        cell = run.metrics["classification"][str(bert["data"])]
+        assert 0 <= cell["accuracy"] <= 1 and 0 <= cell["f1"] <= 1 and cell["loss"] > 0
+        assert cell["mode"] == "classifier" and cell["examples"] == 8
     model = hf_posenc.from_pretrained(tmp_path / "out", model_cls=__import__("transformers").AutoModelForSequenceClassification)
     assert hf_posenc.describe(model).scheme == "rope"
 

@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file
 from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
+from hf_posenc import results
+
 pytestmark = pytest.mark.slow
 
 
@@ -46,8 +48,8 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
     proc = _hf_posenc_train([str(two), "--accelerate-config", "cpu_2proc"])
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    r1 = json.loads((tmp_path / "one" / "results.json").read_text())
-    r2 = json.loads((tmp_path / "two" / "results.json").read_text())
+    r1 = results.load(tmp_path / "one" / "results.json").details
+    r2 = results.load(tmp_path / "two" / "results.json").details
     run2 = json.loads((tmp_path / "two" / "run.json").read_text())
     # proof that two processes took part, each on half of every global batch
     assert r2["world_size"] == 2 and run2["distributed_type"] == "DistributedType.MULTI_CPU"
@@ -135,4 +137,4 @@ def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
     load_file(latest / "model.safetensors")  # readable, not truncated
     proc = run_cli([str(cut), "--resume"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "cut" / "results.json").read_text())["steps"] == 8
+    assert results.load(tmp_path / "cut" / "results.json").details["steps"] == 8

@@ -3,14 +3,13 @@
 `AutoModel*.from_pretrained(repo, trust_remote_code=True)` runs this file. Plain `from_pretrained`
 would build the stock architecture and silently drop the patch (its new position weights come
 back randomly initialised); this loads the stock class named in `config.architectures` through
-`hf_posenc.from_pretrained`, which re-applies `config.posenc` and then loads the patch's weights.
+hf-posenc's loader, which re-applies `config.posenc` and then loads the patch's weights.
 It needs hf-posenc installed: `pip install hf-posenc`.
 """
 
-import transformers
 from transformers import PreTrainedModel
 
-import hf_posenc
+from hf_posenc.loading import load_model
 
 
 class PosEncModel(PreTrainedModel):
@@ -18,8 +17,7 @@ class PosEncModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *, config, **kwargs):
-        kwargs.pop("trust_remote_code", None)  # the stock class below needs no remote code
-        stock = getattr(transformers, config.architectures[0])
-        # hf_posenc.from_pretrained also drops config.auto_map, which names a file of the published
-        # repo, so a later save_pretrained writes a folder that it reloads anywhere.
-        return hf_posenc.from_pretrained(pretrained_model_name_or_path, model_cls=stock, config=config, **kwargs)
+        kwargs.pop("trust_remote_code", None)  # the stock class needs no remote code
+        # The loader also drops config.auto_map, which names a file of the published repo, so a later
+        # save_pretrained writes a folder that reloads anywhere.
+        return load_model(pretrained_model_name_or_path, task="saved", config=config, **kwargs)

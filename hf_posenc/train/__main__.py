@@ -1,7 +1,8 @@
-"""`python -m hf_posenc.train RECIPE.yaml [--section.field value ...] [--resume | --overwrite]`."""
+"""`python -m hf_posenc.train RECIPE.yaml [--section.field value ...] [--resume | --overwrite]`:
+what `accelerate launch -m hf_posenc.train` runs in each process."""
 
 import sys
 
-from . import cli_main
+from ..cli import run_alone
 
-sys.exit(cli_main())
+sys.exit(run_alone("train", sys.argv[1:]))

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import transformers
 
+from .. import loading
 from ..errors import PosEncError
-from ..models import model_source
 from .recipe import Recipe
 
 HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
@@ -18,11 +18,10 @@ HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classificati
 
 def load_config(recipe: Recipe) -> transformers.PretrainedConfig:
     """The model's config alone (cheap), to check scheme support before any weights load."""
-    path, kw = model_source(recipe.model.name_or_path)
     try:
-        return transformers.AutoConfig.from_pretrained(path, **kw)
-    except (OSError, ValueError) as err:
-        raise PosEncError(f"{recipe.source}: model.name_or_path: cannot load {recipe.model.name_or_path!r}: {err}") from None
+        return loading.load_config(recipe.model.name_or_path)
+    except PosEncError as err:
+        raise PosEncError(f"{recipe.source}: model.name_or_path: {err}") from None
 
 
 def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
@@ -40,23 +39,12 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
         )
 
 
-def load_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
-    """Load model and tokenizer; a GGUF checkpoint is rebuilt as a plain float model so it can be saved."""
+def load_recipe_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
+    """Model and tokenizer through `hf_posenc.loading`, with a pad token for batching."""
     m = recipe.model
-    path, kw = model_source(m.name_or_path)
-    cls = transformers.AutoModelForCausalLM if m.task == "causal_lm" else transformers.AutoModelForSequenceClassification
-    if m.task == "classification":
-        kw["num_labels"] = m.num_labels
-    dtype = getattr(torch, m.dtype)
-    model = cls.from_pretrained(path, dtype=dtype, attn_implementation=m.attn_implementation, **kw)
-    if getattr(model, "hf_quantizer", None) is not None:  # GGUF: dequantized already, but refuses save_pretrained
-        config = model.config
-        del config.quantization_config
-        plain = cls.from_config(config, dtype=dtype, attn_implementation=m.attn_implementation)
-        plain.load_state_dict(model.state_dict())
-        model = plain
-    tok_path, tok_kw = model_source(m.tokenizer) if m.tokenizer else (path, {k: v for k, v in kw.items() if k == "gguf_file"})
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path, **tok_kw)
+    extra = {"num_labels": m.num_labels} if m.task == "classification" else {}
+    model, tokenizer = loading.load(m.name_or_path, task=m.task, tokenizer=m.tokenizer, dtype=getattr(torch, m.dtype),
+                                    attn_implementation=m.attn_implementation, **extra)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(model.config, "pad_token_id", None) is None:

@@ -1,21 +1,25 @@
-"""Recipe schema: one dataclass per YAML section, validated field by field.
+"""Recipe schema: one dataclass per YAML section, parsed by transformers' `HfArgumentParser`.
 
 A recipe is a YAML file with the sections `model`, `posenc`, `peft`, `data`, `training`,
-`evaluation` and `output` (TRL / alignment-handbook style). Every mistake -- unknown field, wrong
-type, value outside the allowed set -- is a `PosEncError` naming the file, the field and what is
-allowed, raised before any model or data is loaded.
+`evaluation` and `output` (TRL / alignment-handbook style); `--section.field value` (or
+`--field value` for a name only one section has) overrides a field, as TRL's `TrlParser` lets a
+command line override its config file. Every mistake -- unknown field, wrong type, value outside the
+allowed set -- is a `PosEncError` naming the file, the field and what is allowed, raised before any
+model or data is loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
+from transformers import HfArgumentParser
 
 from ..errors import PosEncError
 
@@ -42,7 +46,16 @@ class ModelArgs:
 @dataclasses.dataclass
 class PosEncArgs:
     scheme: str | None = field(None, help="scheme to swap in (hf_posenc.list_schemes()); null keeps the model's own")
-    options: dict[str, Any] = field({}, help="the scheme's options, e.g. {factor: 4.0}")
+    # `| str | None` makes HfArgumentParser take a string, as transformers' TrainingArguments does for dicts
+    options: dict[str, Any] | str | None = field(
+        {}, help="the scheme's options, e.g. {factor: 4.0}; on the command line as YAML: --posenc.options '{factor: 4}'")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.options, str):  # from the command line; validate() rejects what is not a mapping
+            with contextlib.suppress(yaml.YAMLError):
+                self.options = yaml.safe_load(self.options)
+        if self.options is None:
+            self.options = {}
 
 
 @dataclasses.dataclass
@@ -58,6 +71,10 @@ class PeftArgs:
         "does not adapt to new positions without embeddings and norms",
     )
     extra_trainable: list[str] = field([], help="regexes of further parameter names to train in full")
+
+    def __post_init__(self) -> None:
+        if self.target_modules == ["all-linear"]:  # the command line gives a list of one
+            self.target_modules = "all-linear"
 
 
 @dataclasses.dataclass
@@ -99,7 +116,9 @@ class EvaluationArgs:
     before: bool = field(True, help="evaluate the patched model before training")
     after: bool = field(True, help="evaluate after training")
     micro_batch_size: int = field(4, help="eval sequences per forward")
-    perplexity_lengths: list[int] = field([], help="LM: perplexity_by_length on held-out text at these lengths")
+    perplexity_lengths: list[int] = field(
+        [], help="LM: perplexity_by_length on held-out text at these lengths (data.seq_len is always scored, "
+        "on the held-out blocks)")
     max_windows: int | None = field(8, help="windows per length for perplexity_by_length")
 
 
@@ -146,53 +165,20 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any) -> Any:
-    """Return `value` as type `tp`, or raise TypeError. YAML reads `2e-4` as a string: accept it for floats."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether a parsed value has type `tp` (YAML gives typed values; argparse only converts strings)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise TypeError
+        return value in args
     if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg)
-            except (TypeError, ValueError):
-                continue
-        raise TypeError
-    if tp is type(None):
-        if value is None:
-            return None
-        raise TypeError
+        return any(_matches(value, a) for a in args)
     if origin is list:
-        if not isinstance(value, list):
-            raise TypeError
-        return [_coerce(v, typing.get_args(tp)[0]) for v in value]
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
     if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise TypeError
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise TypeError
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            return float(value)  # ValueError if not a number
-        raise TypeError
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise TypeError
-    raise TypeError
+        return isinstance(value, dict)
+    if tp in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if tp is float else tp)
 
 
 def _unknown(name: str, allowed: list[str], where: str) -> PosEncError:
@@ -201,28 +187,41 @@ def _unknown(name: str, allowed: list[str], where: str) -> PosEncError:
     return PosEncError(f"{where}: unknown field {name!r}{hint}; allowed: {', '.join(allowed)}")
 
 
-def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
+class _SectionParser(HfArgumentParser):
+    """HfArgumentParser over one section, its values from YAML as defaults (TrlParser's way); argparse's
+    errors become PosEncErrors naming the file and the section."""
+
+    def __init__(self, cls: type, values: dict[str, Any], where: str) -> None:
+        super().__init__(cls, prog=where, add_help=False, allow_abbrev=False)
+        self.where = where
+        defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                    for f in dataclasses.fields(cls)}
+        self.set_defaults(**{k: v for k, v in {**defaults, **values}.items() if v is not dataclasses.MISSING})
+        for action in self._actions:
+            action.required = action.required and action.dest not in values
+
+    def error(self, message: str) -> NoReturn:
+        raise PosEncError(f"{self.where}: {message}")
+
+
+def _build_section(cls: type, values: Any, argv: list[str], where: str) -> Any:
+    """The section's dataclass from its YAML mapping and its `--field value` overrides, type-checked."""
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise PosEncError(f"{source}: section {section!r} must be a mapping, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for name, value in values.items():
-        if name not in hints:
-            raise _unknown(name, fields, f"{source}: {section}")
-        try:
-            kwargs[name] = _coerce(value, hints[name])
-        except (TypeError, ValueError):
-            raise PosEncError(
-                f"{source}: {section}.{name}: expected {_type_name(hints[name])}, got {value!r} ({type(value).__name__})"
-            ) from None
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise PosEncError(f"{source}: {section}: missing required field(s) {', '.join(missing)} ({cls.__name__})")
-    return cls(**kwargs)
+        raise PosEncError(f"{where}: a section is a mapping of fields, got {type(values).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in values:
+        if name not in names:
+            raise _unknown(name, names, where)
+    (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+    for name, tp in typing.get_type_hints(cls).items():
+        value = getattr(built, name)
+        if not _matches(value, tp):
+            raise PosEncError(f"{where}.{name}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+        if tp is float:
+            setattr(built, name, float(value))
+    return built
 
 
 def _check(ok: bool, source: str, where: str, message: str) -> None:
@@ -250,6 +249,8 @@ def validate(recipe: Recipe) -> Recipe:
     bad = sorted(set(p.trainable) - set(TRAINABLE_GROUPS))
     _check(not bad, s, "peft.trainable", f"unknown group(s) {bad}; allowed: {', '.join(TRAINABLE_GROUPS)}")
     _check(all(n >= 1 for n in e.perplexity_lengths), s, "evaluation.perplexity_lengths", "lengths must be >= 1")
+    _check(isinstance(recipe.posenc.options, dict), s, "posenc.options",
+           f"must be a mapping such as {{factor: 4}}, got {recipe.posenc.options!r}")
     if recipe.posenc.scheme is not None:
         from ..config import PosEncConfig
 
@@ -262,55 +263,42 @@ def validate(recipe: Recipe) -> Recipe:
     return recipe
 
 
-def from_dict(data: Any, source: str = "<dict>") -> Recipe:
-    """Build and validate a Recipe from a nested mapping (a parsed YAML file)."""
-    if not isinstance(data, dict):
-        raise PosEncError(f"{source}: a recipe is a mapping of sections {', '.join(SECTIONS)}")
-    sections = {}
-    for name, values in data.items():
-        if name not in SECTIONS:
-            raise _unknown(name, list(SECTIONS), f"{source}: top level")
-        sections[name] = _build_section(SECTIONS[name], values, source, name)
-    missing = [n for n in ("model", "data", "training", "output") if n not in sections]
-    if missing:
-        raise PosEncError(f"{source}: missing section(s) {', '.join(missing)}")
-    return validate(Recipe(**sections, source=source))
-
-
-def parse_overrides(pairs: list[str], source: str) -> dict[str, dict[str, Any]]:
-    """`--training.lr 1e-4` or `--lr 1e-4` (if the field name is unique) -> {"training": {"lr": "1e-4"}}."""
-    fields = {sec: [f.name for f in dataclasses.fields(cls)] for sec, cls in SECTIONS.items()}
-    out: dict[str, dict[str, Any]] = {}
-    if len(pairs) % 2:
-        raise PosEncError(f"overrides come in pairs `--section.field value`; got {' '.join(pairs)}")
-    for key, raw in zip(pairs[::2], pairs[1::2]):
-        if not key.startswith("--"):
-            raise PosEncError(f"override {key!r} must look like --section.field (or --field)")
-        name = key[2:].replace("-", "_")
+def _route(overrides: list[str], source: str) -> dict[str, list[str]]:
+    """`--section.field v ...` or `--field v ...` (a name only one section has) -> {section: ["--field", "v", ...]}."""
+    fields = {section: [f.name for f in dataclasses.fields(cls)] for section, cls in SECTIONS.items()}
+    routed: dict[str, list[str]] = {}
+    section = None
+    for arg in overrides:
+        if not arg.startswith("--"):
+            if section is None:
+                raise PosEncError(f"override {arg!r} must come after --section.field (or --field)")
+            routed[section].append(arg)
+            continue
+        key, sep, value = arg[2:].partition("=")
+        name = key.replace("-", "_")
         if "." in name:
-            section, fname = name.split(".", 1)
+            section, name = name.split(".", 1)
             if section not in fields:
-                raise _unknown(section, list(fields), f"{source}: override {key}")
-            if fname not in fields[section]:
-                raise _unknown(fname, fields[section], f"{source}: override {key}: {section}")
+                raise _unknown(section, list(fields), f"{source}: override {arg}")
+            if name not in fields[section]:
+                raise _unknown(name, fields[section], f"{source}: override {arg}: {section}")
         else:
             owners = [sec for sec, names in fields.items() if name in names]
-            if len(owners) != 1:
-                everything = [f"{sec}.{n}" for sec, names in fields.items() for n in names]
-                if not owners:
-                    raise _unknown(name, everything, f"{source}: override {key}")
-                raise PosEncError(f"override {key} is ambiguous: use one of {', '.join(f'--{o}.{name}' for o in owners)}")
-            section, fname = owners[0], name
-        out.setdefault(section, {})[fname] = yaml.safe_load(raw)
-    return out
+            if not owners:
+                raise _unknown(name, [f"{s}.{n}" for s, names in fields.items() for n in names], f"{source}: override {arg}")
+            if len(owners) > 1:
+                raise PosEncError(f"override {arg} is ambiguous: use one of {', '.join(f'--{o}.{name}' for o in owners)}")
+            section = owners[0]
+        routed.setdefault(section, []).extend([f"--{name}", value] if sep else [f"--{name}"])
+    return routed
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read a recipe YAML, apply `--section.field value` overrides, validate everything.
+    """Read a recipe YAML, apply command-line overrides, validate everything.
 
     Args:
         path: the YAML file.
-        overrides: flat list like ["--training.lr", "1e-4", "--max_steps", "10"].
+        overrides: argv-style, e.g. ["--training.lr", "1e-4", "--max_steps", "10", "--peft.target_modules", "q_proj", "v_proj"].
     """
     path = Path(path)
     if not path.is_file():
@@ -319,10 +307,20 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise PosEncError(f"{path}: not valid YAML: {err}") from None
+    return from_dict(data, source=str(path), overrides=overrides)
+
+
+def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = None) -> Recipe:
+    """Build and validate a Recipe from a nested mapping (a parsed YAML file) and argv-style overrides."""
     if not isinstance(data, dict):
-        raise PosEncError(f"{path}: a recipe is a mapping of sections {', '.join(SECTIONS)}")
-    for section, values in parse_overrides(overrides or [], str(path)).items():
-        if not isinstance(data.get(section) or {}, dict):
-            raise PosEncError(f"{path}: section {section!r} must be a mapping")
-        data[section] = {**(data.get(section) or {}), **values}
-    return from_dict(data, source=str(path))
+        raise PosEncError(f"{source}: a recipe is a mapping of sections {', '.join(SECTIONS)}")
+    for name in data:
+        if name not in SECTIONS:
+            raise _unknown(name, list(SECTIONS), f"{source}: top level")
+    missing = [n for n in ("model", "data", "training", "output") if n not in data]
+    if missing:
+        raise PosEncError(f"{source}: missing section(s) {', '.join(missing)}")
+    routed = _route(overrides or [], source)
+    sections = {name: _build_section(cls, data.get(name), routed.get(name, []), f"{source}: {name}")
+                for name, cls in SECTIONS.items()}
+    return validate(Recipe(**sections, source=source))

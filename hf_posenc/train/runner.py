@@ -13,11 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
+from .. import plots, results
 from ..errors import PosEncError
+from ..evaluation import classification, perplexity_by_length
+from ..patching import describe
+from ..results import write_json
 from . import inputs, modeling
 from .recipe import Recipe
 
@@ -95,43 +100,46 @@ def preflight(recipe: Recipe, resume: bool, overwrite: bool, world_size: int) ->
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
-              data: inputs.Prepared, tokenizer: Any) -> dict[str, Any]:
-    """Held-out loss at the training length, sharded over processes; then the eval suite's
-    perplexity by length (LM) or accuracy/F1 (classification)."""
+              data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes.
+
+    Causal LM: perplexity of the held-out blocks at the training length, then `perplexity_by_length`
+    on the held-out text at `evaluation.perplexity_lengths`. Classification: the held-out rows'
+    accuracy and F1 (`evaluation.classification`) with their mean loss.
+    """
     model.eval()
-    losses, correct = [], []
+    losses = []
     with torch.no_grad():
         for batch in loader:
             logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
             labels = batch["labels"]
             if recipe.model.task == "causal_lm":
-                per_token = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
-                loss = per_token.mean(dim=1)
+                loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none").mean(dim=1)
             else:
-                loss = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-                correct.append(accelerator.gather_for_metrics(logits.argmax(-1) == labels))
+                loss = F.cross_entropy(logits, labels, reduction="none")
             losses.append(accelerator.gather_for_metrics(loss))
-    loss = torch.cat(losses).mean().item()
-    result: dict[str, Any] = {"loss": loss, "samples": int(sum(x.numel() for x in losses))}
+    loss, samples = torch.cat(losses).mean().item(), int(sum(x.numel() for x in losses))
+    unwrapped, e, d = accelerator.unwrap_model(model), recipe.evaluation, recipe.data
+    # every rank runs the suites on identical inputs: required under FSDP, harmless elsewhere
     if recipe.model.task == "causal_lm":
-        result[f"perplexity@{recipe.data.seq_len}"] = math.exp(loss)
-        if recipe.evaluation.perplexity_lengths:
-            from ..evaluation import perplexity_by_length
-
-            # every rank runs the suite on identical inputs: required under FSDP, harmless elsewhere
-            result["perplexity_by_length"] = perplexity_by_length(
-                accelerator.unwrap_model(model), data.eval_ids, recipe.evaluation.perplexity_lengths,
-                max_windows=recipe.evaluation.max_windows)
+        table = perplexity_by_length(unwrapped, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows
+                                     ) if e.perplexity_lengths else {}
+        table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
+                            "windows": samples, "stride": d.seq_len}
+        metrics = {"perplexity": {str(k): v for k, v in sorted(table.items())}}
     else:
-        from ..evaluation import classification
-
-        result["accuracy"] = torch.cat(correct).float().mean().item()
-        result["suite"] = classification(
-            accelerator.unwrap_model(model), tokenizer, data.eval_raw, text_column=recipe.data.text_column,
-            label_column=recipe.data.label_column, batch_size=recipe.evaluation.micro_batch_size)
+        scores = classification(unwrapped, tokenizer, data.eval_raw, text_column=d.text_column,
+                                label_column=d.label_column, batch_size=e.micro_batch_size)
+        metrics = {"classification": {d.dataset: {**scores, "loss": loss}}}
     model.train()
-    return result
+    return metrics
+
+
+def _held_out_loss(recipe: Recipe, metrics: dict[str, dict[str, dict[str, Any]]]) -> float:
+    """The held-out loss at the training length, from `_evaluate`'s tables."""
+    if recipe.model.task == "causal_lm":
+        return metrics["perplexity"][str(recipe.data.seq_len)]["loss"]
+    return metrics["classification"][recipe.data.dataset]["loss"]
 
 
 def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
@@ -158,29 +166,6 @@ def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, k
     accelerator.wait_for_everyone()
 
 
-def _plot(log: list[dict[str, float]], original: dict | None, before: dict | None, after: dict | None,
-          path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in log], [r["loss"] for r in log], label="train loss")
-    if original:
-        ax.axhline(original["loss"], color="gray", linestyle="--", label=f"eval, before the swap: {original['loss']:.3f}")
-    for tag, res, marker in (("eval before", before, "o"), ("eval after", after, "s")):
-        if res:
-            step = 0 if tag == "eval before" else (log[-1]["step"] if log else 0)
-            ax.plot([step], [res["loss"]], marker, label=f"{tag}: {res['loss']:.3f}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
     """Fused AdamW where torch has the kernel for the device (the Trainer's default too), else foreach."""
     try:
@@ -189,14 +174,9 @@ def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=lr)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-
-
-def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Run a recipe under whatever `accelerate launch` set up; returns the results dict.
+def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> results.Results:
+    """Run a recipe under whatever `accelerate launch` set up; returns what it wrote to results.json:
+    the runs "original" (LM only), "before training" and "after training", as `evaluation` sets allow.
 
     Args:
         recipe: a validated Recipe (see `load_recipe`).
@@ -208,6 +188,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     cpu = torch.accelerator.current_accelerator() is None or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     world = PartialState(cpu=cpu).num_processes  # joins the process group; Accelerator reuses it
     raw = preflight(recipe, resume, overwrite, world)  # before any compute
+    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
     accelerator = Accelerator(
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
@@ -224,7 +205,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     set_seed(t.seed)
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
-    model, tokenizer = modeling.load_model(recipe)
+    model, tokenizer = modeling.load_recipe_model(recipe)
     data = inputs.prepare(recipe, raw, tokenizer)
     eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
         data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
@@ -265,7 +246,7 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
     elif main:
         out.mkdir(parents=True, exist_ok=True)
     if main:
-        _write_json(out / RUN_FILE, {
+        write_json(out / RUN_FILE, {
             "recipe": recipe.to_dict(), "source": recipe.source, "world_size": world,
             "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
             "host": socket.gethostname(), "trainable_parameters": n_trainable,
@@ -327,21 +308,31 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> dict
 
     after = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer) if recipe.evaluation.after else None
     accelerator.wait_for_everyone()
-    results = {
-        "scheme": recipe.posenc.scheme, "model": recipe.model.name_or_path, "steps": state.step,
-        "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
-        "train_seconds": state.train_seconds, "original": state.original, "before": state.before, "after": after,
+    record.details = {
+        "steps": state.step, "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
+        "train_seconds": state.train_seconds,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
     }
+    described = describe(accelerator.unwrap_model(model))
+    swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
+               "posenc": described.to_dict() if described else None}
+    record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
+                   for label, metrics in (("original", state.original), ("before training", state.before),
+                                          ("after training", after)) if metrics is not None]
     if main:
-        _write_json(out / "loss.json", state.log)
-        _write_json(out / "results.json", results)
+        write_json(out / "loss.json", state.log)
+        record.save(out / "results.json", complete=True)
         if recipe.output.plot:
-            _plot(state.log, state.original, state.before, after, out / "loss.png")
+            losses = {run.label: _held_out_loss(recipe, run.metrics) for run in record.runs}
+            plots.loss_curve(
+                state.log, out / "loss.png",
+                reference=("eval, before the swap", losses["original"]) if "original" in losses else None,
+                points=[(f"eval {label}", step, losses[label])
+                        for label, step in (("before training", 0), ("after training", state.step)) if label in losses])
     if recipe.output.save_model:
         weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
         if main:
             modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out, weights)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    return results
+    return record

@@ -1,0 +1,29 @@
+"""`hf-posenc card`: write a model card for a model, training run or evaluation folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..hub import model_card
+
+
+def make_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Write DIR/README.md (replacing it if present): a model card with the positional scheme, "
+                          "how to load it, the training recipe, results (as model-index metadata too) and the "
+                          "plots in DIR.")
+    parser.epilog = ("examples:\n"
+                     "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc card runs/minilm-rope --repo-id me/minilm-l6-rope")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
+    parser.add_argument("--base-model", help="Hub id of the model it derives from")
+    parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
+
+
+def main(args: argparse.Namespace) -> int:
+    card = model_card(args.dir, args.base_model, repo_id=args.repo_id)
+    path = Path(args.dir) / "README.md"
+    path.write_text(str(card), encoding="utf-8")
+    print(f"wrote {path}")
+    return 0

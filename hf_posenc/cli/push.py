@@ -1,0 +1,35 @@
+"""`hf-posenc push`: upload a folder to the Hub as a repo that reloads patched; the folder is never changed."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..hub import export, push
+
+
+def make_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
+                          "`trust_remote_code=True` reload the patch. DIR itself is never modified.")
+    parser.epilog = ("examples:\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a folder saved after hf_posenc.patch (model.save_pretrained) or a training run")
+    parser.add_argument("repo_id", metavar="REPO_ID", help="owner/name on the Hub")
+    parser.add_argument("--base-model", help="Hub id of the model it derives from (for the card)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` stored)")
+    parser.add_argument("--message", default="Upload model patched with hf-posenc", help="commit message")
+    parser.add_argument("--dry-run", metavar="OUT", help="write the repo to the new folder OUT and upload nothing")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id)
+        print(f"staged {args.repo_id} in {out}; nothing uploaded")
+        return 0
+    url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,
+               base_model=args.base_model)
+    print(f"pushed {args.dir} to {url}")
+    return 0

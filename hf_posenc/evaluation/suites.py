@@ -1,0 +1,129 @@
+"""Suites: the scores `hf-posenc eval` runs by name, written to results.json as they finish, and `compare`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .. import data, plots, results
+from ..errors import PosEncError
+from ..patching import describe
+from .long_context import passkey, perplexity_by_length
+from .scoring import check_lengths, text_token_ids
+from .tasks import classification, length_generalization
+
+# Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
+# `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
+SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}
+SUITES = ("perplexity", "passkey", *SENTIMENT, *data.SYNTHETIC_TASKS)
+ALIASES = {"ppl": "perplexity"}
+
+
+def parse_suites(names: Sequence[str]) -> list[str]:
+    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError."""
+    suites = [ALIASES.get(s.strip(), s.strip()) for s in names if s.strip()]
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown or not suites:
+        raise PosEncError(f"unknown suite {', '.join(map(repr, unknown)) or '(none)'}; choose from "
+                          f"{', '.join(SUITES)} (ppl = perplexity)")
+    return suites
+
+
+def run_suites(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    suites: Sequence[str],
+    lengths: Sequence[int],
+    out: str | Path,
+    *,
+    name: str | None = None,
+    scheme: str | None = None,
+    options: dict[str, Any] | None = None,
+    text: str = "kjv",
+    text_config: str | None = None,
+    text_column: str = "text",
+    stride: int | None = None,
+    max_windows: int | None = 4,
+    batch_size: int = 1,
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    trials: int = 2,
+    task_lengths: Sequence[int] = (2, 4, 8, 16),
+    examples: int = 20,
+    limit: int | None = None,
+    seed: int = 0,
+) -> results.Results:
+    """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
+    finished survives a crash, and the plots are drawn at the end.
+
+    Args:
+        name: the model's name or path, for the results; scheme, options: the patch applied after loading.
+        text, text_config, text_column: the long text for perplexity ("kjv" offline, or a datasets name).
+        stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
+        task_lengths, examples: digits and examples per length of the synthetic tasks.
+        limit: score only the first `limit` sentences of a sentiment suite.
+    """
+    suites = parse_suites(suites)
+    lengths = check_lengths(lengths)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = name or type(model).__name__
+    described = describe(model)
+    run = results.Run(results.run_label(name, scheme, options or {}), scheme, dict(options or {}),
+                      described.to_dict() if described else None)
+    record = results.Results("eval", name, runs=[run], settings={
+        "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
+        "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
+        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed})
+    path = record.save(out / "results.json")
+
+    def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
+        run.put(metric, key, cell)
+        record.save(path)
+
+    if "perplexity" in suites:
+        source = data.long_text(text, text_column=text_column, config=text_config)
+        need = None if max_windows is None else max(lengths) + max_windows * (stride or max(lengths))
+        ids = text_token_ids(tokenizer, source, need)
+        for length in lengths:
+            put("perplexity", length,
+                perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, progress=True)[length])
+    if "passkey" in suites:
+        for length in lengths:
+            cell = passkey(model, tokenizer, [length], depths, trials, seed=seed + length, progress=True)[length]
+            if "by_depth" in cell:
+                cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
+            put("passkey", length, cell)
+    for suite, (dataset, config, split) in SENTIMENT.items():
+        if suite in suites:
+            rows = data.sentiment_dataset(dataset, config=config, seed=seed)[split]
+            put("classification", suite,
+                classification(model, tokenizer, rows, batch_size=max(batch_size, 16), limit=limit, progress=True))
+    for task in data.SYNTHETIC_TASKS:
+        if task in suites:
+            for length in check_lengths(list(task_lengths), "task length"):
+                shots = data.synthetic_task(task, length, 3, seed=seed + 1000)
+                prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
+                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, examples, seed),
+                                               prefix=prefix, batch_size=max(batch_size, 8), progress=True)
+                put(task, length, {"exact_match": scored["exact_match"]})
+    record.save(path, complete=True)
+    plots.results_by_length(record.runs, out)
+    return record
+
+
+def compare(paths: Sequence[str | Path], out: str | Path) -> str:
+    """Every run of several results files (eval, train or demo) in one table: writes out/compare.md,
+    out/compare.json (the files' contents) and the plots; returns the table."""
+    loaded = [results.load(path) for path in paths]
+    runs = [run for record in loaded for run in record.runs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = results.markdown(runs)
+    (out / "compare.md").write_text(table + "\n")
+    results.write_json(out / "compare.json", {"files": [str(p) for p in paths],
+                                              "results": [record.to_dict() for record in loaded]})
+    plots.results_by_length(runs, out)
+    return table

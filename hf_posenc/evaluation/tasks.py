@@ -1,0 +1,129 @@
+"""Downstream tasks: length generalisation on synthetic tasks, and sentiment classification."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import datasets
+import evaluate
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..errors import PosEncError
+from .scoring import (
+    CAUSAL_LM_CLASSES,
+    CLASSIFIER_CLASSES,
+    MASKED_LM_CLASSES,
+    device,
+    greedy_answers,
+    load_metric,
+    logits,
+    output_head,
+    padded_hidden,
+    require_pad,
+)
+
+# Zero-shot sentiment for causal LMs: compare the next-token scores of two label words
+# (the "verbalizer" of Schick & Schuetze 2021; prompting as in Brown et al. 2020).
+SENTIMENT_PROMPT = "Review: {text}\nSentiment (positive or negative):"
+SENTIMENT_WORDS = (" negative", " positive")
+
+
+def length_generalization(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: datasets.Dataset,
+    *,
+    prefix: str = "",
+    batch_size: int = 8,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Exact-match accuracy by task length on a synthetic task (see `hf_posenc.data.synthetic_task`).
+
+    Args:
+        dataset: columns `prompt`, `target`, `length`.
+        prefix: text put before every prompt (few-shot examples for a model not trained on the task).
+        batch_size: prompts per forward pass (> 1 needs a pad token).
+    Returns:
+        {"exact_match": float, "by_length": {length: float}}.
+    """
+    missing = {"prompt", "target", "length"} - set(dataset.column_names)
+    if missing:
+        raise PosEncError(f"the dataset lacks columns {sorted(missing)}; build it with hf_posenc.data.synthetic_task")
+    predictions = greedy_answers(model, tokenizer, [prefix + p for p in dataset["prompt"]], dataset["target"],
+                                 batch_size=batch_size, desc="length generalisation", progress=progress)
+    return load_metric("length_generalization").compute(
+        predictions=predictions, references=dataset["target"], lengths=dataset["length"]
+    )
+
+
+def classification(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: datasets.Dataset,
+    *,
+    text_column: str = "text",
+    label_column: str = "label",
+    batch_size: int = 16,
+    limit: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Binary sentiment accuracy and F1 of a sequence classifier, or zero-shot for a causal LM.
+
+    A `*ForSequenceClassification` model predicts the argmax of its logits; a causal LM predicts
+    the label word (" negative" / " positive") it scores higher after a review prompt.
+    Returns {"accuracy", "f1", "examples", "mode" ("classifier" or "zero-shot")}.
+    """
+    for column in (text_column, label_column):
+        if column not in dataset.column_names:
+            raise PosEncError(
+                f"the dataset has no column {column!r}; its columns are {dataset.column_names}. "
+                "Pass text_column= / label_column= naming the right ones."
+            )
+    require_pad(tokenizer)
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    name = type(model).__name__
+    if name in CLASSIFIER_CLASSES:
+        mode, predict = "classifier", functools.partial(_classifier_predict, model, tokenizer)
+    elif name not in MASKED_LM_CLASSES and name in CAUSAL_LM_CLASSES:
+        mode, predict = "zero-shot", functools.partial(_zero_shot_predict, model, tokenizer)
+    else:
+        raise PosEncError(f"{name} is neither a sequence classifier nor a causal LM; load it with "
+                          "AutoModelForSequenceClassification (then fine-tune) or AutoModelForCausalLM")
+    texts, labels = dataset[text_column], dataset[label_column]
+    predictions: list[int] = []
+    for i in tqdm(range(0, len(texts), batch_size), desc=f"classification ({mode})", unit="batch",
+                  disable=not progress):
+        predictions += predict(texts[i : i + batch_size])
+    scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(
+        predictions=predictions, references=labels
+    )
+    return {**scores, "examples": len(labels), "mode": mode}
+
+
+def _classifier_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[int]:
+    # truncation to the tokenizer's model_max_length (512 for BERT-family tokenizers), as in fine-tuning
+    enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(device(model))
+    with torch.no_grad():
+        return model(**enc).logits.argmax(-1).tolist()
+
+
+def _zero_shot_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[int]:
+    """The label word the model scores higher right after the prompt. Tokens the label words share
+    (e.g. a leading space under a character tokenizer) are appended to the prompt first, and the
+    words compared at their first differing token."""
+    head = output_head(model)
+    words = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in SENTIMENT_WORDS]
+    shared = 0
+    while shared < min(map(len, words)) - 1 and words[0][shared] == words[1][shared]:
+        shared += 1
+    if words[0][shared] == words[1][shared]:
+        raise PosEncError(f"the tokenizer cannot tell the label words {SENTIMENT_WORDS} apart")
+    rows = [tokenizer(SENTIMENT_PROMPT.format(text=t))["input_ids"] + words[0][:shared] for t in texts]
+    hidden = padded_hidden(model, head, rows, tokenizer.pad_token_id)
+    last = torch.tensor([len(r) - 1 for r in rows], device=hidden.device)
+    scores = logits(head, hidden[torch.arange(len(rows), device=hidden.device), last])
+    return scores[:, [words[0][shared], words[1][shared]]].argmax(-1).tolist()

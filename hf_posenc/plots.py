@@ -1,0 +1,216 @@
+"""Every figure hf-posenc draws: results by length, the training loss, and what `inspect` finds.
+
+Functions take plain numbers (results runs, summaries from `hf_posenc.analysis`) and write one PNG
+each; nothing here computes a metric. matplotlib is imported on first use, with the Agg backend, so
+plotting works on machines without a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .results import Run
+
+__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "pyplot", "results_by_length", "rotary",
+           "save", "series", "subspace"]
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: str | Path, dpi: int = 120, **kwargs: Any) -> Path:
+    if "bbox_inches" not in kwargs:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi, **kwargs)
+    pyplot().close(fig)
+    return Path(path)
+
+
+def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
+    """Numeric keys and values of one field of a run's metric table; skipped cells are left out."""
+    points = [(int(key), cell[field]) for key, cell in run.cells(metric) if field in cell]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+# ---------------------------------------------------------------- results
+
+
+def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
+    """perplexity.png (a line per run), passkey.png (a length x depth heatmap for one run, mean accuracy
+    lines for several) and length_generalization.png; returns the files written."""
+    plt, out, written = pyplot(), Path(out), []
+    for metric, ylabel, title in (("perplexity", "perplexity", "Perplexity by context length"),
+                                  ("passkey", "passkey accuracy", "Passkey retrieval")):
+        drawn = [run for run in runs if run.metrics.get(metric)]
+        if metric == "passkey" and len(drawn) == 1:
+            written.append(_passkey_heatmap(plt, drawn[0], out / "passkey.png"))
+            continue
+        if not drawn:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in drawn:
+            ax.plot(*series(run, metric, "perplexity" if metric == "perplexity" else "accuracy"), marker="o",
+                    label=run.label)
+        ax.set(xlabel="context length (tokens)", ylabel=ylabel, title=title)
+        if metric == "perplexity":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(-0.05, 1.05)
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / f"{metric}.png"))
+    tasks = [(run, task) for run in runs for task in ("copy", "reverse", "addition") if run.metrics.get(task)]
+    if tasks:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run, task in tasks:
+            ax.plot(*series(run, task, "exact_match"), marker="o", label=f"{run.label} {task}")
+        ax.set(xlabel="task length (digits)", ylabel="exact match", ylim=(-0.05, 1.05), title="Length generalisation")
+        ax.legend(fontsize=8)
+        written.append(save(fig, out / "length_generalization.png"))
+    return written
+
+
+def _passkey_heatmap(plt: Any, run: Run, path: Path) -> Path:
+    cells = {int(key): cell for key, cell in run.cells("passkey") if "by_depth" in cell}
+    lengths = sorted(cells)
+    depths = sorted({float(d) for cell in cells.values() for d in cell["by_depth"]})
+    grid = [[{float(d): acc for d, acc in cells[L]["by_depth"].items()}.get(d, float("nan")) for L in lengths]
+            for d in depths]
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 1.5))
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set(xlabel="context length (tokens)", ylabel="needle depth", title=f"Passkey: {run.label}")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    return save(fig, path)
+
+
+def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: tuple[str, float] | None = None,
+               points: Sequence[tuple[str, int, float]] = ()) -> Path:
+    """Training loss by step; `reference` a horizontal line (label, loss), `points` held-out (label, step, loss)."""
+    fig, ax = pyplot().subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log], label="train loss")
+    if reference:
+        ax.axhline(reference[1], color="gray", linestyle="--", label=f"{reference[0]}: {reference[1]:.3f}")
+    for (label, step, loss), marker in zip(points, "os^"):
+        ax.plot([step], [loss], marker, label=f"{label}: {loss:.3f}")
+    ax.set(xlabel="optimizer step", ylabel="loss")
+    ax.legend()
+    return save(fig, path)
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def subspace(geo: dict[str, Any], path: str | Path, title: str) -> Path:
+    """Principal angles between the token and position subspaces against random ones, and the share of
+    position energy inside each (`hf_posenc.analysis.subspace_geometry`)."""
+    fig, (ax, bx) = pyplot().subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2.2, 1]})
+    idx = range(1, len(geo["angles_deg"]) + 1)
+    mean, std = torch.tensor(geo["random"]["angles_deg_mean"]), torch.tensor(geo["random"]["angles_deg_std"])
+    ax.fill_between(idx, mean - std, mean + std, color="0.8", label=f"random {geo['top_k']}-dim subspaces (mean +- std)")
+    ax.plot(idx, mean, color="0.5")
+    ax.plot(idx, geo["angles_deg"], "o-", color="C3", label="token subspace")
+    ax.set(xlabel=f"principal angle index (position subspace: top {geo['pos_dim']} directions)",
+           ylabel="angle (degrees)", ylim=(0, 90), title="principal angles: position vs token subspace")
+    ax.legend(loc="lower right")
+    rand = geo["random"]["position_energy_in_token_subspace"]
+    bx.bar([0, 1], [geo["position_energy_in_token_subspace"], rand["mean"]], yerr=[0, rand["std"]],
+           color=["C3", "0.6"], tick_label=["token\nsubspace", "random\nsubspace"])
+    bx.axhline(rand["expected"], ls="--", color="0.3", lw=1, label=f"k/d = {rand['expected']:.2f}")
+    bx.set(ylim=(0, 1), title="position energy inside", ylabel="share of squared norm")
+    bx.legend(loc="upper right")
+    fig.suptitle(f"{title}: token top-{geo['top_k']} of d={geo['d']} vs positions 0..{geo['num_positions'] - 1}")
+    return save(fig, path, dpi=110)
+
+
+def four_terms(summary: dict[str, Any], terms: Sequence[str], bias_terms: Sequence[str], path: str | Path,
+               title: str) -> Path:
+    """Per head, each logit term's share (`FourTerms.summary`), the bias terms summed into one column."""
+    plt = pyplot()
+    columns = [*terms, f"bias terms ({len(bias_terms)})"]
+    fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(columns) + 2, 0.45 * len(summary["share"][terms[0]]) + 2.2))
+    for ax, key, label in ((axes[0], "share", "share of mean |logit term|"),
+                           (axes[1], "softmax_share", "same, each term centred over keys (what softmax sees)")):
+        share = summary[key]
+        bias = [sum(v) for v in zip(*(share[t] for t in bias_terms))]
+        grid = torch.tensor([share[t] for t in terms] + [bias]).T
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for h in range(grid.shape[0]):
+            for c in range(grid.shape[1]):
+                v = float(grid[h, c])
+                ax.text(c, h, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+        ax.set_xticks(range(len(columns)), [c.replace("-", "-\n") for c in columns])
+        ax.set_yticks(range(grid.shape[0]), [f"head {h}" for h in range(grid.shape[0])])
+        ax.set_title(label, fontsize=10)
+    fig.colorbar(im, ax=axes, fraction=0.03)
+    fig.suptitle(f"{title}: layer-0 attention logit terms ({summary['pairs']} query-key pairs)")
+    return save(fig, path, dpi=110, bbox_inches="tight")
+
+
+def encoding(positions: Tensor, components: Tensor, by_distance: dict[str, list[float]], path: str | Path,
+             title: str) -> Path:
+    """Raw dimensions, then the same vectors in their own principal basis (`components`), where a learned
+    table's smooth low-frequency structure shows up, then similarity by distance."""
+    fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.2))
+    for ax, values, xlabel, name in ((axes[0], positions, "dimension", "position vectors"),
+                                     (axes[1], components, "principal direction (by energy)", "in their principal basis")):
+        lim = float(values.abs().quantile(0.99))
+        im = ax.imshow(values.cpu(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        ax.set(xlabel=xlabel, ylabel="position", title=name)
+        fig.colorbar(im, ax=ax)
+    bx = axes[2]
+    bx.plot(by_distance["distance"], by_distance["cosine"], color="C0", label="cosine")
+    bx.set(xlabel="distance |i - j|", ylabel="mean cosine", title="position i vs position j")
+    bx.axhline(0, color="0.7", lw=0.8)
+    tx = bx.twinx()
+    tx.plot(by_distance["distance"], by_distance["dot"], color="C1", alpha=0.7, label="dot product")
+    tx.set_ylabel("mean dot product")
+    bx.legend(handles=bx.get_lines()[:1] + tx.get_lines(), loc="upper right")
+    fig.suptitle(title)
+    return save(fig, path, dpi=110)
+
+
+def alibi_bias(slopes: Sequence[float], max_distance: int, path: str | Path, title: str) -> Path:
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    distance = torch.arange(max_distance)
+    for h, slope in enumerate(slopes):
+        ax.plot(distance, -slope * distance, lw=1, label=f"head {h}: m = {slope:.3g}")
+    ax.set(xlabel="distance |query - key|", ylabel="bias added to the logit", title=f"{title}: ALiBi bias by distance")
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, path, dpi=110)
+
+
+def rotary(profile: dict[str, Any], cos: Tensor, path: str | Path, title: str) -> Path:
+    """The rotation cos(m theta_j), and the layer-0 and last-layer logit by distance (`rotary_profile`)."""
+    fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.2))
+    im = axes[0].imshow(cos, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    axes[0].set(xlabel="frequency index j (fast -> slow)", ylabel="position m", title="cos(m theta_j): the rotation")
+    fig.colorbar(im, ax=axes[0])
+    d = profile["distances"]
+    last = len(profile["layers"]) - 1
+    for ax, layer in ((axes[1], 0), (axes[2], last)):
+        for h, curve in enumerate(profile["layers"][layer]):
+            ax.plot(d, curve, lw=1, label=f"head {h}")
+        ax.set(xlabel="distance (query - key)", ylabel="mean logit  qbar R(d) kbar / sqrt(d_h)",
+               title=f"layer {layer}: logit by distance, text q/k")
+    ref = axes[1].twinx()
+    ref.plot(d, profile["reference_ones"], "k--", lw=1)
+    ref.set_ylabel("q = k = ones (RoFormer decay), dashed")
+    axes[2].legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    return save(fig, path, dpi=110)

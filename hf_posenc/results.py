@@ -1,0 +1,190 @@
+"""The one results file, `results.json`: typed, versioned, written by `eval`, `train` and `demo` alike.
+
+A file holds one or more runs -- an evaluation has one; a training run has the original model, the
+swapped model before training and after; the demo one per scheme. Every run keeps its numbers in
+metric tables, keyed the same way wherever they come from:
+
+    perplexity               context length (tokens) -> {perplexity, loss, tokens, windows, stride}
+    passkey                  context length (tokens) -> {accuracy, by_depth: {depth: accuracy}, trials, tokens}
+    copy, reverse, addition  task length (digits)    -> {exact_match}
+    classification           dataset name            -> {accuracy, f1, examples, mode[, loss]}
+
+A cell that could not be measured is {"skipped": reason}. Files are replaced atomically, so a crash
+leaves the last complete version, and `load` refuses any other format with a message naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import PosEncError
+
+__all__ = ["FORMAT", "METRICS", "Metric", "Results", "Run", "field_name", "key_order", "load", "markdown", "run_label",
+           "versions", "write_json"]
+
+FORMAT = 2
+Kind = Literal["eval", "train", "demo"]
+KINDS: tuple[str, ...] = Kind.__args__
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """How a metric table reads: the headline fields of a cell, and what its keys count."""
+
+    fields: tuple[str, ...]
+    key: str
+
+
+METRICS: dict[str, Metric] = {
+    "perplexity": Metric(("perplexity",), "tokens"),
+    "passkey": Metric(("accuracy",), "tokens"),
+    "copy": Metric(("exact_match",), "digits"),
+    "reverse": Metric(("exact_match",), "digits"),
+    "addition": Metric(("exact_match",), "digits"),
+    "classification": Metric(("accuracy", "f1"), "dataset"),
+}
+
+
+def key_order(key: str) -> tuple[int, int | str]:
+    return (0, int(key)) if key.isdigit() else (1, key)
+
+
+@dataclasses.dataclass
+class Run:
+    """One model scored: what it was (label, scheme, options, `describe(model)`) and its metric tables."""
+
+    label: str
+    scheme: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    posenc: dict[str, Any] | None = None
+    metrics: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    seconds: float | None = None
+
+    def put(self, metric: str, key: int | str, cell: dict[str, Any]) -> None:
+        if metric not in METRICS:
+            raise PosEncError(f"unknown metric table {metric!r}; results hold {', '.join(METRICS)}")
+        self.metrics.setdefault(metric, {})[str(key)] = cell
+
+    def cells(self, metric: str) -> list[tuple[str, dict[str, Any]]]:
+        """(key, cell) pairs of one table, numeric keys in numeric order."""
+        table = self.metrics.get(metric, {})
+        return [(key, table[key]) for key in sorted(table, key=key_order)]
+
+
+@dataclasses.dataclass
+class Results:
+    """Everything one command measured; `save` it as it grows, `load` it back."""
+
+    kind: Kind
+    model: str
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runs: list[Run] = dataclasses.field(default_factory=list)
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)  # kind-specific facts (train: steps, ranks)
+    versions: dict[str, str] = dataclasses.field(default_factory=lambda: versions())
+    started: str = dataclasses.field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    wall_time_s: float = 0.0
+    complete: bool = False
+    format: int = FORMAT
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise PosEncError(f"results kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        self._clock = time.perf_counter() - self.wall_time_s
+
+    def run(self, label: str) -> Run:
+        for run in self.runs:
+            if run.label == label:
+                return run
+        raise PosEncError(f"no run {label!r} in these results; runs: {', '.join(r.label for r in self.runs)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | os.PathLike, *, complete: bool = False) -> Path:
+        self.wall_time_s = round(time.perf_counter() - self._clock, 2)
+        self.complete = complete
+        return write_json(path, self.to_dict())
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write JSON through a temporary file and a rename: readers see the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def _format_name(data: dict[str, Any]) -> str:
+    fmt = data.get("format")
+    if fmt is None:
+        return "results without a format field (hf-posenc 0.1 `train` or `demo`)"
+    if isinstance(fmt, int) and fmt > FORMAT:
+        return f"results format {fmt}, from a newer hf-posenc"
+    return f"results format {fmt!r}" + (" (hf-posenc 0.1 `eval`)" if fmt == 1 else "")
+
+
+def load(path: str | os.PathLike) -> Results:
+    """Read a results.json written by `eval`, `train` or `demo`; any other format is a PosEncError naming it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise PosEncError(f"cannot read results file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise PosEncError(f"{path} is not a results file: it holds a JSON {type(data).__name__}, not an object")
+    if data.get("format") != FORMAT:
+        raise PosEncError(f"{path} holds {_format_name(data)}; this hf-posenc reads results format {FORMAT}: "
+                          f"rerun the command that wrote it")
+    try:
+        runs = [Run(**run) for run in data.pop("runs")]
+        return Results(**data, runs=runs)
+    except (KeyError, TypeError) as err:
+        raise PosEncError(f"{path} is not a valid format-{FORMAT} results file ({err})") from err
+
+
+def run_label(model: str, scheme: str | None, options: dict[str, Any]) -> str:
+    """'<model> <scheme>(<options>)', or '<model> (as loaded)' when nothing was patched."""
+    name = Path(model).name or model
+    opts = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+    return f"{name} {scheme}({opts})" if scheme else f"{name} (as loaded)"
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of what a result depends on."""
+    found = {"python": platform.python_version()}
+    for name in ["hf-posenc", "torch", "transformers", "accelerate", "peft", "datasets", "evaluate"]:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def field_name(metric: str, field: str) -> str:
+    """How a number is called in tables and cards: 'perplexity', 'passkey accuracy', 'copy exact match'."""
+    return metric if field == metric else f"{metric} {field.replace('_', ' ')}"
+
+
+def _value(cell: dict[str, Any], field: str) -> str:
+    if field in cell:
+        return f"{cell[field]:.4g}"
+    return f"skipped ({str(cell.get('skipped', '?'))[:60]})"
+
+
+def markdown(runs: list[Run]) -> str:
+    """One Markdown row per run, table, key and headline field: | run | metric | value |."""
+    lines = ["| run | metric | value |", "|---|---|---|"]
+    for run in runs:
+        for metric, spec in METRICS.items():
+            for key, cell in run.cells(metric):
+                unit = f" {spec.key}" if key.isdigit() else ""
+                for field in spec.fields:
+                    lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | {_value(cell, field)} |")
+    return "\n".join(lines)

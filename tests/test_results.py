@@ -1,0 +1,97 @@
+"""results.json: one typed, versioned format that eval, train and demo write and everything reads back;
+older files are refused with a message naming their format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_model
+from test_evaluation import char_tokenizer
+
+import hf_posenc as hp
+from hf_posenc import cli, data, evaluation, hub, results
+from hf_posenc.errors import PosEncError
+
+
+def _record() -> results.Results:
+    run = results.Run("tiny yarn(factor=2)", "yarn", {"factor": 2}, {"format": 1, "scheme": "yarn"})
+    run.put("perplexity", 64, {"perplexity": 9.5, "loss": 2.25, "tokens": 63, "windows": 1, "stride": 64})
+    run.put("perplexity", 128, {"skipped": "IndexError: index out of range"})
+    run.put("copy", 2, {"exact_match": 0.5})
+    return results.Results("eval", "tiny", settings={"lengths": [64, 128]}, runs=[run])
+
+
+def test_results_round_trip_through_save_and_load(tmp_path):
+    record = _record()
+    path = record.save(tmp_path / "results.json", complete=True)
+    loaded = results.load(path)
+    assert loaded == record and loaded.complete and loaded.format == results.FORMAT
+    assert loaded.run("tiny yarn(factor=2)").cells("perplexity")[0] == ("64", record.runs[0].metrics["perplexity"]["64"])
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # written through a temp file, renamed
+    with pytest.raises(PosEncError, match="no run 'after training' in these results; runs: tiny yarn"):
+        loaded.run("after training")
+    with pytest.raises(PosEncError, match="unknown metric table 'ppl'; results hold perplexity, passkey"):
+        loaded.runs[0].put("ppl", 64, {})
+    with pytest.raises(PosEncError, match="kind must be one of eval, train, demo"):
+        results.Results("benchmark", "tiny")
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"format": 1, "label": "x", "model": "m", "results": {"ppl": {}}}, r"results format 1 \(hf-posenc 0.1 `eval`\)"),
+    ({"scheme": "alibi", "before": {"loss": 1.0}, "after": {"loss": 0.5}}, "without a format field .*`train` or `demo`"),
+    ({"model": "smollm2", "runs": [{"label": "x", "results": {"ppl": {}}}]}, "without a format field"),
+    ({"format": 3, "kind": "eval"}, "results format 3, from a newer hf-posenc"),
+    ({"format": 2, "kind": "eval", "model": "m", "runs": [], "surprise": 1}, "not a valid format-2 results file"),
+    ([1, 2], "not a results file: it holds a JSON list"),
+])
+def test_other_formats_are_refused_naming_them(tmp_path, content, message):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(PosEncError, match=message):
+        results.load(path)
+
+
+def test_a_card_refuses_an_old_results_file_instead_of_guessing(tmp_path):
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "results.json").write_text(json.dumps({"format": 1, "results": {}}))
+    with pytest.raises(PosEncError, match="eval/results.json holds results format 1"):
+        hub.model_card(tmp_path)
+    assert cli.main(["eval", "--compare", str(tmp_path / "eval" / "results.json"), "--out", str(tmp_path / "c")]) == 2
+
+
+def test_demo_writes_results_that_load_and_match_a_direct_computation(tmp_path):
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--model", str(folder), "--lengths", "16,48", "--out", str(out)]) == 0
+    record = results.load(out / "results.json")
+    assert record.kind == "demo" and record.complete
+    assert [run.label for run in record.runs] == ["original (rope)", "yarn x4", "ntk x4", "linear x4", "alibi", "nope"]
+    model = hp.patch(tiny_model("llama"), "yarn", factor=4.0)
+    ids = evaluation.text_token_ids(char_tokenizer(), data.long_text("kjv"), 48)
+    expected = evaluation.prefix_perplexity(model, ids, [16, 48])
+    yarn = record.run("yarn x4")
+    assert yarn.scheme == "yarn" and yarn.options == {"factor": 4.0}
+    for length in (16, 48):
+        assert yarn.metrics["perplexity"][str(length)]["loss"] == pytest.approx(expected[length]["loss"], abs=1e-5)
+    table = (out / "results.md").read_text().splitlines()
+    assert table[0] == "| scheme | ppl @ 16 | ppl @ 48 |" and len(table) == 2 + 6
+    assert table[3] == f"| yarn x4 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |"
+    assert (out / "perplexity.png").stat().st_size > 1000
+
+
+def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):
+    eval_path = _record().save(tmp_path / "eval.json", complete=True)
+    train = results.Results("train", "tiny", runs=[results.Run("after training", "alibi")])
+    train.runs[0].put("perplexity", 32, {"perplexity": 3.5, "loss": 1.25, "tokens": 31, "windows": 1, "stride": 32})
+    train_path = train.save(tmp_path / "train.json")
+    table = evaluation.compare([eval_path, train_path], tmp_path / "cmp")
+    assert "| tiny yarn(factor=2) | perplexity @ 64 tokens | 9.5 |" in table
+    assert "| tiny yarn(factor=2) | perplexity @ 128 tokens | skipped (IndexError" in table
+    assert "| after training | perplexity @ 32 tokens | 3.5 |" in table
+    assert "| tiny yarn(factor=2) | copy exact match @ 2 digits | 0.5 |" in table
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [r["kind"] for r in saved["results"]] == ["eval", "train"]
+    assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "length_generalization.png").is_file()
