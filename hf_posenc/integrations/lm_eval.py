@@ -5,7 +5,7 @@
 
 `main` registers the model type and hands its arguments to lm-eval's own command line, adding
 `--include_path TASKS` (the offline tasks `posenc_kjv`, `posenc_sentiment`, `posenc_passkey`; the
-group `posenc` runs all three). From Python, `import hf_posenc.integrations.lm_eval` registers the
+tag `posenc` runs all three). From Python, `import hf_posenc.integrations.lm_eval` registers the
 model type for `lm_eval.simple_evaluate(model="hf-posenc", ...)`.
 
 `pretrained` is a package model name (`smollm2`), a folder or a Hub id; folders saved after
@@ -35,8 +35,9 @@ MODEL_TYPE = "hf-posenc"
 TASKS = Path(__file__).with_name("lm_eval_tasks")
 # `from_pretrained` arguments that lm-eval passes through **kwargs; anything else unnamed is a scheme option.
 LOADING_KWARGS = frozenset({
-    "attn_implementation", "device_map", "low_cpu_mem_usage", "max_memory", "offload_state_dict",
-    "load_in_8bit", "load_in_4bit", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+    "attn_implementation", "device_map", "max_memory", "low_cpu_mem_usage", "cache_dir", "token", "local_files_only",
+    "variant", "use_safetensors", "load_in_8bit", "load_in_4bit", "bnb_4bit_compute_dtype", "bnb_4bit_quant_type",
+    "bnb_4bit_use_double_quant",
 })
 HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "kwargs"}
 
@@ -83,14 +84,18 @@ class PosEncLM(HFLM):
             hf_posenc.patch(self.model, self.posenc)
 
     def _get_config(self, pretrained: str, **kwargs: Any) -> None:
+        """Read the config, then check the scheme fits the architecture before HFLM loads any weights."""
         super()._get_config(pretrained, **kwargs)
-        if self.posenc is not None and not hf_posenc.supports(self._config, self.posenc.scheme):
-            model_type = getattr(self._config, "model_type", "?")
+        if self.posenc is None:
+            return
+        model_type = getattr(self._config, "model_type", None)
+        if model_type not in hf_posenc.list_architectures():
+            raise hf_posenc.PosEncError(f"{pretrained}: hf-posenc cannot patch {model_type!r} models; supported "
+                                        f"model types: {', '.join(hf_posenc.list_architectures())}")
+        if not hf_posenc.supports(self._config, self.posenc.scheme):
             allowed = [s for s in hf_posenc.list_schemes() if hf_posenc.supports(self._config, s)]
-            raise hf_posenc.PosEncError(
-                f"{pretrained}: {model_type!r} models cannot take scheme {self.posenc.scheme!r}; "
-                f"supported: {', '.join(allowed) or 'none (architectures: ' + ', '.join(hf_posenc.list_architectures()) + ')'}"
-            )
+            raise hf_posenc.PosEncError(f"{pretrained}: {model_type!r} models cannot take scheme "
+                                        f"{self.posenc.scheme!r}; supported: {', '.join(allowed)}")
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
         auto_class = self.AUTO_MODEL_CLASS

@@ -25,8 +25,6 @@ HELD_OUT_FRACTION = 0.02
 # Passkey lengths the task reports, one metric each (lm-eval needs metric names in the YAML).
 PASSKEY_LENGTHS = tuple(2**k for k in range(9, 18))  # 512 .. 131072 tokens
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# Zero-shot sentiment as in `hf-posenc eval --suite sst2` (verbalizer of Schick & Schuetze 2021).
-SENTIMENT_CHOICES = ("negative", "positive")
 
 
 def _write(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
@@ -61,13 +59,13 @@ def sentiment(**metadata: Any) -> datasets.DatasetDict:
 
 
 def passkey(passkey_lengths: Sequence[int] | int = (512, 1024, 2048, 4096), passkey_trials: int = 2,
-            seed: int = 0, **metadata: Any) -> datasets.DatasetDict:
+            passkey_seed: int = 0, **metadata: Any) -> datasets.DatasetDict:
     """Passkey prompts (Mohtashami & Jaggi 2023) sized in the evaluated model's tokens.
 
     Args:
         passkey_lengths: prompt lengths in tokens, from `PASSKEY_LENGTHS` (`--metadata`).
         passkey_trials: prompts per length and needle depth, each with its own random key.
-        seed: seeds the keys.
+        passkey_seed: seeds the keys.
         metadata: lm-eval's metadata; its `tokenizer` or `pretrained` names the tokenizer.
     Columns: `prompt`, `key`, `length`, `depth`.
     """
@@ -80,12 +78,12 @@ def passkey(passkey_lengths: Sequence[int] | int = (512, 1024, 2048, 4096), pass
         raise PosEncError("posenc_passkey sizes its prompts in the model's tokens: pass a tokenizer name or folder "
                           "with --metadata '{\"tokenizer\": ...}' (model_args pretrained= is used when it is a string)")
     tokenizer = _tokenizer(tokenizer_name)
-    rng = random.Random(seed)
+    rng = random.Random(passkey_seed)
     rows = [
         {"prompt": passkey_prompt(tokenizer, length, depth, key), "key": str(key), "length": length, "depth": depth}
         for length in lengths for depth in PASSKEY_DEPTHS for key in (rng.randint(1, 50000) for _ in range(passkey_trials))
     ]
-    digest = hashlib.sha1(json.dumps([tokenizer_name, lengths, passkey_trials, seed]).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps([tokenizer_name, lengths, passkey_trials, passkey_seed]).encode()).hexdigest()[:12]
     return _write(f"passkey_{digest}", rows)
 
 
