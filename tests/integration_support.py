@@ -11,6 +11,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_model
+from hf_posenc.integrations.lora import modules_to_save
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "with_other_tools.md"
 
@@ -35,8 +36,6 @@ def save_tiny(folder: Path, model_type: str = "llama", model: torch.nn.Module | 
 def randomize_scheme_weights(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
     """Move the patch's own weights far from their init: zero-initialised biases (t5, fire) or a table
     copied from the model would let a dropped or misplaced weight go unnoticed."""
-    from hf_posenc.integrations.lora import modules_to_save
-
     modules = dict(model.named_modules())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

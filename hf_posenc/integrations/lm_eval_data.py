@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from typing import Any, Sequence
 
@@ -28,11 +29,12 @@ PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _write(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
-    """Write rows as `<cache>/lm_eval/<name>.jsonl` (atomically) and load it as the `test` split."""
+    """Write rows as `<cache>/lm_eval/<name>.jsonl` (atomically: every rank of a multi-process run writes
+    it) and load it as the `test` split."""
     folder = data.cache_dir() / "lm_eval"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.jsonl"
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     tmp.replace(path)
     return datasets.load_dataset("json", data_files={"test": str(path)})
