@@ -38,10 +38,12 @@ BASES = ("sdpa", "eager")
 
 
 class Positions(NamedTuple):
-    """Positions of one forward: `queries` (B, q) of the new tokens, `keys` (B, k) of all keys so far."""
+    """Positions of one forward: `queries` (B, q) of the new tokens, `keys` (B, k) of all keys so far, and
+    the masks built from them so far in this forward (layers of one kind share theirs)."""
 
     queries: torch.Tensor
     keys: torch.Tensor
+    masks: list[tuple[Any, ...]]
 
 
 def implementation_for(current: str) -> str:
@@ -82,6 +84,24 @@ def biased_mask(attention_mask: torch.Tensor | None, bias: torch.Tensor | None, 
     return mask.clamp(min=low).to(dtype)
 
 
+def position_mask(positions: Positions, attention_mask: torch.Tensor | None, bias_fn: Callable | None, causal: bool,
+                  q_length: int, kv_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """`biased_mask` of the scheme's bias for the keys this layer holds. Layers that get the same mask
+    and hold as many keys reuse it within a forward (as the stock mask is built once), unless the bias
+    has weights to differentiate (gradient checkpointing recomputes each layer on its own)."""
+    trains = torch.is_grad_enabled() and bias_fn is not None and any(p.requires_grad for p in bias_fn.parameters())
+    reuse = not trains and not torch.compiler.is_compiling()
+    if reuse:
+        for mask, length, kind, made in positions.masks:
+            if mask is attention_mask and length == kv_length and kind == dtype:
+                return made
+    bias = bias_fn(positions.queries, fit_keys(positions.keys, kv_length)) if bias_fn is not None else None
+    made = biased_mask(attention_mask, bias, causal, q_length, kv_length, dtype, device)
+    if reuse:
+        positions.masks.append((attention_mask, kv_length, dtype, made))
+    return made
+
+
 def eager_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -120,26 +140,20 @@ def with_positions(attention: Callable) -> Callable:
         if positions is None:
             raise PosEncError("posenc attention called without positions: a patched attention module was called "
                               "outside its model, or the model was unpatched while its implementation stayed posenc_*")
-        kv_length = key.shape[-2]
-        q_pos, k_pos = positions.queries, fit_keys(positions.keys, kv_length)
-        bias = bias_fn(q_pos, k_pos) if bias_fn is not None else None
+        kv_length, q_length = key.shape[-2], query.shape[-2]
         causal = kwargs.pop("is_causal", None)
         causal = getattr(module, "is_causal", False) if causal is None else causal
         if logits_fn is None:
-            mask = biased_mask(attention_mask, bias, causal, query.shape[-2], kv_length, query.dtype, query.device)
+            mask = position_mask(positions, attention_mask, bias_fn, causal, q_length, kv_length, query.dtype, query.device)
             return attention(module, query, key, value, mask, **kwargs)
-        mask = biased_mask(attention_mask, bias, causal, query.shape[-2], kv_length, torch.float32, query.device)
-        logits = logits_fn(query, key.repeat_interleave(query.shape[1] // key.shape[1], dim=1), q_pos, k_pos)
+        mask = position_mask(positions, attention_mask, bias_fn, causal, q_length, kv_length, torch.float32, query.device)
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        logits = logits_fn(query, key, positions.queries, fit_keys(positions.keys, kv_length))
         return eager_attention(module, query, key, value, mask, logits=logits, **kwargs)
 
     return positioned_attention
 
 
-def _stock_eager(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return eager_attention(module, query, key, value, attention_mask, **kwargs)
-
-
 compat.register_attention(PREFIX + "sdpa", with_positions(compat.base_attention_function("sdpa")),
                           compat.base_mask_function("sdpa"))
-compat.register_attention(PREFIX + "eager", with_positions(_stock_eager), compat.base_mask_function("sdpa"))
+compat.register_attention(PREFIX + "eager", with_positions(eager_attention), compat.base_mask_function("sdpa"))

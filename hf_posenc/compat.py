@@ -1,7 +1,8 @@
 """The only module that knows which transformers version is installed.
 
 Everything that reaches into transformers internals (rotary classes, RoPE init functions,
-attention/mask interfaces, attention implementation switching) goes through here.
+attention/mask interfaces, attention implementation switching, cache layers) goes through here, and
+the one piece of peft's layout the patch needs (what runs inside a `modules_to_save` wrapper).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ if TRANSFORMERS_VERSION.major < 5:  # pragma: no cover - guarded by pyproject
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",
+    "PositionRecord",
     "attn_implementation",
     "base_attention_function",
     "base_mask_function",
+    "cache_length",
     "record_positions",
     "recorded_positions",
     "register_attention",

@@ -1,24 +1,14 @@
 """Attention site (self_extend, xpos): the scheme computes the q.k logits itself from unrotated q and k
-and the positions of both, inside the posenc attention function (keys enter the cache unrotated)."""
+and the positions of both, inside the posenc attention function (keys enter the cache unrotated). The
+module lives on the base model as `posenc_attention`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from torch import nn
+import functools
 
 from ..attention import LOGITS_KWARG
-from ..schemes.base import ModelFacts, Scheme
-from .base import LayerLoop, install_biased_attention
-
-if TYPE_CHECKING:
-    from ..adapters.base import Adapter
-    from ..patching import PatchState
+from .base import install_biased_attention
 
 LOGITS_MODULE = "posenc_attention"
 
-
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-            loop: LayerLoop) -> None:
-    logits = spec.module(state.config.options, facts)
-    install_biased_attention(model, adapter, logits, LOGITS_MODULE, LOGITS_KWARG, facts, state, loop)
+install = functools.partial(install_biased_attention, LOGITS_MODULE, LOGITS_KWARG)

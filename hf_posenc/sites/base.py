@@ -22,7 +22,7 @@ from ..schemes.rope import Rotary
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..patching import PatchState
-    from ..schemes.base import ModelFacts
+    from ..schemes.base import ModelFacts, Scheme
 
 
 class PatchHook:
@@ -67,14 +67,14 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     else:
         queries = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
     if not past:
-        return Positions(queries, queries)
+        return Positions(queries, queries, [])
     earlier = compat.recorded_positions(cache)
     if earlier is None or earlier.shape[0] != batch:
         if counted is not None and counted.shape[-1] == past + length:
             earlier = counted[:, :past]
         else:
             earlier = torch.arange(past, device=ref.device).expand(batch, -1)
-    return Positions(queries, torch.cat((earlier.to(queries.device), queries), dim=-1))
+    return Positions(queries, torch.cat((earlier.to(queries.device), queries), dim=-1), [])
 
 
 class LayerLoop(PatchHook):
@@ -146,12 +146,12 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
         state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
 
 
-def install_biased_attention(model: nn.Module, adapter: Adapter, module: nn.Module, name: str, kwarg: str,
+def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
                              facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
-    """Score and attention sites: the scheme's module on the base model, handed to the posenc attention
-    function with the positions of queries and keys."""
+    """Score and attention sites: the scheme's module on the base model as `name`, handed to the posenc
+    attention function as `kwarg` with the positions of queries and keys."""
     remove_native_positions(model, adapter, facts, state)
     state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
-    state.add_module(model.base_model, name, module.to(facts.device), new=True)
+    state.add_module(model.base_model, name, spec.module(state.config.options, facts).to(facts.device), new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True

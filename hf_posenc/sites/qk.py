@@ -85,7 +85,7 @@ class QKRotation(PatchHook):
             raise PosEncError("rotary positions missing: a patched attention module was called outside its model")
         kwargs = dict(kwargs)
         rotation = kwargs.pop(ROTARY_KWARG)
-        for path in self.tap.projections[: 1 if self.tap.packed else 2]:
+        for path in self.tap.projections:
             self.hook_at(attention, path).rotation = rotation
         return args, kwargs
 

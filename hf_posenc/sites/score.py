@@ -6,22 +6,11 @@ positions of queries and keys to the posenc attention function, which adds the b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from torch import nn
+import functools
 
 from ..attention import BIAS_KWARG
-from ..schemes.base import ModelFacts, Scheme
-from .base import LayerLoop, install_biased_attention
-
-if TYPE_CHECKING:
-    from ..adapters.base import Adapter
-    from ..patching import PatchState
+from .base import install_biased_attention
 
 BIAS_MODULE = "posenc_bias"
 
-
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-            loop: LayerLoop) -> None:
-    bias = spec.module(state.config.options, facts)
-    install_biased_attention(model, adapter, bias, BIAS_MODULE, BIAS_KWARG, facts, state, loop)
+install = functools.partial(install_biased_attention, BIAS_MODULE, BIAS_KWARG)
