@@ -1,23 +1,49 @@
-"""Score-site schemes: a float bias added to attention logits, built once per forward by a mask
-function registered with transformers' AttentionMaskInterface (plus the matching attention function
-under the same new name, or transformers would build no mask and ignore padding). The attention
-functions also take learned biases and logit replacements passed down by the layer-loop hook."""
+"""The attention functions of score- and attention-site schemes (`posenc_sdpa`, `posenc_eager`).
+
+They are registered under new implementation names with transformers' AttentionInterface and, with the
+stock sdpa mask function, AttentionMaskInterface (with only the first, transformers builds no mask and
+padding is silently ignored). The scheme's bias is added here, in the one place every path goes through,
+rather than in the mask function, which transformers skips when the caller hands it a ready 4-D mask.
+
+Contract (what a FlexAttention or query-chunked path must also honour):
+
+- `posenc_positions`: a `Positions` with the (B, q) positions of this call's queries and the (B, k)
+  positions of every key the model holds, past and present, from the one source of truth (the layer-loop
+  hook: explicit `position_ids`, else the padding mask, and positions of cached keys recorded in the cache).
+  `fit_keys` aligns them with the keys this layer holds (sliding windows keep a suffix, static caches pad).
+- `posenc_bias`: a callable `(q_pos (B, q), k_pos (B, k)) -> (B|1, H, q, k)` fp32 logit bias, written
+  with elementwise ops of (head, q_pos, k_pos) so it can also be evaluated pointwise.
+- `posenc_logits`: a callable `(query, key, q_pos, k_pos) -> (B, H, q, k)` fp32 q.k logits replacing
+  the product (schemes that must see positions of both sides inside the product: Self-Extend, xPos).
+- whatever mask arrives -- None (transformers skipped a plain causal or full mask), a bool 4-D mask
+  (True = attend), a float 4-D additive mask (user-made, or packed block-diagonal) -- the bias is added
+  exactly once, bool masks are converted explicitly, and nothing masked is ever unmasked.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from . import compat
 from .errors import PosEncError
-from .registry import adapter_for, get_scheme
 
 PREFIX = "posenc_"
-BIAS_KWARG = "posenc_bias"  # private kwarg: key_length -> (B, H, q, k) learned bias
-SCORES_KWARG = "posenc_scores"  # private kwarg: (query, key) -> (B, H, q, k) logits
+POSITIONS_KWARG = "posenc_positions"
+BIAS_KWARG = "posenc_bias"
+LOGITS_KWARG = "posenc_logits"
 BASES = ("sdpa", "eager")
+
+
+class Positions(NamedTuple):
+    """Positions of one forward: `queries` (B, q) of the new tokens, `keys` (B, k) of all keys so far, and
+    the masks built from them so far in this forward (layers of one kind share theirs)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    masks: list[tuple[Any, ...]]
 
 
 def implementation_for(current: str) -> str:
@@ -31,6 +57,51 @@ def implementation_for(current: str) -> str:
     return PREFIX + base
 
 
+def fit_keys(k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+    """Key positions for the keys a layer holds: the last `kv_length` (sliding caches keep the newest keys,
+    in order) or padded with zeros (a static cache holds unused slots, which its mask hides)."""
+    if k_pos.shape[-1] >= kv_length:
+        return k_pos[:, k_pos.shape[-1] - kv_length :]
+    return torch.cat((k_pos, k_pos.new_zeros(k_pos.shape[0], kv_length - k_pos.shape[-1])), dim=-1)
+
+
+def biased_mask(attention_mask: torch.Tensor | None, bias: torch.Tensor | None, causal: bool, q_length: int,
+                kv_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """One additive float mask (B|1, H|1, q, k) in `dtype` from any mask plus an optional fp32 bias.
+
+    None means transformers skipped the mask: causal (top-left aligned, as sdpa's `is_causal`) when
+    several queries arrive, else attend everywhere. Masked entries stay at the dtype's minimum whatever
+    the bias adds (the clamp keeps -inf out: a fully masked padding row would turn into NaN)."""
+    low = torch.finfo(dtype).min
+    if attention_mask is None:
+        if not (causal and q_length > 1):
+            return None if bias is None else bias.to(dtype)
+        attention_mask = torch.arange(kv_length, device=device) <= torch.arange(q_length, device=device)[:, None]
+    attention_mask = attention_mask[..., :kv_length]
+    if attention_mask.dtype == torch.bool:
+        return torch.where(attention_mask, 0.0 if bias is None else bias, low).to(dtype)
+    mask = attention_mask.float() if bias is None else attention_mask.float() + bias
+    return mask.clamp(min=low).to(dtype)
+
+
+def position_mask(positions: Positions, attention_mask: torch.Tensor | None, bias_fn: Callable | None, causal: bool,
+                  q_length: int, kv_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """`biased_mask` of the scheme's bias for the keys this layer holds. Layers that get the same mask
+    and hold as many keys reuse it within a forward (as the stock mask is built once), unless the bias
+    has weights to differentiate (gradient checkpointing recomputes each layer on its own)."""
+    trains = torch.is_grad_enabled() and bias_fn is not None and any(p.requires_grad for p in bias_fn.parameters())
+    reuse = not trains and not torch.compiler.is_compiling()
+    if reuse:
+        for mask, length, kind, made in positions.masks:
+            if mask is attention_mask and length == kv_length and kind == dtype:
+                return made
+    bias = bias_fn(positions.queries, fit_keys(positions.keys, kv_length)) if bias_fn is not None else None
+    made = biased_mask(attention_mask, bias, causal, q_length, kv_length, dtype, device)
+    if reuse:
+        positions.masks.append((attention_mask, kv_length, dtype, made))
+    return made
+
+
 def eager_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -39,80 +110,50 @@ def eager_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    logits: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention on (B, H, L, D) inputs with grouped KV heads; softmax in fp32.
-    `scores(query, key)` replaces the q.k product (schemes that rotate inside attention)."""
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)
+    """Plain softmax attention on (B, H, L, D) inputs with grouped KV heads; softmax in fp32. `logits`
+    (fp32, unscaled) replaces the q.k product; `attention_mask` is additive float or None."""
+    groups = query.shape[1] // value.shape[1]
     value = value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    logits = scores(query, key).to(query.dtype) if scores is not None else torch.matmul(query, key.transpose(2, 3))
-    weights = logits * scaling
+    if logits is None:
+        logits = torch.matmul(query, key.repeat_interleave(groups, dim=1).transpose(2, 3))
+    weights = logits.float() * scaling
     if attention_mask is not None:
-        weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+        weights = weights + attention_mask
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def score_bias(config: Any, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-    """(H, q, k) fp32 parameter-free bias of the score-site scheme in `config.posenc` (None if learned)."""
-    posenc = config.posenc
-    scheme = get_scheme(posenc["scheme"])
-    if scheme.site != "score":
-        return None
-    return scheme.bias(posenc["options"], config.num_attention_heads, q_pos, k_pos, adapter_for(config).causal)
-
-
-def biased_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: int = 0,
-    kv_offset: int = 0,
-    attention_mask: torch.Tensor | None = None,
-    config: Any = None,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    **kwargs: Any,
-) -> torch.Tensor:
-    """The stock boolean mask (causal/bidirectional, sliding window, padding) turned into a float
-    (B, H, q, kv) mask carrying the scheme's bias where attention is allowed."""
-    for skip in ("allow_is_causal_skip", "allow_is_bidirectional_skip"):
-        kwargs.pop(skip, None)
-    allowed = compat.base_mask_function("sdpa")(
-        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
-        attention_mask=attention_mask, allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
-        device=device, **kwargs,
-    )
-    q_pos = torch.arange(q_length, device=device) + q_offset
-    k_pos = torch.arange(kv_length, device=device) + kv_offset
-    bias = score_bias(config, q_pos, k_pos)
-    zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(allowed, zero if bias is None else bias.to(dtype)[None], torch.finfo(dtype).min)
-
-
 def with_positions(attention: Callable) -> Callable:
-    """Runs the stock attention after applying what the layer loop passed down as private kwargs:
-    a learned bias (computed here for the keys this layer actually holds) added to the float mask,
-    or a replacement of the q.k logits, which only the eager math can take."""
+    """The stock attention `attention`, run after adding the scheme's position term (see the module
+    docstring for the contract)."""
 
     def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        positions: Positions | None = kwargs.pop(POSITIONS_KWARG, None)
         bias_fn = kwargs.pop(BIAS_KWARG, None)
-        if bias_fn is not None:
-            bias = bias_fn(key.shape[-2]).to(query.dtype)
-            mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else 0
-            attention_mask = (mask + bias).clamp(min=torch.finfo(query.dtype).min)
-        scores = kwargs.pop(SCORES_KWARG, None)
-        if scores is not None:
-            return eager_attention(module, query, key, value, attention_mask, scores=scores, **kwargs)
-        return attention(module, query, key, value, attention_mask, **kwargs)
+        logits_fn = kwargs.pop(LOGITS_KWARG, None)
+        if positions is None:
+            raise PosEncError("posenc attention called without positions: a patched attention module was called "
+                              "outside its model, or the model was unpatched while its implementation stayed posenc_*")
+        kv_length, q_length = key.shape[-2], query.shape[-2]
+        causal = kwargs.pop("is_causal", None)
+        causal = getattr(module, "is_causal", False) if causal is None else causal
+        if logits_fn is None:
+            mask = position_mask(positions, attention_mask, bias_fn, causal, q_length, kv_length, query.dtype, query.device)
+            return attention(module, query, key, value, mask, **kwargs)
+        mask = position_mask(positions, attention_mask, bias_fn, causal, q_length, kv_length, torch.float32, query.device)
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        logits = logits_fn(query, key, positions.queries, fit_keys(positions.keys, kv_length))
+        return eager_attention(module, query, key, value, mask, logits=logits, **kwargs)
 
     return positioned_attention
 
 
-compat.register_attention(PREFIX + "sdpa", with_positions(compat.base_attention_function("sdpa")), biased_mask)
-compat.register_attention(PREFIX + "eager", with_positions(eager_attention), biased_mask)
+compat.register_attention(PREFIX + "sdpa", with_positions(compat.base_attention_function("sdpa")),
+                          compat.base_mask_function("sdpa"))
+compat.register_attention(PREFIX + "eager", with_positions(eager_attention), compat.base_mask_function("sdpa"))

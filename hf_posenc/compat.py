@@ -1,7 +1,8 @@
 """The only module that knows which transformers version is installed.
 
 Everything that reaches into transformers internals (rotary classes, RoPE init functions,
-attention/mask interfaces, attention implementation switching) goes through here.
+attention/mask interfaces, attention implementation switching, cache layers) goes through here, and
+the one piece of peft's layout the patch needs (what runs inside a `modules_to_save` wrapper).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers import PretrainedConfig
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -22,14 +24,19 @@ if TRANSFORMERS_VERSION.major < 5:  # pragma: no cover - guarded by pyproject
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",
+    "PositionRecord",
     "attn_implementation",
     "base_attention_function",
     "base_mask_function",
+    "cache_length",
+    "record_positions",
+    "recorded_positions",
     "register_attention",
     "rope_parameters",
     "rotary_config",
     "rotary_module_class",
     "dense_gguf_kwargs",
+    "running_module",
     "set_attn_implementation",
 ]
 
@@ -99,3 +106,56 @@ def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
     from transformers.utils.quantization_config import GgufConfig
 
     return {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
+
+
+class PositionRecord(DynamicLayer):
+    """Positions (B, 1, T, 1) of every token a cache has stored, in the order they were written.
+
+    It is a layer of the cache itself, appended after the model's own layers, so everything generation
+    does to the cache -- beam reordering, cropping, batch expansion and selection, reset -- happens to
+    the positions too. It never vetoes a static cache's compiled decoding and takes no early init.
+    """
+
+    is_compileable = True
+    supports_early_init = False
+
+
+def _record(cache: Any) -> PositionRecord | None:
+    layers = getattr(cache, "layers", None) if isinstance(cache, Cache) else None
+    return next((layer for layer in reversed(layers) if isinstance(layer, PositionRecord)), None) if layers else None
+
+
+def cache_length(cache: Any) -> int:
+    """Tokens a cache has stored so far (0 for none)."""
+    return int(cache.get_seq_length()) if isinstance(cache, Cache) else 0
+
+
+def recorded_positions(cache: Any) -> torch.Tensor | None:
+    """(B, T) positions of the T tokens in `cache`, if it carries a complete record of them."""
+    record = _record(cache)
+    if record is None or record.get_seq_length() != cache_length(cache) or record.get_seq_length() == 0:
+        return None
+    return record.keys[:, 0, :, 0]
+
+
+def record_positions(cache: Any, positions: torch.Tensor) -> None:
+    """Make `positions` (B, T) the record of the T tokens `cache` now holds."""
+    if not isinstance(cache, Cache) or positions.shape[-1] != cache_length(cache):
+        return
+    record = _record(cache)
+    if record is None:
+        record = PositionRecord()
+        cache.layers.append(record)
+    record.reset()
+    stored = positions[:, None, :, None]
+    record.update(stored, stored)
+
+
+def running_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module that actually runs in place of `module`: peft's `modules_to_save` wrapper runs its
+    active trainable copy (the original stays inside, untouched)."""
+    copies = getattr(module, "modules_to_save", None)
+    active = getattr(module, "active_adapters", None)
+    if isinstance(copies, torch.nn.ModuleDict) and active and active[0] in copies and not module.disable_adapters:
+        return copies[active[0]]
+    return module

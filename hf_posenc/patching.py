@@ -7,7 +7,6 @@ or module global is touched), so a failed patch rolls back and `unpatch` is bit-
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import inspect
 import os
@@ -17,53 +16,85 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import attention, compat
-from .adapters.base import Adapter, get_module, set_module
+from . import compat
+from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
-from .schemes.base import ModelFacts, Scheme, ZeroPositions
-from .schemes.relative import fit_keys
-from .schemes.rope import Rotary, native_partial, rotate
+from .schemes.base import ModelFacts, Scheme
+from .sites import INSTALLERS, LayerLoop, RecordPositions, remove_hooks
+from .sites.qk import ROTARY_MODULE
+
+__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch"]
 
 STATE_ATTR = "_posenc_state"
-ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
-ROTARY_MODULE = "posenc_rotary"  # where a q/k scheme's rotary module lives on a model that had none
-_MISSING = object()
+
+
+@dataclass
+class Restore:
+    """Undo record: put `obj.name` back as it was, or delete it if it did not exist."""
+
+    obj: Any
+    name: str
+    old: Any
+    existed: bool
+
+    def __call__(self) -> None:
+        if self.existed:
+            setattr(self.obj, self.name, self.old)
+        else:
+            delattr(self.obj, self.name)
+
+
+@dataclass
+class RestoreAttention:
+    """Undo record: the model's attention implementation as it was."""
+
+    model: nn.Module
+    old: str
+
+    def __call__(self) -> None:
+        compat.set_attn_implementation(self.model, self.old)
+
+
+@dataclass
+class RemoveHooks:
+    """Undo record: every hook of the patch, wherever wrappers have moved the modules since."""
+
+    root: nn.Module
+
+    def __call__(self) -> None:
+        remove_hooks(self.root)
 
 
 @dataclass
 class PatchState:
-    """What is patched now and how to take it back."""
+    """What is patched now and how to take it back: plain data (undo records hold references to objects of
+    the model, never closures), so `deepcopy` and `torch.save` of the model copy a working patch."""
 
     config: PosEncConfig
     undo: list[Callable[[], None]] = field(default_factory=list)
-    new_modules: list[nn.Module] = field(default_factory=list)
+    new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
-        old = getattr(obj, name, _MISSING)
+        self.undo.append(Restore(obj, name, getattr(obj, name, None), hasattr(obj, name)))
         setattr(obj, name, value)
-        self.undo.append(lambda: delattr(obj, name) if old is _MISSING else setattr(obj, name, old))
 
-    def replace(self, root: nn.Module, path: str, module: nn.Module) -> None:
-        old = set_module(root, path, module)
-        self.undo.append(lambda: set_module(root, path, old))
-        self.new_modules.append(module)
+    def replace(self, base: nn.Module, path: str, module: nn.Module) -> None:
+        parent_path, _, name = path.rpartition(".")
+        self.set_attr(base.get_submodule(parent_path) if parent_path else base, name, module)
+        self.new_modules.append(path)
 
-    def add_module(self, root: nn.Module, name: str, module: nn.Module, new: bool = False) -> None:
+    def add_module(self, base: nn.Module, name: str, module: nn.Module, new: bool = False) -> None:
         """Attach a module; `new` marks one whose weights a checkpoint must carry."""
-        root.add_module(name, module)
-        self.undo.append(lambda: delattr(root, name))
+        base.add_module(name, module)
+        self.undo.append(Restore(base, name, None, existed=False))
         if new:
-            self.new_modules.append(module)
-
-    def hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
-        self.undo.append(handle.remove)
+            self.new_modules.append(name)
 
     def set_attn_implementation(self, model: nn.Module, name: str) -> None:
-        old = compat.attn_implementation(model.config)
+        self.undo.append(RestoreAttention(model, compat.attn_implementation(model.config)))
         compat.set_attn_implementation(model, name)
-        self.undo.append(lambda: compat.set_attn_implementation(model, old))
 
     def rollback(self) -> None:
         while self.undo:
@@ -123,168 +154,20 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
-    base, config, options = model.base_model, model.config, state.config.options
+    """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
+    base, config = model.base_model, model.config
     offset = adapter.position_offset(config)
+    state.undo.append(RemoveHooks(base))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
-    if (max_positions := spec.max_positions(options)) is not None:
+    if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(config, "max_position_embeddings", max_positions + offset)
-
-    added = None  # an input-site code the layer-loop hook adds to the token embeddings
-    code = spec.module(options, facts) if spec.site == "input" else None
-    if adapter.position_slot:
-        state.replace(base, adapter.position_slot, code or ZeroPositions(facts.dtype).to(facts.device))
-    elif code is not None:
-        state.add_module(base, "posenc_positions", code, new=True)
-        added = code
-    if notes := getattr(code, "notes", None):
-        config.posenc["notes"] = notes
-    if code is not None and hasattr(code, "project_tokens"):  # concat: tokens keep their own subspace
-        for embedding in (model.get_input_embeddings(), *(get_module(base, p) for p in adapter.other_embeddings)):
-            state.hook(embedding.register_forward_hook(lambda mod, args, out: code.project_tokens(out)))
-
-    rotary = None
-    if spec.site == "qk":
-        native = adapter.rotary is not None and spec.native
-        if native and options["partial"] == native_partial(facts):
-            # Natively rotating model: scaling is config; plain transformers reloads it.
-            params = spec.rope_parameters(options, facts)
-            own = compat.rope_parameters(config) or {}
-            if "partial_rotary_factor" in own:
-                params["partial_rotary_factor"] = own["partial_rotary_factor"]
-            state.set_attr(config, "rope_parameters", params)
-            old = get_module(base, adapter.rotary)
-            state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
-        elif native:
-            rotary_module = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
-            state.replace(base, adapter.rotary, rotary_module)
-        else:
-            rotary = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
-    if adapter.rotary and (spec.site != "qk" or rotary is not None):
-        # Switch the model's own rotation off: cos=1, sin=0 everywhere.
-        state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
-
-    bias = scores = None
-    if spec.site in ("score", "attention"):
-        state.set_attn_implementation(model, attention.implementation_for(compat.attn_implementation(config)))
-    if spec.site == "score" and spec.learned:
-        bias = spec.module(options, facts).to(facts.device)
-        state.add_module(base, "posenc_bias", bias, new=True)
-    if spec.site == "attention":
-        scores = spec.module(options, facts).to(facts.device)
-        state.add_module(base, "posenc_attention", scores)
-
-    if rotary is not None:
-        state.add_module(base, ROTARY_MODULE, rotary)
-        for module in adapter.attention_modules(model):
-            _tap_queries_and_keys(module, adapter, facts.head_dim, state)
-
-    if adapter.position_slot or added is not None or rotary is not None or spec.site in ("score", "attention"):
-        hook = _layer_loop_hook(model, adapter, offset, added, rotary, bias, scores,
-                                guard=spec.site in ("score", "attention"))
-        state.hook(base.register_forward_pre_hook(hook, with_kwargs=True))
-
-
-def _positions(kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, q) positions of the new tokens and (B, k) of all keys so far: counted over the padding
-    mask when there is one, so a left-padded row sees the same positions as the prompt alone."""
-    ids = kwargs.get("input_ids")
-    ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
-    batch, length = ref.shape[:2]
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # not a prepared 4D mask or a per-layer-type dict
-        keys = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        return keys[:, -length:], keys
-    cache = kwargs.get("past_key_values")
-    past = cache.get_seq_length() if cache is not None else 0
-    keys = torch.arange(past + length, device=ref.device).expand(batch, -1)
-    return keys[:, past:], keys
-
-
-def _layer_loop_hook(model: nn.Module, adapter: Adapter, offset: int, added: nn.Module | None,
-                     rotary: nn.Module | None, bias: nn.Module | None, scores: nn.Module | None,
-                     guard: bool) -> Callable:
-    """Pre-hook on the module owning the layer loop. Once per forward it fills in padding-aware
-    position_ids, adds slot-less input codes, and computes (cos, sin) and learned-bias closures that
-    travel down as private kwargs (not as position_ids, which transformers would read as packed
-    sequences when they do not step by one)."""
-    names = list(inspect.signature(model.base_model.forward).parameters)
-
-    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        kwargs = {**dict(zip(names, args)), **kwargs}
-        if guard and not compat.attn_implementation(module.config).startswith(attention.PREFIX):
-            raise PosEncError(
-                f"attention implementation was switched to {compat.attn_implementation(module.config)!r} after "
-                f"patching, which drops the {module.config.posenc['scheme']!r} scheme; set it back with "
-                "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
-            )
-        positions, key_positions = _positions(kwargs)
-        if kwargs.get("position_ids") is not None:
-            positions = kwargs["position_ids"] - offset
-        elif adapter.position_slot:
-            kwargs["position_ids"] = positions + offset
-        if adapter.token_type_ids and kwargs.get("token_type_ids") is None:
-            # The stock zero buffer is indexed by position and would overflow past the old table.
-            kwargs["token_type_ids"] = torch.zeros_like(positions).expand(kwargs["position_ids"].shape[0], -1)
-        if added is not None:
-            if kwargs.get("inputs_embeds") is None:
-                kwargs["inputs_embeds"] = model.get_input_embeddings()(kwargs.pop("input_ids"))
-                kwargs["input_ids"] = None
-            kwargs["inputs_embeds"] = kwargs["inputs_embeds"] + added(positions)
-        if rotary is not None:
-            kwargs[ROTARY_KWARG] = rotary(torch.empty(0, device=positions.device), positions)
-        if bias is not None:
-            kwargs[attention.BIAS_KWARG] = functools.partial(bias, positions, key_positions)
-        if scores is not None:
-            kwargs[attention.SCORES_KWARG] = functools.partial(_scores, scores, positions, key_positions)
-        return (), kwargs
-
-    return hook
-
-
-def _scores(module: nn.Module, q_pos: torch.Tensor, k_pos: torch.Tensor, query: torch.Tensor,
-            key: torch.Tensor) -> torch.Tensor:
-    return module.scores(query, key, q_pos, fit_keys(k_pos, key.shape[-2]))
-
-
-class _Tap:
-    """Carries one attention call's rotation from the attention pre-hook to its projection hooks."""
-
-    rotation: tuple[torch.Tensor, ...] | None = None
-
-
-def _tap_queries_and_keys(module: nn.Module, adapter: Adapter, head_dim: int, state: PatchState) -> None:
-    """Rotate q and k as they leave their projections, i.e. before the KV cache stores k. A third
-    rotation tensor (xPos) scales q up and k down."""
-    tap = _Tap()
-
-    def take_rotation(mod: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        if ROTARY_KWARG not in kwargs:
-            raise PosEncError("rotary positions missing: a patched attention module was called outside its model")
-        kwargs = dict(kwargs)
-        tap.rotation = kwargs.pop(ROTARY_KWARG)
-        return args, kwargs
-
-    def transform(x: torch.Tensor, role: str) -> torch.Tensor:
-        cos, sin, *scale = tap.rotation
-        heads = x if adapter.qk.per_head else x.unflatten(-1, (-1, head_dim))
-        out = rotate(heads, cos, sin)
-        if scale:
-            factor = scale[0] if role == "q" else scale[0].reciprocal()
-            out = (out.float() * factor[:, :, None]).to(x.dtype)
-        return out if adapter.qk.per_head else out.flatten(-2)
-
-    def packed_hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-        q, k, v = output.chunk(3, dim=-1)
-        return torch.cat((transform(q, "q"), transform(k, "k"), v), dim=-1)
-
-    state.hook(module.register_forward_pre_hook(take_rotation, with_kwargs=True))
-    if adapter.qk.packed:
-        (name,) = adapter.qk.projections
-        state.hook(get_module(module, name).register_forward_hook(packed_hook))
-    else:
-        for name, role in zip(adapter.qk.projections, ("q", "k")):
-            hook = functools.partial(lambda role, mod, inputs, output: transform(output, role), role)
-            state.hook(get_module(module, name).register_forward_hook(hook))
+    loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),
+                     adapter.token_type_ids)
+    INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
+    if loop.needed:
+        base.register_forward_pre_hook(loop, with_kwargs=True)
+    if loop.key_positions:
+        base.register_forward_hook(RecordPositions(), with_kwargs=True)
 
 
 @contextlib.contextmanager
@@ -364,7 +247,12 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
 
 
 def describe_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules the current patch installed that carry weights or saved buffers (what a recipe
-    should train and a checkpoint must hold)."""
+    """The modules the current patch installed that carry weights or saved buffers (what a recipe should
+    train and a checkpoint must hold): the ones that run now, looked up by path, so a peft wrapper's active
+    copy and a merged model's module are what is named."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model
     state = getattr(model, STATE_ATTR, None)
-    return [m for m in state.new_modules if m.state_dict()] if state is not None else []
+    if state is None:
+        return []
+    found = (compat.running_module(model.base_model.get_submodule(path)) for path in state.new_modules)
+    return [module for module in found if module.state_dict()]

@@ -1,4 +1,5 @@
-"""DESIGN section 8: the invariants every supported architecture x scheme cell must pass."""
+"""DESIGN section 8: the invariants every supported architecture x scheme cell must pass (the matrix is
+defined in matrix.py; the rows about the paths the ecosystem takes are in test_paths.py)."""
 
 from __future__ import annotations
 
@@ -7,56 +8,16 @@ import torch
 from transformers import DynamicCache
 
 import hf_posenc as hp
-from conftest import CAUSAL, TINY, TINY_CONFIGS, tiny_model
-
-SCHEMES = {
-    "learned": {},
-    "sinusoidal": {},
-    "nope": {},
-    "rope": {"theta": 500.0},
-    "rope-partial": {"partial": 0.5},
-    "linear": {"factor": 2.0},
-    "ntk": {"factor": 2.0},
-    "dynamic": {"factor": 2.0},
-    "yarn": {"factor": 4.0},
-    "llama3": {"factor": 4.0},
-    "longrope": {"factor": 2.0},
-    "alibi": {},
-    "concat": {"d_pos": 16},
-    "concat-learned": {"d_pos": 16, "code": "learned"},
-    "untied": {"init_std": 0.05},
-    "t5": {"init_std": 0.5},
-    "fire": {"init": "random"},
-    "kerple": {},
-    "xpos": {"scale_base": 16.0},
-    "self_extend": {"group": 2, "window": 4},
-}
-SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
-TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
-CELLS = [
-    pytest.param(arch, label, id=f"{arch}-{label}")
-    for arch in TINY_CONFIGS
-    for label in SCHEMES
-    if hp.supports(TINY_CONFIGS[arch](), SCHEME_NAME.get(label, label))
-]
-CAUSAL_CELLS = [c for c in CELLS if c.values[0] in CAUSAL]
-ATOL = 1e-5
+from conftest import TINY, TINY_CONFIGS, tiny_model
+from matrix import ATOL, CELLS, SCHEMES, TABLES, ids, patched, row, scheme_of, scope
 
 
-def patched(arch: str, label: str, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
-    return hp.patch(tiny_model(arch, attn=attn, seed=seed), SCHEME_NAME.get(label, label), **SCHEMES[label])
-
-
-def ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
-    return torch.randint(3, TINY["vocab"], (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_unpatch_restores_original_logits_exactly(arch, label):
     model = tiny_model(arch)
     x = ids()
     before = model(x).logits
-    hp.patch(model, SCHEME_NAME.get(label, label), **SCHEMES[label])
+    hp.patch(model, scheme_of(label), **SCHEMES[label])
     changed = model(x).logits
     hp.unpatch(model)
     assert torch.equal(model(x).logits, before)
@@ -67,7 +28,7 @@ def test_unpatch_restores_original_logits_exactly(arch, label):
     assert hp.describe(model) is None
 
 
-@pytest.mark.parametrize("arch,label", CAUSAL_CELLS)
+@row(scope(causal=True))
 def test_cached_equals_uncached(arch, label):
     model = patched(arch, label)
     x = ids(length=10)
@@ -79,7 +40,7 @@ def test_cached_equals_uncached(arch, label):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch,label", CAUSAL_CELLS)
+@row(scope(causal=True))
 def test_generate_cache_static_and_dynamic_agree(arch, label):
     model = patched(arch, label)
     x = ids(batch=1, length=8)
@@ -98,7 +59,7 @@ def test_generate_cache_static_and_dynamic_agree(arch, label):
     assert dynamic.sequences[0, 8] == first[0]
 
 
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_left_padded_row_equals_prompt_alone(arch, label):
     model = patched(arch, label)
     x = ids(batch=1, length=9)
@@ -112,7 +73,7 @@ def test_left_padded_row_equals_prompt_alone(arch, label):
     torch.testing.assert_close(out[0, pad:], alone[0], atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_sdpa_equals_eager(arch, label):
     x = ids()
     mask = torch.ones_like(x)
@@ -123,7 +84,7 @@ def test_sdpa_equals_eager(arch, label):
     torch.testing.assert_close(sdpa[0, 2:], eager[0, 2:], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_save_and_reload_gives_identical_logits(arch, label, tmp_path):
     model = patched(arch, label)
     with torch.no_grad():  # make the scheme's own weights differ from any init
@@ -139,7 +100,7 @@ def test_save_and_reload_gives_identical_logits(arch, label, tmp_path):
     torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_gradient_checkpointing_matches(arch, label):
     x = ids()
 
@@ -159,7 +120,7 @@ def test_gradient_checkpointing_matches(arch, label):
         torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("arch,label", CELLS)
+@row(CELLS)
 def test_inputs_past_the_original_table(arch, label):
     model = patched(arch, label)
     long = ids(batch=1, length=TINY["positions"] + 16)

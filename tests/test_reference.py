@@ -322,11 +322,14 @@ def test_concat_is_projection_plus_code_in_the_complement(arch, code):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_xpos_equals_rotation_with_decay(arch):
-    """Sun et al. 2022: q_n scaled by zeta^(n/B), k_m by zeta^(-m/B), zeta_i = (2i/d + 0.4)/1.4."""
+def test_xpos_equals_rotation_with_centred_decay(arch):
+    """Sun et al. 2022, eq. 5-6: q_n scaled by zeta^(n/B), k_m by zeta^(-m/B), zeta_i = (2i/d + 0.4)/1.4,
+    with positions counted from the middle of the window, as the paper's reference code (torchscale's
+    XPOS: positions -(L // 2) .. L - L // 2 - 1)."""
     base = 8.0
     zeta = torch.tensor([(2 * i / HEAD_DIM + 0.4) / 1.4 for i in range(HEAD_DIM // 2)], dtype=torch.float64)
-    scale = zeta[None, :] ** (POS.double()[:, None] / base)  # (L, D/2)
+    centred = POS.double() - L // 2
+    scale = zeta[None, :] ** (centred[:, None] / base)  # (L, D/2)
     scale = torch.cat((scale, scale), dim=-1)
 
     def qk(x, role):

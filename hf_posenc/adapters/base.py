@@ -43,9 +43,9 @@ class Adapter:
     def supports(self, scheme: Scheme) -> bool:
         if scheme.causal_only and not self.causal:
             return False
-        if scheme.site == "qk" and not getattr(scheme, "native", True):
-            return self.qk is not None
-        # input: a slot or the token embeddings; qk: native rotary or taps; score: attention interface
+        if scheme.site == "qk":
+            return self.rotary is not None or self.qk is not None
+        # input: a slot or the token embeddings; score and attention: the attention interface
         return True
 
     def facts(self, model: nn.Module) -> ModelFacts:
@@ -76,13 +76,3 @@ class Adapter:
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
     return root.get_submodule(path)
-
-
-def set_module(root: nn.Module, path: str, module: nn.Module) -> nn.Module:
-    """Replace the submodule at `path` on this instance; returns the old one."""
-    parent_path, _, name = path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    old = getattr(parent, name)
-    setattr(parent, name, module)
-    return old
-

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..config import check, option
 from ..registry import register_scheme
-from .base import BiasScheme
+from .base import BiasScheme, ModelFacts
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -38,17 +39,25 @@ class AlibiOptions:
               f"max_bias must be > 0, got {self.max_bias!r}")
 
 
+class AlibiBias(nn.Module):
+    """-m_h |i - j|; the slopes are a buffer that checkpoints do not carry (they follow from the options)."""
+
+    def __init__(self, slopes: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        distance = (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs().float()
+        return -self.slopes.float()[:, None, None] * distance
+
+
 class Alibi(BiasScheme):
     name = "alibi"
     Options = AlibiOptions
     citation = "Press et al. 2022, Train Short, Test Long: Attention with Linear Biases"
 
-    def bias(
-        self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
-    ) -> torch.Tensor:
-        slopes = alibi_slopes(num_heads, options["max_bias"]).to(q_pos.device)
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()
-        return -slopes[:, None, None] * distance
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return AlibiBias(alibi_slopes(facts.num_heads, options["max_bias"]))
 
 
 register_scheme(Alibi())

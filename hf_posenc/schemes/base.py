@@ -3,14 +3,14 @@
 A scheme knows only maths (lucidrains-style contracts):
 - input site:  `module(options, facts)` -> nn.Module, `forward(position_ids (B, L)) -> (B|1, L, d)`
 - q/k site:    `rotary(options, facts, max_positions)` -> nn.Module, `forward(x, position_ids)` ->
-               (cos, sin) or (cos, sin, scale): q is rotated then times `scale`, k rotated then
-               divided by it (xPos). RoPE-type schemes also give transformers `rope_parameters`, so
-               natively rotating models take them as config.
-- score site:  parameter-free: `bias(options, num_heads, q_pos (q,), k_pos (k,), causal)` -> (H, q, k);
-               learned: `module(options, facts)` -> nn.Module, `forward(q_pos (B, q), k_pos (B, k),
-               kv_length)` -> (B, H, q, kv_length); both fp32 logit biases
-- attention:   `module(options, facts)` -> nn.Module with `scores(query, key, q_pos, k_pos)` ->
-               (B, H, q, k) fp32 logits on unrotated q/k (schemes needing two rotations: Self-Extend)
+               (cos, sin). RoPE-type schemes also give transformers `rope_parameters`, so natively
+               rotating models take them as config.
+- score site:  `module(options, facts)` -> nn.Module, `forward(q_pos (B, q), k_pos (B, k))` ->
+               (B|1, H, q, k) fp32 logit bias, built from elementwise ops of (head, q_pos, k_pos); k_pos
+               are the positions of the keys the layer holds (see `hf_posenc.attention`)
+- attention:   `module(options, facts)` -> nn.Module, `forward(query, key, q_pos, k_pos)` -> (B, H, q, k)
+               fp32 q.k logits from unrotated q/k (schemes that need both positions inside the product:
+               Self-Extend's two rotations, xPos's decay centred on the window)
 - none:        removes the model's own positions and adds nothing (NoPE)
 """
 
@@ -94,7 +94,6 @@ class InputScheme(Scheme):
 
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
-    native: ClassVar[bool] = True  # expressible as transformers `rope_parameters`
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError
@@ -107,12 +106,13 @@ class RotaryScheme(Scheme):
 
 class BiasScheme(Scheme):
     site: ClassVar[Site] = "score"
-    learned: ClassVar[bool] = False
 
-    def bias(
-        self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
-    ) -> torch.Tensor | None:
-        return None  # learned biases come from `module`
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        raise NotImplementedError
+
+
+class AttentionScheme(Scheme):
+    site: ClassVar[Site] = "attention"
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         raise NotImplementedError

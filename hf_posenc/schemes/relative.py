@@ -23,17 +23,9 @@ from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
 
 
-def fit_keys(k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
-    """Key positions for the keys a layer holds: the last `kv_length` (sliding caches) or padded with
-    zeros (static caches hold unused, masked slots)."""
-    if k_pos.shape[-1] >= kv_length:
-        return k_pos[:, -kv_length:]
-    return torch.cat((k_pos, k_pos.new_zeros(k_pos.shape[0], kv_length - k_pos.shape[-1])), dim=-1)
-
-
-def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """(B, q, k) query position minus key position."""
-    return q_pos[:, :, None] - fit_keys(k_pos, kv_length)[:, None, :]
+    return q_pos[:, :, None] - k_pos[:, None, :]
 
 
 def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -75,14 +67,13 @@ class T5Bias(nn.Module):
         else:
             nn.init.zeros_(self.relative_attention_bias.weight)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
-        buckets = t5_bucket(relative_distance(q_pos, k_pos, kv_length), self.causal, self.num_buckets, self.max_distance)
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        buckets = t5_bucket(relative_distance(q_pos, k_pos), self.causal, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
 
 
 class T5(BiasScheme):
     name = "t5"
-    learned = True
     Options = T5Options
     citation = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), section 2.1"
 
@@ -115,9 +106,9 @@ class FireBias(nn.Module):
             nn.init.zeros_(self.mlp[2].weight)
             nn.init.zeros_(self.mlp[2].bias)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         c = self.log_c.float().exp()
-        distance = relative_distance(q_pos, k_pos, kv_length).abs().float()
+        distance = relative_distance(q_pos, k_pos).abs().float()
         scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())[:, :, None]
         x = torch.log1p(c * distance) / torch.log1p(c * scale)
         first, last = self.mlp[0], self.mlp[2]
@@ -127,7 +118,6 @@ class FireBias(nn.Module):
 
 class Fire(BiasScheme):
     name = "fire"
-    learned = True
     Options = FireOptions
     citation = "Li et al. 2023, Functional Interpolation for Relative Positions Improves Long Context Transformers"
 
@@ -156,8 +146,8 @@ class KerpleBias(nn.Module):
         self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
         self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
-        distance = relative_distance(q_pos, k_pos, kv_length).abs().float()[:, None]  # (B, 1, q, k)
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        distance = relative_distance(q_pos, k_pos).abs().float()[:, None]  # (B, 1, q, k)
         r1 = self.log_r1.float().exp()[:, None, None]
         r2 = self.log_r2.float().exp()[:, None, None]
         if self.variant == "log":
@@ -167,7 +157,6 @@ class KerpleBias(nn.Module):
 
 class Kerple(BiasScheme):
     name = "kerple"
-    learned = True
     Options = KerpleOptions
     citation = "Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation"
 

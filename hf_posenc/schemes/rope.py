@@ -30,6 +30,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
 
 
+def rotate_heads(x: torch.Tensor, rotary: nn.Module, positions: torch.Tensor) -> torch.Tensor:
+    """x (B, H, L, D) rotated to `positions` (B, L) by `rotary`, in fp32 (for schemes that rotate inside attention)."""
+    cos, sin = rotary(torch.empty(0, device=x.device), positions)
+    return rotate(x.transpose(1, 2).float(), cos, sin).transpose(1, 2)
+
+
 class Rotary(nn.Module):
     """`forward(x, position_ids) -> (cos, sin)` over the full head dim, like transformers' rotary modules.
 
@@ -74,6 +80,12 @@ def resolve_rotation(options: dict[str, Any], facts: ModelFacts) -> dict[str, An
     theta = options["theta"] if options["theta"] is not None else native_theta(facts)
     partial = options["partial"] if options["partial"] is not None else native_partial(facts)
     return {**options, "theta": float(theta), "partial": float(partial)}
+
+
+def plain_rotary(options: dict[str, Any], facts: ModelFacts) -> Rotary:
+    """Unscaled RoPE with the resolved `theta` and `partial`, for schemes that rotate inside attention."""
+    return Rotary(facts.head_dim, {"rope_type": "default", "rope_theta": options["theta"]}, options["partial"],
+                  facts.max_positions)
 
 
 def check_rope_options(theta: float | None, partial: float | None) -> None:

@@ -4,7 +4,8 @@ Self-Extend LLM Context Window Without Tuning", eq. 3-4).
 Within `window` tokens a query sees keys at their true relative positions; beyond it, both sides use
 grouped positions floor(p / group), the query's shifted by window - window // group so the two
 regimes meet at the window edge. Two rotations of the same q and k are needed, so keys go into the
-cache unrotated and this scheme rotates inside its attention function (like the reference code).
+cache unrotated and this scheme rotates inside the attention function (like the reference code), with
+the positions the keys were written at.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from torch import nn
 
 from ..config import check, option
 from ..registry import register_scheme
-from .base import ModelFacts, Scheme
-from .rope import Rotary, check_rope_options, resolve_rotation, rotate
+from .base import AttentionScheme, ModelFacts
+from .rope import Rotary, check_rope_options, plain_rotary, resolve_rotation, rotate_heads
 
 
 @dataclass(frozen=True)
@@ -38,31 +39,26 @@ def grouped_scores(query: torch.Tensor, key: torch.Tensor, rotary: Rotary, q_pos
                    group: int, window: int) -> torch.Tensor:
     """(B, H, q, k) fp32 q.k logits: exact positions within the window, grouped ones beyond it."""
 
-    def rotated(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = rotary(torch.empty(0, device=x.device), positions)
-        return rotate(x.transpose(1, 2).float(), cos, sin).transpose(1, 2)
-
     shift = window - window // group
-    near = rotated(query, q_pos) @ rotated(key, k_pos).transpose(-1, -2)
-    far = rotated(query, q_pos // group + shift) @ rotated(key, k_pos // group).transpose(-1, -2)
+    near = rotate_heads(query, rotary, q_pos) @ rotate_heads(key, rotary, k_pos).transpose(-1, -2)
+    far = rotate_heads(query, rotary, q_pos // group + shift) @ rotate_heads(key, rotary, k_pos // group).transpose(-1, -2)
     distance = (q_pos[:, :, None] - k_pos[:, None, :])[:, None]
     return torch.where(distance < window, near, far)
 
 
 class SelfExtendAttention(nn.Module):
-    """Holds the rotary module; `scores(query, key, q_pos, k_pos)` for the attention function."""
+    """`forward(query, key, q_pos, k_pos)` -> grouped logits, for the attention function."""
 
     def __init__(self, rotary: Rotary, group: int, window: int) -> None:
         super().__init__()
         self.rotary, self.group, self.window = rotary, group, window
 
-    def scores(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return grouped_scores(query, key, self.rotary, q_pos, k_pos, self.group, self.window)
 
 
-class SelfExtend(Scheme):
+class SelfExtend(AttentionScheme):
     name = "self_extend"
-    site = "attention"
     causal_only = True
     Options = SelfExtendOptions
     citation = "Jin et al. 2024, LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"
@@ -70,12 +66,8 @@ class SelfExtend(Scheme):
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return resolve_rotation(options, facts)
 
-    def max_positions(self, options: dict[str, Any]) -> int | None:
-        return None
-
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        rotary = Rotary(facts.head_dim, {"rope_type": "default", "rope_theta": options["theta"]}, options["partial"],
-                        facts.max_positions)
+        rotary = plain_rotary(options, facts)
         return SelfExtendAttention(rotary, options["group"], options["window"])
 
 

@@ -23,7 +23,6 @@ from torch import nn
 from ..config import check, option
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts, check_positions
-from .relative import fit_keys
 
 
 @dataclass(frozen=True)
@@ -45,17 +44,16 @@ class UntiedBias(nn.Module):
         self.query = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
         self.key = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         check_positions(q_pos, self.positions.shape[0], "untied")
         table = self.positions.float()
         q = (F.embedding(q_pos, table) @ self.query.float()).unflatten(-1, (self.heads, -1)).transpose(1, 2)
-        k = (F.embedding(fit_keys(k_pos, kv_length), table) @ self.key.float()).unflatten(-1, (self.heads, -1))
+        k = (F.embedding(k_pos, table) @ self.key.float()).unflatten(-1, (self.heads, -1))
         return q @ k.permute(0, 2, 3, 1) / math.sqrt(2 * self.head_dim)
 
 
 class Untied(BiasScheme):
     name = "untied"
-    learned = True
     Options = UntiedOptions
     citation = "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training (TUPE)"
 

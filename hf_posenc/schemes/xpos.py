@@ -1,10 +1,12 @@
 """`xpos`: RoPE with an exponential decay of the logit with distance (Sun et al. 2022, "A
 Length-Extrapolatable Transformer", eq. 5-6). Rotation pair i gets zeta_i = (2i/d + gamma)/(1 + gamma);
-q at position n is scaled by zeta^(n/B), k at m by zeta^(-m/B), so q.k carries zeta^((n-m)/B).
+q at position n is scaled by zeta^((n - c)/B), k at m by zeta^(-(m - c)/B), so q.k carries zeta^((n-m)/B).
 
-The scales differ for q and k, which transformers' rotary contract (one cos/sin for both) cannot
-express, so xPos always rotates through the q/k taps; keys are scaled before the KV cache.
-Decay assumes keys precede queries: causal models only.
+The centre c cancels in the product; it only keeps the two factors in range. As in the paper's reference
+code (torchscale's XPOS counts positions from -(L // 2)), c is the middle of the window the keys span, so
+it moves as a cache grows: keys go into the cache rotated by nothing and unscaled, and this scheme
+rotates and scales inside the attention function, in fp32, with the positions the keys were written at.
+The decay assumes keys precede queries: causal models only.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from torch import nn
 
 from ..config import check, option
 from ..registry import register_scheme
-from .base import ModelFacts
-from .rope import Rope, Rotary, check_rope_options
+from .base import AttentionScheme, ModelFacts
+from .rope import Rotary, check_rope_options, plain_rotary, resolve_rotation, rotate_heads
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,9 @@ class XposOptions:
         check(self.scale_base > 0, f"scale_base must be > 0, got {self.scale_base!r}")
 
 
-class XposRotary(nn.Module):
+class XposAttention(nn.Module):
+    """`forward(query, key, q_pos, k_pos)` -> fp32 logits of the rotated, decayed q and k."""
+
     def __init__(self, rotary: Rotary, gamma: float, scale_base: float) -> None:
         super().__init__()
         self.rotary, self.scale_base = rotary, scale_base
@@ -43,23 +47,30 @@ class XposRotary(nn.Module):
         zeta[:pairs] = (torch.arange(0, 2 * pairs, 2) / (2 * pairs) + gamma) / (1 + gamma)
         self.register_buffer("zeta", zeta, persistent=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        cos, sin = self.rotary(x, position_ids)
-        scale = self.zeta.float() ** (position_ids.float()[..., None] / self.scale_base)
-        return cos, sin, torch.cat((scale, scale), dim=-1).to(x.dtype)
+    def decay(self, positions: torch.Tensor) -> torch.Tensor:
+        """(B, 1, L, D) zeta^(positions / B) over both halves of the rotate-half layout."""
+        scale = self.zeta.float() ** (positions.float()[..., None] / self.scale_base)
+        return torch.cat((scale, scale), dim=-1)[:, None]
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        centre = (k_pos.amin(-1, keepdim=True) + q_pos.amax(-1, keepdim=True) + 1) // 2
+        q = rotate_heads(query, self.rotary, q_pos) * self.decay(q_pos - centre)
+        k = rotate_heads(key, self.rotary, k_pos) * self.decay(centre - k_pos)
+        return q @ k.transpose(-1, -2)
 
 
-class Xpos(Rope):
-    """RoPE's options and rotation, plus the decay."""
-
+class Xpos(AttentionScheme):
     name = "xpos"
-    native = False
     causal_only = True
     Options = XposOptions
     citation = "Sun et al. 2022, A Length-Extrapolatable Transformer (xPos)"
 
-    def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
-        return XposRotary(super().rotary(options, facts, max_positions), options["gamma"], options["scale_base"])
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        return resolve_rotation(options, facts)
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        rotary = plain_rotary(options, facts)
+        return XposAttention(rotary, options["gamma"], options["scale_base"])
 
 
 register_scheme(Xpos())

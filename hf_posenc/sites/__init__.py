@@ -1,0 +1,36 @@
+"""One installer per site; each joins a scheme's maths to one model at the places its adapter names.
+
+An installer takes `(model, adapter, scheme, facts, state, loop)`, records every change in `state` and
+adds what the layer-loop hook must pass down to `loop`; a new site is a new module here, not a new
+branch in `patching`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from torch import nn
+
+from . import attention, input, qk, score
+from .base import LayerLoop, RecordPositions, remove_hooks, remove_native_positions
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..patching import PatchState
+    from ..schemes.base import ModelFacts, Scheme
+
+
+def _none(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+          loop: LayerLoop) -> None:
+    remove_native_positions(model, adapter, facts, state)
+
+
+INSTALLERS: dict[str, Callable[..., None]] = {
+    "input": input.install,
+    "qk": qk.install,
+    "score": score.install,
+    "attention": attention.install,
+    "none": _none,
+}
+
+__all__ = ["INSTALLERS", "LayerLoop", "RecordPositions", "remove_hooks"]

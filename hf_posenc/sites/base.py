@@ -1,0 +1,157 @@
+"""What the site installers share: the layer-loop hook that computes positions once per forward, and
+taking away the model's own positions.
+
+Every hook a patch registers is a small object of a module-level class (plain data, so `deepcopy` and
+`torch.save` copy it with the model) that finds the modules it uses through the model when it is called
+(so peft's wrappers and merges are what runs); unpatch removes every hook of these classes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .. import compat
+from ..attention import POSITIONS_KWARG, PREFIX, Positions, implementation_for
+from ..errors import PosEncError
+from ..schemes.base import ZeroPositions
+from ..schemes.rope import Rotary
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..patching import PatchState
+    from ..schemes.base import ModelFacts, Scheme
+
+
+class PatchHook:
+    """Base of every hook a patch registers (unpatch removes them by this type)."""
+
+
+def remove_hooks(root: nn.Module, kind: type = PatchHook) -> None:
+    """Remove every forward (pre-)hook of type `kind` from `root` and its submodules, wherever a wrapper
+    has put the module since: the undo of all hooks, kept as data (a handle would point at one module)."""
+    for module in root.modules():
+        for hooks, extras in ((module._forward_pre_hooks, (module._forward_pre_hooks_with_kwargs,)),
+                              (module._forward_hooks, (module._forward_hooks_with_kwargs,
+                                                       module._forward_hooks_always_called))):
+            for key in [key for key, hook in hooks.items() if isinstance(hook, kind)]:
+                del hooks[key]
+                for extra in extras:
+                    extra.pop(key, None)
+
+
+def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
+    """The one source of positions for a forward of the base model.
+
+    Queries: explicit `position_ids` (minus the table offset), else counted over the 2-D padding mask
+    (so a left-padded row sees the positions of the prompt alone), else continuing the cache. Keys: the
+    positions cached keys were written at, recorded in the cache (`compat.record_positions`), then the
+    queries; a cache filled outside this patch falls back to the mask count, else 0, 1, 2, ...
+    """
+    ids = kwargs.get("input_ids")
+    ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
+    batch, length = ref.shape[:2]
+    cache = kwargs.get("past_key_values")
+    past = compat.cache_length(cache)
+    mask = kwargs.get("attention_mask")
+    counted = None
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # not a prepared 4-D mask or a per-layer-type dict
+        counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    explicit = kwargs.get("position_ids")
+    if explicit is not None:
+        queries = (explicit - offset).expand(batch, -1)
+    elif counted is not None:
+        queries = counted[:, -length:]
+    else:
+        queries = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
+    if not past:
+        return Positions(queries, queries, [])
+    earlier = compat.recorded_positions(cache)
+    if earlier is None or earlier.shape[0] != batch:
+        if counted is not None and counted.shape[-1] == past + length:
+            earlier = counted[:, :past]
+        else:
+            earlier = torch.arange(past, device=ref.device).expand(batch, -1)
+    return Positions(queries, torch.cat((earlier.to(queries.device), queries), dim=-1), [])
+
+
+class LayerLoop(PatchHook):
+    """Forward pre-hook on the module owning the layer loop. Once per forward it computes the positions,
+    fills in padding-aware `position_ids` for a position slot, and lets each site add what its modules
+    need as private kwargs (`contributions`), which transformers passes down to the attention modules and
+    functions. Positions never travel down as `position_ids` where the model would not have had them:
+    ids that do not step by one with no mask and no cache are read by transformers as packed sequences."""
+
+    def __init__(self, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool) -> None:
+        self.arg_names, self.offset, self.slot, self.token_type_ids = arg_names, offset, slot, token_type_ids
+        self.contributions: list[Any] = []  # callables (base, kwargs, positions) -> None
+        self.key_positions = False  # attention needs the keys' positions (score and attention sites)
+
+    @property
+    def needed(self) -> bool:
+        return self.slot or bool(self.contributions) or self.key_positions
+
+    def __call__(self, base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
+        if self.key_positions and not compat.attn_implementation(base.config).startswith(PREFIX):
+            raise PosEncError(
+                f"attention implementation was switched to {compat.attn_implementation(base.config)!r} after "
+                f"patching, which drops the {base.config.posenc['scheme']!r} scheme; set it back with "
+                "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
+            )
+        positions = positions_of(kwargs, self.offset)
+        if self.slot and kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = positions.queries + self.offset
+        if self.token_type_ids and kwargs.get("token_type_ids") is None:
+            # The stock zero buffer is indexed by position and would overflow past the old table.
+            kwargs["token_type_ids"] = torch.zeros_like(positions.queries)
+        for contribution in self.contributions:
+            contribution(base, kwargs, positions)
+        if self.key_positions:
+            kwargs[POSITIONS_KWARG] = positions
+        return (), kwargs
+
+
+class RecordPositions(PatchHook):
+    """Forward hook on the module owning the layer loop: the positions of every key the cache now holds
+    go into the cache, where they follow beam reordering, cropping and batch selection."""
+
+    def __call__(self, base: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        positions = kwargs.get(POSITIONS_KWARG)
+        if positions is None:
+            return
+        cache = getattr(output, "past_key_values", None)
+        compat.record_positions(cache if cache is not None else kwargs.get("past_key_values"), positions.keys)
+
+
+class PassModule:
+    """Contribution: hands the module at `path` (whatever wraps it now) to attention under `kwarg`."""
+
+    def __init__(self, kwarg: str, path: str) -> None:
+        self.kwarg, self.path = kwarg, path
+
+    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+        kwargs[self.kwarg] = base.get_submodule(self.path)
+
+
+def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
+                            keep_slot: bool = False, keep_rotary: bool = False) -> None:
+    """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module."""
+    base = model.base_model
+    if adapter.position_slot and not keep_slot:
+        state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
+    if adapter.rotary and not keep_rotary:
+        state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
+
+
+def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
+                             facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
+    """Score and attention sites: the scheme's module on the base model as `name`, handed to the posenc
+    attention function as `kwarg` with the positions of queries and keys."""
+    remove_native_positions(model, adapter, facts, state)
+    state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
+    state.add_module(model.base_model, name, spec.module(state.config.options, facts).to(facts.device), new=True)
+    loop.contributions.append(PassModule(kwarg, name))
+    loop.key_positions = True

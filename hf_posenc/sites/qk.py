@@ -1,0 +1,115 @@
+"""Query/key site (rope and its scalings): rotate q and k before the KV cache stores k.
+
+A model that rotates natively takes the scheme as config (`rope_parameters` and a rebuilt rotary module,
+which plain transformers reloads) or, for a different rotating fraction, the scheme's rotary module in
+its slot. Other models get the rotary module as `posenc_rotary`: the layer-loop hook computes (cos, sin)
+once per forward and passes them down; a pre-hook on each attention module hands them to forward hooks
+on the q/k projections.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .. import compat
+from ..adapters.base import QKTap
+from ..attention import Positions
+from ..errors import PosEncError
+from ..schemes.base import ModelFacts, Scheme
+from ..schemes.rope import native_partial, rotate
+from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..patching import PatchState
+
+ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
+ROTARY_MODULE = "posenc_rotary"  # where the rotary module lives on a model that had none
+
+
+class RotaryKwarg:
+    """Contribution: (cos, sin) of the query positions from the rotary module at `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+        ref = torch.empty(0, device=positions.queries.device)
+        kwargs[ROTARY_KWARG] = base.get_submodule(self.path)(ref, positions.queries)
+
+
+class RotateOutput(PatchHook):
+    """Forward hook on a q/k projection (or the packed [q | k | v] one): rotates what it emits by the
+    rotation its attention module's pre-hook left here for this call."""
+
+    def __init__(self, tap: QKTap, head_dim: int) -> None:
+        self.tap, self.head_dim = tap, head_dim
+        self.rotation: tuple[torch.Tensor, torch.Tensor] | None = None  # set per call, consumed at once
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        heads = x if self.tap.per_head else x.unflatten(-1, (-1, self.head_dim))
+        out = rotate(heads, cos, sin)
+        return out if self.tap.per_head else out.flatten(-2)
+
+    def __call__(self, projection: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        (cos, sin), self.rotation = self.rotation, None
+        if not self.tap.packed:
+            return self.rotate(output, cos, sin)
+        q, k, v = output.chunk(3, dim=-1)
+        return torch.cat((self.rotate(q, cos, sin), self.rotate(k, cos, sin), v), dim=-1)
+
+
+class QKRotation(PatchHook):
+    """Forward pre-hook on an attention module: takes the rotation the layer loop passed down and leaves it
+    on the hooks of the q/k projections. The hooks sit on whatever module is at the projection path now:
+    peft's LoRA wraps `q_proj` and adds its update after the original, so the rotation must act on the
+    wrapper's output (and a merge puts the original back)."""
+
+    def __init__(self, tap: QKTap, head_dim: int) -> None:
+        self.tap, self.head_dim = tap, head_dim
+
+    def hook_at(self, attention: nn.Module, path: str) -> RotateOutput:
+        target = attention.get_submodule(path)
+        hook = next((h for h in target._forward_hooks.values() if isinstance(h, RotateOutput)), None)
+        if hook is None:
+            remove_hooks(target, RotateOutput)  # on the module a wrapper now holds inside
+            hook = RotateOutput(self.tap, self.head_dim)
+            target.register_forward_hook(hook)
+        return hook
+
+    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if ROTARY_KWARG not in kwargs:
+            raise PosEncError("rotary positions missing: a patched attention module was called outside its model")
+        kwargs = dict(kwargs)
+        rotation = kwargs.pop(ROTARY_KWARG)
+        for path in self.tap.projections:
+            self.hook_at(attention, path).rotation = rotation
+        return args, kwargs
+
+
+def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+            loop: LayerLoop) -> None:
+    base, config, options = model.base_model, model.config, state.config.options
+    if adapter.rotary and options["partial"] == native_partial(facts):
+        # Natively rotating model: scaling is config; plain transformers reloads it.
+        params = spec.rope_parameters(options, facts)
+        own = compat.rope_parameters(config) or {}
+        if "partial_rotary_factor" in own:
+            params["partial_rotary_factor"] = own["partial_rotary_factor"]
+        state.set_attr(config, "rope_parameters", params)
+        old = base.get_submodule(adapter.rotary)
+        state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
+    elif adapter.rotary:
+        state.replace(base, adapter.rotary, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
+    else:
+        state.add_module(base, ROTARY_MODULE, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
+        loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
+        for attention in adapter.attention_modules(model):
+            rotation = QKRotation(adapter.qk, facts.head_dim)
+            attention.register_forward_pre_hook(rotation, with_kwargs=True)
+            for path in adapter.qk.projections:
+                rotation.hook_at(attention, path)
+    remove_native_positions(model, adapter, facts, state, keep_rotary=True)

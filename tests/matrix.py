@@ -1,0 +1,120 @@
+"""The invariant matrix (DESIGN section 8): every architecture x scheme setting, and the rows that test it.
+
+A row is a test function parametrized over (arch, label) cells by `@row(...)`: all supported cells, or a
+sample of them where the full product would not fit the time budget. A sample still puts every scheme and
+every adapter of the row's scope in the row; `test_meta.py` checks that, and that the settings below name
+every registered scheme and the tiny configs every registered adapter, so a new scheme cannot skip a row.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import pytest
+import torch
+
+import hf_posenc as hp
+from conftest import CAUSAL, TINY, TINY_CONFIGS, tiny_model
+from hf_posenc.registry import adapter_for, get_scheme
+
+SCHEMES = {
+    "learned": {},
+    "sinusoidal": {},
+    "nope": {},
+    "rope": {"theta": 500.0},
+    "rope-partial": {"partial": 0.5},
+    "linear": {"factor": 2.0},
+    "ntk": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0},
+    "llama3": {"factor": 4.0},
+    "longrope": {"factor": 2.0},
+    "alibi": {},
+    "concat": {"d_pos": 16},
+    "concat-learned": {"d_pos": 16, "code": "learned"},
+    "untied": {"init_std": 0.05},
+    "t5": {"init_std": 0.5},
+    "fire": {"init": "random"},
+    "kerple": {},
+    "xpos": {"scale_base": 16.0},
+    "self_extend": {"group": 2, "window": 4},
+}
+SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
+TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
+ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}  # a shift of positions changes them
+
+
+def scheme_of(label: str) -> str:
+    return SCHEME_NAME.get(label, label)
+
+
+def adapter_of(arch: str) -> str:
+    return adapter_for(TINY_CONFIGS[arch]()).name
+
+
+def site_of(label: str) -> str:
+    return get_scheme(scheme_of(label)).site
+
+
+CELLS = [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if hp.supports(TINY_CONFIGS[arch](), scheme_of(label))]
+ATOL = 1e-5
+
+# row name -> (the cells in its scope, the cells it runs)
+ROWS: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
+
+
+def sample(scope: list[tuple[str, str]], per_label: int = 1) -> list[tuple[str, str]]:
+    """`per_label` cells for every label of `scope`, rotating through architectures so that every one
+    of them appears too."""
+    picked: list[tuple[str, str]] = []
+    turn = 0
+    for label in dict.fromkeys(label for _, label in scope):
+        archs = [arch for arch, lab in scope if lab == label]
+        for _ in range(min(per_label, len(archs))):
+            picked.append((archs[turn % len(archs)], label))
+            turn += 1
+    missing = dict.fromkeys(arch for arch, _ in scope if arch not in {a for a, _ in picked})
+    picked += [next(cell for cell in scope if cell[0] == arch) for arch in missing]
+    return list(dict.fromkeys(picked))
+
+
+def scope(causal: bool = False, sites: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """The supported cells a row is about: causal architectures only, or some sites only."""
+    sites = set(sites) if sites is not None else None
+    return [(a, lab) for a, lab in CELLS if (not causal or a in CAUSAL) and (sites is None or site_of(lab) in sites)]
+
+
+def focus(cells_in_scope: list[tuple[str, str]], sites: Iterable[str] = ("score", "attention"),
+          per_label: int = 1) -> list[tuple[str, str]]:
+    """Every cell of the sites a row is mostly about (where attention sees key positions), a sample of the rest."""
+    sites = set(sites)
+    return [c for c in cells_in_scope if site_of(c[1]) in sites] + sample(
+        [c for c in cells_in_scope if site_of(c[1]) not in sites], per_label)
+
+
+def row(cells_in_scope: list[tuple[str, str]], per_label: int | None = None,
+        cells: list[tuple[str, str]] | None = None) -> Callable:
+    """Parametrize a test over its cells (all of `cells_in_scope`, `per_label` of each label, or the given
+    `cells`) and register it as a row of the matrix."""
+    if cells is None:
+        cells = cells_in_scope if per_label is None else sample(cells_in_scope, per_label)
+
+    def register(test: Callable) -> Callable:
+        ROWS[test.__name__] = (cells_in_scope, cells)
+        params = [pytest.param(arch, label, id=f"{arch}-{label}") for arch, label in cells]
+        return pytest.mark.parametrize("arch,label", params)(test)
+
+    return register
+
+
+def patched(arch: str, label: str, attn: str = "sdpa", seed: int = 0, **kw) -> torch.nn.Module:
+    return hp.patch(tiny_model(arch, attn=attn, seed=seed, **kw), scheme_of(label), **SCHEMES[label])
+
+
+def ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, TINY["vocab"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def position_offset(model: torch.nn.Module) -> int:
+    """Row of position 0 in the model's own table (RoBERTa counts from padding_idx + 1)."""
+    return adapter_for(model).position_offset(model.config)
