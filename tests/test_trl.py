@@ -21,10 +21,6 @@ TEXTS = [
     "Jesus wept.",
     "And God called the light Day, and the darkness he called Night.",
 ]
-PACKED_ROWS = pytest.mark.xfail(
-    strict=True, reason="packed rows: learned biases take key positions from the row, not from position_ids (issue 9)")
-
-
 def sft_config(tmp_path, **kwargs) -> SFTConfig:
     return SFTConfig(output_dir=str(tmp_path / "sft"), max_length=None, per_device_train_batch_size=len(TEXTS),
                      bf16=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0, **kwargs)
@@ -42,8 +38,11 @@ def token_ids(text: str) -> torch.Tensor:
     ("llama", "alibi"),
     ("gpt2", "rope"),
     ("gpt2", "learned"),  # absolute: positions must restart at every example
-    pytest.param("llama", "t5", marks=PACKED_ROWS),
-    pytest.param("llama", "kerple", marks=PACKED_ROWS),
+    ("llama", "t5"),
+    ("llama", "kerple"),
+    ("gpt2", "fire"),
+    ("llama", "untied"),
+    ("llama", "self_extend"),
 ])
 def test_padding_free_batches_give_the_padded_loss(tmp_path, model_type, scheme):
     train = datasets.Dataset.from_dict({"text": TEXTS})
@@ -69,15 +68,13 @@ def test_padding_free_batches_give_the_padded_loss(tmp_path, model_type, scheme)
         # the same row read as one sequence (a 2-D mask hides the restarts) gives another loss
         crossing = trainers[True].compute_loss(trainers[True].model,
                                                {**packed, "attention_mask": torch.ones_like(packed["input_ids"])}).item()
-    assert abs(crossing - losses[True]) > 1e-2
+    assert abs(crossing - losses[True]) > 1e-3
     assert losses[True] == pytest.approx(losses[False], abs=1e-5)
 
 
 @pytest.mark.parametrize("model_type,scheme,targets", [
     ("gpt2", "learned", ["c_attn"]),
-    pytest.param("llama", "t5", ["q_proj", "v_proj"], marks=pytest.mark.xfail(
-        strict=True, reason="peft's modules_to_save copy of a score-site bias is never called: the patch's "
-                            "layer-loop hook holds the original module (issue 9, 'a patch is plain data')")),
+    ("llama", "t5", ["q_proj", "v_proj"]),
 ])
 def test_sft_lora_trains_the_scheme_modules_and_reloads_patched(tmp_path, model_type, scheme, targets):
     model = patched(model_type, scheme)
