@@ -98,12 +98,12 @@ def test_eval_command_on_two_processes_writes_the_one_process_results(tmp_path, 
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_options_reach_the_launched_processes_unchanged(model_dir):
+def test_options_reach_the_launched_processes_unchanged():
     parser = argparse.ArgumentParser()
     eval_.make_parser(parser)
-    argv = ["--model", model_dir, "--patch", "yarn", "--opt", "factor=2", "--opt", "original_max_position_embeddings=32",
-            "--suite", "ppl", "--lengths", "64,128", "--text-config", "x", "--compare", "a.json", "b.json",
-            "--dtype", "bfloat16", "--out", "out/x", "--accelerate-config", "cpu_2proc"]
+    argv = ["--model", "smollm2", "--patch", "yarn", "--opt", "factor=2", "--opt", "beta_fast=16", "--suite", "ppl",
+            "--lengths", "64,128", "--text-config", "x", "--compare", "a.json", "b.json", "--dtype", "bfloat16",
+            "--out", "out/x", "--accelerate-config", "cpu_2proc"]
     args = parser.parse_args(argv)
     forwarded = eval_._argv(args)
     assert "--accelerate-config" not in forwarded and "cpu_2proc" not in forwarded

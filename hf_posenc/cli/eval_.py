@@ -25,7 +25,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
-        "  hf-posenc eval --model smollm2 --suite ppl --lengths 4096 --max-windows 8 --accelerate-config ddp --out out/ddp\n"
+        "  hf-posenc eval --model smollm2 --suite ppl --lengths 4096 --accelerate-config ddp --out out/ddp\n"
         "  accelerate launch --config_file CFG -m hf_posenc.cli eval --model smollm2 --suite ppl --out out/ddp\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
