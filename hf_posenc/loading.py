@@ -22,7 +22,7 @@ from .errors import PosEncError
 from .models import NAMED_MODELS, model_source
 from .patching import from_pretrained, patch
 
-__all__ = ["TASKS", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
+__all__ = ["TASKS", "inference_device_map", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (config.architectures).
 TASKS: dict[str, Any] = {
@@ -69,6 +69,20 @@ def model_class(name_or_path: str, task: str, config: PretrainedConfig | None = 
     return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
 
 
+def inference_device_map(device: torch.device | None = None) -> str | dict[str, torch.device] | None:
+    """Where a model loaded for inference puts its weights (`load_model(..., device_map=...)`).
+
+    `device` given (one process of a multi-process evaluation): a whole copy on it, or None for the
+    CPU. Otherwise "auto" when an accelerator is present, so a model larger than one device is
+    spread over the devices (and offloaded past their memory) by accelerate; None on a CPU-only
+    machine, which loads as transformers does by default. Training never uses this: accelerate
+    places the model there.
+    """
+    if device is not None:
+        return None if device.type == "cpu" else {"": device}
+    return "auto" if torch.accelerator.current_accelerator() is not None else None
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -87,7 +101,8 @@ def load_model(
         dtype: parameter dtype (GGUF weights are unpacked to it); None leaves transformers' default.
         scheme, options: apply `hf_posenc.patch(model, scheme, **options)` after loading.
         config: an already loaded config (the remote-code entry point gets one from transformers).
-        **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision, ...).
+        **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision,
+            device_map (see `inference_device_map`), ...).
     """
     path, source_kwargs = _source(name_or_path)
     if "gguf_file" in source_kwargs:

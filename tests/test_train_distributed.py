@@ -40,7 +40,8 @@ def _hf_posenc_train(args: list[str]) -> subprocess.CompletedProcess:
 
 def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
     # dropout on the LoRA path makes the random streams matter: keep it off so the curves can match
-    common = {"training": {"max_steps": 5, "batch_size": 4, "micro_batch_size": 1}}
+    common = {"training": {"max_steps": 5, "batch_size": 4, "micro_batch_size": 1},
+              "evaluation": {"perplexity_lengths": [16, 48], "max_windows": 3}}  # 3 windows: split 2 + 1
     one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **common))
     two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **common))
     proc = run_cli([str(one)])
@@ -60,6 +61,15 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
     assert len(loss1) == len(loss2) == 5
     torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
     assert loss1[-1] < loss1[0]
+    # held-out perplexity, its windows split over the processes: before training the models are the same
+    runs1 = {run.label: run.metrics["perplexity"] for run in results.load(tmp_path / "one" / "results.json").runs}
+    runs2 = {run.label: run.metrics["perplexity"] for run in results.load(tmp_path / "two" / "results.json").runs}
+    assert runs1.keys() == runs2.keys() == {"original", "before training", "after training"}
+    for label, table in runs1.items():
+        assert table.keys() == runs2[label].keys() == {"16", "32", "48"}
+        for length, cell in table.items():
+            rel = 1e-6 if label != "after training" else 1e-3
+            assert runs2[label][length]["loss"] == pytest.approx(cell["loss"], rel=rel), (label, length)
     w1 = load_file(tmp_path / "one" / "model.safetensors")
     w2 = load_file(tmp_path / "two" / "model.safetensors")
     for name in w1:

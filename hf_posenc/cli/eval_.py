@@ -9,9 +9,11 @@ import torch
 
 from ..errors import PosEncError
 from ..evaluation import SUITES, compare, run_suites
+from ..evaluation.processes import join
 from ..evaluation.suites import parse_suites
-from ..loading import load
+from ..loading import inference_device_map, load
 from . import float_list, int_list, parse_options
+from .train import accelerate_config, launch
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +25,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
+        "  hf-posenc eval --model smollm2 --suite ppl --lengths 4096 --accelerate-config ddp --out out/ddp\n"
+        "  accelerate launch --config_file CFG -m hf_posenc.cli eval --model smollm2 --suite ppl --out out/ddp\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
@@ -45,6 +49,27 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output folder (results.json, *.png)")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
+    parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
+                        help="split the windows and prompts over the processes of this accelerate config (name, "
+                             "e.g. ddp or cpu_2proc, or a path); one results file, as one process would write")
+    parser.set_defaults(_parser=parser)  # to pass the options on to the launched processes
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The options of this evaluation as command-line arguments again, without --accelerate-config."""
+    argv: list[str] = []
+    for action in args._parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "accelerate_config") or value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if action.nargs == 0:  # store_true and the like
+            argv.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            argv += [item for v in value for item in (flag, str(v))]
+        else:
+            argv += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return argv
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,13 +84,21 @@ def main(args: argparse.Namespace) -> int:
     options = parse_options(args.opt)
     if options and not args.scheme:
         raise PosEncError("--opt needs --patch SCHEME to apply to")
-    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype), scheme=args.scheme, options=options)
+    depths, task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
+    if args.accelerate_config is not None:  # checked above, run in each launched process
+        return launch(accelerate_config(args.accelerate_config), ["hf_posenc.cli", "eval", *_argv(args)],
+                      "hf-posenc eval")
+    state = join()  # one process, or this one's place in an `accelerate launch`
+    torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
+    distributed = state.num_processes > 1
+    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype), scheme=args.scheme, options=options,
+                            device_map=inference_device_map(state.device if distributed else None))
     record = run_suites(
         model, tokenizer, suites, lengths, out, name=args.model, scheme=args.scheme, options=options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
-        max_windows=args.max_windows, batch_size=args.batch_size, depths=float_list(args.depths, "depth"),
-        trials=args.trials, task_lengths=int_list(args.task_lengths, "task length"), examples=args.examples,
-        limit=args.limit, seed=args.seed,
+        max_windows=args.max_windows, batch_size=args.batch_size, depths=depths, trials=args.trials,
+        task_lengths=task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, distributed=distributed,
     )
-    print(f"wrote {out / 'results.json'} ({record.wall_time_s} s)")
+    if state.is_main_process:
+        print(f"wrote {out / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     return 0

@@ -59,6 +59,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def launch(path: Path, module_argv: list[str], prog: str) -> int:
+    """`accelerate launch --config_file PATH -m MODULE_ARGV...`: the processes the config asks for,
+    each running `python -m MODULE_ARGV...`."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    config = yaml.safe_load(path.read_text()) or {}
+    if config.get("use_cpu"):
+        os.environ["ACCELERATE_USE_CPU"] = "true"  # torchrun children do not get it from the config
+    port = [] if config.get("main_process_port") else ["--main_process_port", str(_free_port())]
+    launch_args = launch_command_parser().parse_args(["--config_file", str(path), *port, "-m", *module_argv])
+    try:
+        launch_command(launch_args)
+    except Exception as err:  # the children printed their own tracebacks
+        print(f"{prog}: launch failed: {type(err).__name__}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     if args.accelerate_config is None:
@@ -67,17 +85,5 @@ def main(args: argparse.Namespace) -> int:
     path = accelerate_config(args.accelerate_config)
     config = yaml.safe_load(path.read_text()) or {}
     preflight(recipe, args.resume, args.overwrite, int(config.get("num_processes", 1)))  # fail here, not in N children
-    from accelerate.commands.launch import launch_command, launch_command_parser
-
-    if config.get("use_cpu"):
-        os.environ["ACCELERATE_USE_CPU"] = "true"  # torchrun children do not get it from the config
     flags = [f"--{name}" for name in ("resume", "overwrite") if getattr(args, name)]
-    port = [] if config.get("main_process_port") else ["--main_process_port", str(_free_port())]
-    launch_args = launch_command_parser().parse_args(
-        ["--config_file", str(path), *port, "-m", "hf_posenc.train", args.recipe, *args.overrides, *flags])
-    try:
-        launch_command(launch_args)
-    except Exception as err:  # the children printed their own tracebacks
-        print(f"hf-posenc train: launch failed: {type(err).__name__}", file=sys.stderr)
-        return 1
-    return 0
+    return launch(path, ["hf_posenc.train", args.recipe, *args.overrides, *flags], "hf-posenc train")

@@ -9,6 +9,7 @@ aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_pos
     long_context  perplexity by length, prefix perplexity, passkey retrieval
     tasks         length generalisation, sentiment classification
     suites        the named suites, results.json as they run, compare
+    processes     the same scores split over the processes of a launch (distributed=True)
 """
 
 from .long_context import (

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from .processes import across_processes
 from .scoring import (
     LENGTH_LIMITS,
     LOGIT_CHUNK,
@@ -22,10 +22,10 @@ from .scoring import (
     greedy_answers,
     head_inputs,
     load_metric,
-    logits,
     one_text,
     output_head,
     skipped,
+    token_nll,
 )
 
 # The passkey prompt of Mohtashami & Jaggi 2023 (Landmark Attention, run_test.py), also used by
@@ -48,6 +48,7 @@ def perplexity_by_length(
     max_windows: int | None = None,
     *,
     progress: bool = False,
+    distributed: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """Sliding-window perplexity of one token stream at each context length.
 
@@ -65,6 +66,8 @@ def perplexity_by_length(
         batch_size: windows per forward pass.
         max_windows: score at most this many windows per length (bounds the cost).
         progress: show a tqdm bar per length.
+        distributed: split the windows over the processes of the torch.distributed group (every
+            process calls this with the same arguments and gets the same result; see `processes`).
     Returns:
         {length: {"perplexity", "loss" (mean nats/token), "tokens", "windows", "stride"}}, or
         {length: {"skipped": reason}} where the model cannot run that length (see `LENGTH_LIMITS`).
@@ -84,7 +87,7 @@ def perplexity_by_length(
             continue
         try:
             results[length] = _perplexity_at(model, head, ids, length, min(stride or length, length),
-                                             batch_size, max_windows, progress)
+                                             batch_size, max_windows, progress, distributed)
         except LENGTH_LIMITS as err:
             results[length] = skipped(err)
     return results
@@ -98,27 +101,37 @@ def _unscorable(length: int, n_tokens: int) -> dict[str, str] | None:
     return None
 
 
+def _chunks(first: int, end: int) -> list[tuple[int, int]]:
+    """[first, end) in pieces of LOGIT_CHUNK target positions."""
+    return [(lo, min(lo + LOGIT_CHUNK, end)) for lo in range(first, end, LOGIT_CHUNK)]
+
+
 def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Tensor, length: int, stride: int,
-                   batch_size: int, max_windows: int | None, progress: bool) -> dict[str, Any]:
+                   batch_size: int, max_windows: int | None, progress: bool, distributed: bool) -> dict[str, Any]:
     starts = list(range(0, ids.numel() - length + 1, stride))[:max_windows]
-    nll = torch.zeros((), dtype=torch.float64)
-    count = 0
-    bar = tqdm(total=len(starts), desc=f"perplexity @ {length}", unit="window", disable=not progress)
-    for i in range(0, len(starts), batch_size):
-        batch = starts[i : i + batch_size]
-        windows = torch.stack([ids[s : s + length] for s in batch]).to(device(model))
-        hidden = head_inputs(model, head, windows)
-        for row, start in enumerate(batch):
-            # targets at window positions [first, length): tokens no earlier window scored
-            first = 1 if start == 0 else max(1, length - stride)
-            for lo in range(first, length, LOGIT_CHUNK):
-                hi = min(lo + LOGIT_CHUNK, length)
-                scores = logits(head, hidden[row, lo - 1 : hi - 1])
-                nll += F.cross_entropy(scores, windows[row, lo:hi], reduction="sum").double().cpu()
-            count += length - first
-        bar.update(len(batch))
-    bar.close()
-    loss = (nll / count).item()
+
+    def score(batch_starts: list[int]) -> list[tuple[float, int]]:
+        """(summed nll, tokens scored) of each window."""
+        scored = []
+        bar = tqdm(total=len(batch_starts), desc=f"perplexity @ {length}", unit="window", disable=not progress)
+        for i in range(0, len(batch_starts), batch_size):
+            batch = batch_starts[i : i + batch_size]
+            windows = torch.stack([ids[s : s + length] for s in batch]).to(device(model))
+            hidden = head_inputs(model, head, windows)
+            for row, start in enumerate(batch):
+                # targets at window positions [first, length): tokens no earlier window scored
+                first = 1 if start == 0 else max(1, length - stride)
+                nll = torch.cat([token_nll(head, hidden[row, lo - 1 : hi - 1], windows[row, lo:hi])
+                                 for lo, hi in _chunks(first, length)])
+                scored.append((nll.sum().item(), length - first))
+            bar.update(len(batch))
+        bar.close()
+        return scored
+
+    windows = across_processes(starts, score, distributed)
+    # summed in window order, whichever process scored which window
+    nll, count = math.fsum(n for n, _ in windows), sum(c for _, c in windows)
+    loss = nll / count
     return {"perplexity": math.exp(loss), "loss": loss, "tokens": count, "windows": len(starts), "stride": stride}
 
 
@@ -146,9 +159,8 @@ def prefix_perplexity(
     try:
         hidden = head_inputs(model, head, window)[0]
         nll = torch.cat([
-            F.cross_entropy(logits(head, hidden[lo - 1 : min(lo + LOGIT_CHUNK, longest) - 1]),
-                            window[0, lo : min(lo + LOGIT_CHUNK, longest)], reduction="none").double().cpu()
-            for lo in tqdm(range(1, longest, LOGIT_CHUNK), desc=f"prefix perplexity @ {longest}", disable=not progress)
+            token_nll(head, hidden[lo - 1 : hi - 1], window[0, lo:hi])
+            for lo, hi in tqdm(_chunks(1, longest), desc=f"prefix perplexity @ {longest}", disable=not progress)
         ]).cumsum(0)
     except LENGTH_LIMITS as err:
         return {**results, **{L: skipped(err) for L in fitting}}
@@ -190,6 +202,7 @@ def passkey(
     *,
     seed: int = 0,
     progress: bool = False,
+    distributed: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """Passkey retrieval accuracy by context length x needle depth.
 
@@ -200,6 +213,7 @@ def passkey(
         depths: needle positions in [0, 1].
         trials: prompts (random keys in 1..50000, as in Landmark Attention) per length and depth.
         seed: seeds the keys.
+        distributed: split the prompts over the processes (see `perplexity_by_length`).
     Returns:
         {length: {"accuracy", "by_depth": {depth: accuracy}, "trials", "tokens" (mean prompt length)}}
         or {length: {"skipped": reason}}.
@@ -222,7 +236,7 @@ def passkey(
             continue
         try:
             answers = greedy_answers(model, tokenizer, prompts, [f" {k}" for k in keys], extra=1,
-                                     desc=f"passkey @ {length}", progress=progress)
+                                     desc=f"passkey @ {length}", progress=progress, distributed=distributed)
         except LENGTH_LIMITS as err:
             results[length] = skipped(err)
             continue

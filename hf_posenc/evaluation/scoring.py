@@ -9,6 +9,7 @@ from pathlib import Path
 
 import evaluate
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import (
@@ -18,6 +19,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from ..errors import PosEncError
+from .processes import across_processes
 
 METRICS_DIR = Path(__file__).parents[1] / "metrics"
 # Rows of hidden states sent through the output head at once: bounds the fp32 logits to
@@ -126,6 +128,13 @@ def logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         return head(hidden).float()
 
 
+def token_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token negative log-likelihood (float64, CPU) of `targets` after rows of hidden states. The
+    targets follow the logits to the head's device (a model spread by device_map="auto")."""
+    scores = logits(head, hidden)
+    return F.cross_entropy(scores, targets.to(scores.device), reduction="none").double().cpu()
+
+
 def require_pad(tokenizer: PreTrainedTokenizerBase) -> None:
     if tokenizer.pad_token_id is None:
         raise PosEncError(
@@ -150,13 +159,14 @@ def padded_hidden(model: PreTrainedModel, head: torch.nn.Module, rows: Sequence[
 
 def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
                    answers: Sequence[str], *, extra: int = 0, batch_size: int = 1,
-                   desc: str = "", progress: bool = False) -> list[str]:
+                   desc: str = "", progress: bool = False, distributed: bool = False) -> list[str]:
     """What greedy decoding would answer, from one teacher-forced forward pass per prompt.
 
     The argmax at each answer position is taken given the true prefix: all of them equal the
     reference answer exactly when `generate(do_sample=False)` would produce it, so exact-match
     accuracy is that of greedy generation at the cost of one forward pass and no KV cache.
     `extra` more positions past the answer are decoded too (to catch e.g. a longer number).
+    `distributed` splits the prompts over the processes (see `processes.across_processes`).
     """
     head = output_head(model)
     rows = []
@@ -171,14 +181,18 @@ def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
         rows.append((full_ids, len(prompt_ids)))
     if batch_size > 1:
         require_pad(tokenizer)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths share a batch
-    out: dict[int, str] = {}
-    for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
-        idx = order[i : i + batch_size]
-        hidden = padded_hidden(model, head, [rows[j][0] for j in idx], tokenizer.pad_token_id)
-        for r, j in enumerate(idx):
-            full_ids, start = rows[j]
-            stop = min(len(full_ids), len(full_ids) - 1 + extra)  # hidden at p predicts token p + 1
-            picked = logits(head, hidden[r, start - 1 : stop]).argmax(-1).tolist()
-            out[j] = tokenizer.decode(picked, skip_special_tokens=True)
-    return [out[j] for j in range(len(rows))]
+
+    def decode(part: list[tuple[list[int], int]]) -> list[str]:
+        order = sorted(range(len(part)), key=lambda i: len(part[i][0]))  # similar lengths share a batch
+        out: dict[int, str] = {}
+        for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
+            idx = order[i : i + batch_size]
+            hidden = padded_hidden(model, head, [part[j][0] for j in idx], tokenizer.pad_token_id)
+            for r, j in enumerate(idx):
+                full_ids, start = part[j]
+                stop = min(len(full_ids), len(full_ids) - 1 + extra)  # hidden at p predicts token p + 1
+                picked = logits(head, hidden[r, start - 1 : stop]).argmax(-1).tolist()
+                out[j] = tokenizer.decode(picked, skip_special_tokens=True)
+        return [out[j] for j in range(len(part))]
+
+    return across_processes(rows, decode, distributed)

@@ -12,6 +12,7 @@ from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe
 from .long_context import passkey, perplexity_by_length
+from .processes import main_process_first, rank_and_world
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
 
@@ -54,6 +55,7 @@ def run_suites(
     examples: int = 20,
     limit: int | None = None,
     seed: int = 0,
+    distributed: bool = False,
 ) -> results.Results:
     """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
     finished survives a crash, and the plots are drawn at the end.
@@ -64,11 +66,17 @@ def run_suites(
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
+        distributed: split windows, prompts and sentences over the processes of the torch.distributed
+            group (`accelerate launch`); every process must call this alike, and gets the same results
+            as one process would; only the first writes files.
     """
     suites = parse_suites(suites)
     lengths = check_lengths(lengths)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    rank, world = rank_and_world(distributed)
+    main = rank == 0
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     name = name or type(model).__name__
     described = describe(model)
     run = results.Run(results.run_label(name, scheme, options or {}), scheme, dict(options or {}),
@@ -76,41 +84,52 @@ def run_suites(
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
         "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
-        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed})
-    path = record.save(out / "results.json")
+        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed},
+        details={"processes": world})
+    path = out / "results.json"
+
+    def save(complete: bool = False) -> None:
+        if main:
+            record.save(path, complete=complete)
 
     def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
         run.put(metric, key, cell)
-        record.save(path)
+        save()
+
+    save()
+    shared = {"progress": main, "distributed": distributed}
 
     if "perplexity" in suites:
-        source = data.long_text(text, text_column=text_column, config=text_config)
+        with main_process_first(distributed):
+            source = data.long_text(text, text_column=text_column, config=text_config)
         need = None if max_windows is None else max(lengths) + max_windows * (stride or max(lengths))
         ids = text_token_ids(tokenizer, source, need)
         for length in lengths:
             put("perplexity", length,
-                perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, progress=True)[length])
+                perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, **shared)[length])
     if "passkey" in suites:
         for length in lengths:
-            cell = passkey(model, tokenizer, [length], depths, trials, seed=seed + length, progress=True)[length]
+            cell = passkey(model, tokenizer, [length], depths, trials, seed=seed + length, **shared)[length]
             if "by_depth" in cell:
                 cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
             put("passkey", length, cell)
     for suite, (dataset, config, split) in SENTIMENT.items():
         if suite in suites:
-            rows = data.sentiment_dataset(dataset, config=config, seed=seed)[split]
+            with main_process_first(distributed):
+                rows = data.sentiment_dataset(dataset, config=config, seed=seed)[split]
             put("classification", suite,
-                classification(model, tokenizer, rows, batch_size=max(batch_size, 16), limit=limit, progress=True))
+                classification(model, tokenizer, rows, batch_size=max(batch_size, 16), limit=limit, **shared))
     for task in data.SYNTHETIC_TASKS:
         if task in suites:
             for length in check_lengths(list(task_lengths), "task length"):
                 shots = data.synthetic_task(task, length, 3, seed=seed + 1000)
                 prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
                 scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, examples, seed),
-                                               prefix=prefix, batch_size=max(batch_size, 8), progress=True)
+                                               prefix=prefix, batch_size=max(batch_size, 8), **shared)
                 put(task, length, {"exact_match": scored["exact_match"]})
-    record.save(path, complete=True)
-    plots.results_by_length(record.runs, out)
+    save(complete=True)
+    if main:
+        plots.results_by_length(record.runs, out)
     return record
 
 

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from .processes import across_processes
 from .scoring import (
     CAUSAL_LM_CLASSES,
     CLASSIFIER_CLASSES,
@@ -39,6 +40,7 @@ def length_generalization(
     prefix: str = "",
     batch_size: int = 8,
     progress: bool = False,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Exact-match accuracy by task length on a synthetic task (see `hf_posenc.data.synthetic_task`).
 
@@ -46,6 +48,7 @@ def length_generalization(
         dataset: columns `prompt`, `target`, `length`.
         prefix: text put before every prompt (few-shot examples for a model not trained on the task).
         batch_size: prompts per forward pass (> 1 needs a pad token).
+        distributed: split the prompts over the processes (see `processes.across_processes`).
     Returns:
         {"exact_match": float, "by_length": {length: float}}.
     """
@@ -53,7 +56,8 @@ def length_generalization(
     if missing:
         raise PosEncError(f"the dataset lacks columns {sorted(missing)}; build it with hf_posenc.data.synthetic_task")
     predictions = greedy_answers(model, tokenizer, [prefix + p for p in dataset["prompt"]], dataset["target"],
-                                 batch_size=batch_size, desc="length generalisation", progress=progress)
+                                 batch_size=batch_size, desc="length generalisation", progress=progress,
+                                 distributed=distributed)
     return load_metric("length_generalization").compute(
         predictions=predictions, references=dataset["target"], lengths=dataset["length"]
     )
@@ -69,11 +73,13 @@ def classification(
     batch_size: int = 16,
     limit: int | None = None,
     progress: bool = False,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Binary sentiment accuracy and F1 of a sequence classifier, or zero-shot for a causal LM.
 
     A `*ForSequenceClassification` model predicts the argmax of its logits; a causal LM predicts
     the label word (" negative" / " positive") it scores higher after a review prompt.
+    `distributed` splits the texts over the processes (see `processes.across_processes`).
     Returns {"accuracy", "f1", "examples", "mode" ("classifier" or "zero-shot")}.
     """
     for column in (text_column, label_column):
@@ -94,10 +100,12 @@ def classification(
         raise PosEncError(f"{name} is neither a sequence classifier nor a causal LM; load it with "
                           "AutoModelForSequenceClassification (then fine-tune) or AutoModelForCausalLM")
     texts, labels = dataset[text_column], dataset[label_column]
-    predictions: list[int] = []
-    for i in tqdm(range(0, len(texts), batch_size), desc=f"classification ({mode})", unit="batch",
-                  disable=not progress):
-        predictions += predict(texts[i : i + batch_size])
+
+    def predict_all(part: list[str]) -> list[int]:
+        bar = tqdm(range(0, len(part), batch_size), desc=f"classification ({mode})", unit="batch", disable=not progress)
+        return [label for i in bar for label in predict(part[i : i + batch_size])]
+
+    predictions = across_processes(texts, predict_all, distributed)
     scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(
         predictions=predictions, references=labels
     )

@@ -113,17 +113,31 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     return wrapped
 
 
+def unsharded(recipe: Recipe, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The run's peft model as one plain module holding `state_dict`, the full weights gathered from
+    FSDP shards. A sharded model can be neither merged nor unloaded in place (its parameters are
+    DTensor shards), so it is built again as `train` built it, on this process: one more load of the
+    model, next to the gathered weights."""
+    model, _ = load_recipe_model(recipe)
+    model = select_trainable(model, recipe, apply_posenc(model, recipe))
+    model.load_state_dict(state_dict)  # strict: the same construction gives the same keys
+    return model
+
+
 def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path,
-               state_dict: dict[str, torch.Tensor] | None = None) -> None:
+               state_dict: dict[str, torch.Tensor] | None = None, *, sharded: bool = False) -> None:
     """Write the final model to `out`; it reloads with `hf_posenc.from_pretrained(out)`.
 
     LoRA is merged into the weights when `output.merge`; otherwise `out` holds the base model
     (with the groups trained in full) and `out/adapter` the LoRA weights for peft. `state_dict`
-    is the full-precision gathered copy of a sharded (FSDP) full fine-tune.
+    is the full-precision gathered copy of the weights; `sharded` says that `model` is sharded
+    by FSDP, so that only `state_dict` holds whole tensors.
     """
     import peft
 
     if isinstance(model, peft.PeftModel):
+        if sharded:
+            model = unsharded(recipe, state_dict)
         if recipe.output.merge:
             model = model.merge_and_unload()
         else:

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
 from .. import plots, results
 from ..errors import PosEncError
-from ..evaluation import classification, perplexity_by_length
+from ..evaluation import classification, perplexity_by_length, processes
 from ..patching import describe
 from ..results import write_json
 from . import inputs, modeling
@@ -120,16 +120,16 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
             losses.append(accelerator.gather_for_metrics(loss))
     loss, samples = torch.cat(losses).mean().item(), int(sum(x.numel() for x in losses))
     unwrapped, e, d = accelerator.unwrap_model(model), recipe.evaluation, recipe.data
-    # every rank runs the suites on identical inputs: required under FSDP, harmless elsewhere
+    # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
     if recipe.model.task == "causal_lm":
-        table = perplexity_by_length(unwrapped, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows
-                                     ) if e.perplexity_lengths else {}
+        table = perplexity_by_length(unwrapped, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows,
+                                     distributed=True) if e.perplexity_lengths else {}
         table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
                             "windows": samples, "stride": d.seq_len}
         metrics = {"perplexity": {str(k): v for k, v in sorted(table.items())}}
     else:
         scores = classification(unwrapped, tokenizer, data.eval_raw, text_column=d.text_column,
-                                label_column=d.label_column, batch_size=e.micro_batch_size)
+                                label_column=d.label_column, batch_size=e.micro_batch_size, distributed=True)
         metrics = {"classification": {d.dataset: {**scores, "loss": loss}}}
     model.train()
     return metrics
@@ -184,18 +184,14 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> resu
         overwrite: replace the run in `output.dir`.
     """
     t, out = recipe.training, Path(recipe.output.dir)
-    # torchrun on a machine without an accelerator must still mean "N CPU processes over gloo".
-    cpu = torch.accelerator.current_accelerator() is None or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    world = PartialState(cpu=cpu).num_processes  # joins the process group; Accelerator reuses it
+    joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
+    cpu, world = joined.device.type == "cpu", joined.num_processes
     raw = preflight(recipe, resume, overwrite, world)  # before any compute
     record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
     accelerator = Accelerator(
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
     )
-    if accelerator.distributed_type == DistributedType.FSDP and recipe.peft.method == "lora" and recipe.output.save_model:
-        raise PosEncError(f"{recipe.source}: peft.method: with FSDP use 'full' (a sharded LoRA model cannot be "
-                          "merged and saved here); or run LoRA with the ddp config")
     main = accelerator.is_main_process
     if overwrite and main and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
@@ -332,7 +328,8 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> resu
     if recipe.output.save_model:
         weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
         if main:
-            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out, weights)
+            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out, weights,
+                                sharded=accelerator.distributed_type == DistributedType.FSDP)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return record
