@@ -2,7 +2,8 @@
 
 from .config import PosEncConfig
 from .errors import PosEncError
-from .patching import describe, from_pretrained, patch, unpatch
+from .patching import describe, patch, unpatch
+from .saving import from_pretrained
 from .registry import list_architectures, list_schemes, supports
 
 __version__ = "0.1.0"

@@ -1,11 +1,9 @@
 """Publishing: a model card from a run folder, a repo that reloads as patched, and `push`.
 
-A patched checkpoint loaded with plain `from_pretrained` silently comes back unpatched, so a
-published repo carries `config.auto_map` pointing at a small remote-code file
-(`hf_posenc/model_cards/modeling_posenc.py`) that re-applies `config.posenc` through
-`hf_posenc.from_pretrained`: `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`
-then loads the patched model wherever hf-posenc is installed. `push` stages the repo in a
-temporary copy, so the user's folder is never written to, whatever happens to the upload.
+A patched folder carries `config.auto_map` and the remote-code file that re-apply `config.posenc`
+(see `hf_posenc.saving`); `export` adds them to folders saved before hf-posenc wrote them. `push`
+stages the repo in a temporary copy, so the user's folder is never written to, whatever happens
+to the upload.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
-from . import results
+from . import results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
 from .evaluation.suites import SENTIMENT
@@ -35,11 +33,8 @@ __all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
-REMOTE_CODE = "modeling_posenc.py"
-REMOTE_CLASS = "PosEncModel"
-# Auto class -> (model_type -> class name(s), pipeline tag), most specific first. A class goes into
-# auto_map only if it builds the saved architecture: hf_posenc.from_pretrained loads the patch's
-# weights by their saved names, which a different head (e.g. AutoModel on a *ForCausalLM) lacks.
+# Auto class -> (model_type -> class name(s), pipeline tag), most specific first: the class a card
+# loads the model with is the one that builds the saved architecture.
 AUTO_CLASSES = {
     "AutoModelForCausalLM": (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "text-generation"),
     "AutoModelForMaskedLM": (modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "fill-mask"),
@@ -100,7 +95,7 @@ def _dataset_label(name: str) -> str:
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
     architectures = config.get("architectures") or []
-    model_type = config.get("model_type")
+    model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
     if not architectures or not model_type:
         return []
     found = []
@@ -303,20 +298,14 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     if out.resolve().is_relative_to(folder.resolve()):
         raise PosEncError(f"{out} is inside {folder}; export to a folder outside it")
     config = _read_json(folder / "config.json")
-    auto_map = {}
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
-        classes = auto_classes(config)
-        if not classes:
-            raise PosEncError(f"{folder}/config.json names architecture {config.get('architectures')!r}, which no "
-                              f"transformers Auto class builds; save a model of a supported architecture")
-        auto_map = {**config.get("auto_map", {}), **{c: f"{Path(REMOTE_CODE).stem}.{REMOTE_CLASS}" for c in classes}}
+        native = saving.native_config(config)
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
-    if auto_map:
-        _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
-        _write_new(out / "config.json", json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
+    if config.get("posenc"):
+        saving.mark_folder(out, native)  # writes new files, never through the links
     if card is not None:
         _write_new(out / "README.md", str(card))
     return out

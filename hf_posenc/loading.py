@@ -20,7 +20,8 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from . import compat
 from .errors import PosEncError
 from .models import NAMED_MODELS, model_source
-from .patching import from_pretrained, patch
+from .patching import patch
+from .saving import from_pretrained, load_config as read_config
 
 __all__ = ["TASKS", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
 
@@ -53,7 +54,7 @@ def load_config(name_or_path: str) -> PretrainedConfig:
     """The config alone (cheap): enough to check what a model supports before its weights load."""
     path, kwargs = _source(name_or_path)
     try:
-        return transformers.AutoConfig.from_pretrained(path, **kwargs)
+        return read_config(path, **kwargs)
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "config", err) from None
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import attention, compat
+from . import attention, compat, saving
 from .adapters.base import Adapter, get_module, set_module
 from .config import PosEncConfig
 from .errors import PosEncError
@@ -126,6 +126,9 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     base, config, options = model.base_model, model.config, state.config.options
     offset = adapter.position_offset(config)
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
+    # the folders it saves load back patched, never as the stock model (saving.py)
+    model.save_pretrained = functools.partial(saving.save_pretrained, model)
+    state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(options)) is not None:
         state.set_attr(config, "max_position_embeddings", max_positions + offset)
 
