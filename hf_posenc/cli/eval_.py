@@ -5,18 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from ..errors import PosEncError
-from ..evaluation import SUITES, compare, run_suites
-from ..evaluation.suites import parse_suites
-from ..loading import load
-from . import float_list, int_list, parse_options
+from . import check_model_takes, check_out, clear_out, float_list, int_list, parse_options, scheme_config
+
+SUITE_NAMES = "perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition"
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Evaluate a (patched) model: perplexity by length, passkey retrieval, sentiment, "
-                          "length generalisation.")
+                          "length generalisation. Prints the results table and writes OUT/results.json.")
     parser.epilog = (
         "examples:\n"
         "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,8192 --out out/orig\n"
@@ -27,8 +24,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
     parser.add_argument("--opt", action="append", default=[], metavar="K=V", help="scheme option, repeatable (e.g. factor=4)")
-    parser.add_argument("--suite", default="perplexity,passkey",
-                        help=f"comma-separated, from: {', '.join(SUITES)} (ppl = perplexity; sst2 = GLUE's, online)")
+    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated, from: {SUITE_NAMES}")
     parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey)")
     parser.add_argument("--text", default="kjv", help="long text for perplexity: 'kjv' (offline) or a datasets name")
     parser.add_argument("--text-config", default=None, help="datasets config of --text (e.g. wikitext-103-raw-v1)")
@@ -43,29 +39,65 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="output folder (results.json, *.png)")
+    parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
+    parser.add_argument("--mixed", action="store_true",
+                        help="with --compare: allow runs whose settings differ (the table flags them)")
+
+
+def check(args: argparse.Namespace) -> None:
+    check_out(args.out, args.overwrite)
+    if args.compare:
+        from .. import results
+        from ..evaluation.suites import differing_settings
+
+        args.records = [results.load(path) for path in args.compare]  # a PNG or a missing file fails here
+        differing_settings(args.records, args.mixed)
+        return
+    if not args.model:
+        raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
+    from ..evaluation.suites import parse_suites
+
+    args.suites = parse_suites(args.suite.split(","))
+    args.lengths = int_list(args.lengths, "length")
+    args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
+    args.options = parse_options(args.opt)
+    args.config = scheme_config(args.scheme, args.options)
+    check_model_takes(args.model, args.scheme)
 
 
 def main(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    from ..evaluation import compare
+
     if args.compare:
-        print(compare(args.compare, out))
+        print(compare(args.compare, clear_out(args.out), records=args.records, mixed=args.mixed))
         return 0
-    if not args.model:
-        raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
-    suites = parse_suites(args.suite.split(","))
-    lengths = int_list(args.lengths, "length")
-    options = parse_options(args.opt)
-    if options and not args.scheme:
-        raise PosEncError("--opt needs --patch SCHEME to apply to")
-    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype), scheme=args.scheme, options=options)
+    import torch
+
+    from .. import results
+    from ..evaluation import run_suites
+    from ..loading import load
+
+    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype))
+    if args.config is not None:
+        from ..patching import patch
+
+        patch(model, args.config)
+    out = clear_out(args.out)
     record = run_suites(
-        model, tokenizer, suites, lengths, out, name=args.model, scheme=args.scheme, options=options,
+        model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
-        max_windows=args.max_windows, batch_size=args.batch_size, depths=float_list(args.depths, "depth"),
-        trials=args.trials, task_lengths=int_list(args.task_lengths, "task length"), examples=args.examples,
-        limit=args.limit, seed=args.seed,
+        max_windows=args.max_windows, batch_size=args.batch_size, depths=args.depths, trials=args.trials,
+        task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
     )
-    print(f"wrote {out / 'results.json'} ({record.wall_time_s} s)")
+    print(results.markdown(record.runs))
+    print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s)")
     return 0
+
+
+def saved(args: argparse.Namespace) -> str:
+    path = Path(args.out) / "results.json"
+    if args.compare or not path.is_file():
+        return "nothing was saved"
+    return f"the suites that finished are in {path} (complete: false)"

@@ -103,7 +103,7 @@ def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Ten
     starts = list(range(0, ids.numel() - length + 1, stride))[:max_windows]
     nll = torch.zeros((), dtype=torch.float64)
     count = 0
-    bar = tqdm(total=len(starts), desc=f"perplexity @ {length}", unit="window", disable=not progress)
+    bar = tqdm(total=len(starts), desc=f"perplexity @ {length}", unit="window", disable=None if progress else True)
     for i in range(0, len(starts), batch_size):
         batch = starts[i : i + batch_size]
         windows = torch.stack([ids[s : s + length] for s in batch]).to(device(model))
@@ -148,7 +148,8 @@ def prefix_perplexity(
         nll = torch.cat([
             F.cross_entropy(logits(head, hidden[lo - 1 : min(lo + LOGIT_CHUNK, longest) - 1]),
                             window[0, lo : min(lo + LOGIT_CHUNK, longest)], reduction="none").double().cpu()
-            for lo in tqdm(range(1, longest, LOGIT_CHUNK), desc=f"prefix perplexity @ {longest}", disable=not progress)
+            for lo in tqdm(range(1, longest, LOGIT_CHUNK), desc=f"prefix perplexity @ {longest}",
+                           disable=None if progress else True)
         ]).cumsum(0)
     except LENGTH_LIMITS as err:
         return {**results, **{L: skipped(err) for L in fitting}}

@@ -173,7 +173,7 @@ def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
         require_pad(tokenizer)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths share a batch
     out: dict[int, str] = {}
-    for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
+    for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=None if progress else True):
         idx = order[i : i + batch_size]
         hidden = padded_hidden(model, head, [rows[j][0] for j in idx], tokenizer.pad_token_id)
         for r, j in enumerate(idx):

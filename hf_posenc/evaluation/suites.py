@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def run_suites(
     examples: int = 20,
     limit: int | None = None,
     seed: int = 0,
+    dtype: str | None = None,
 ) -> results.Results:
     """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
     finished survives a crash, and the plots are drawn at the end.
@@ -64,6 +66,7 @@ def run_suites(
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
+        dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
     """
     suites = parse_suites(suites)
     lengths = check_lengths(lengths)
@@ -76,7 +79,8 @@ def run_suites(
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
         "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
-        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed})
+        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
+        "dtype": dtype or str(model.dtype).removeprefix("torch.")})
     path = record.save(out / "results.json")
 
     def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
@@ -114,16 +118,53 @@ def run_suites(
     return record
 
 
-def compare(paths: Sequence[str | Path], out: str | Path) -> str:
+def measured_with(record: results.Results) -> dict[str, Any]:
+    """What a results file's numbers depend on besides the model and the table key: two files whose
+    values here differ do not measure the same thing (another text, window count, dtype, method)."""
+    settings = record.settings
+    if record.kind == "train":
+        data, evaluation = settings.get("data", {}), settings.get("evaluation", {})
+        return {"method": "held-out blocks of the training data", "text": data.get("dataset"),
+                "dtype": settings.get("model", {}).get("dtype"), "max_windows": evaluation.get("max_windows")}
+    if record.kind == "demo":
+        return {"method": "perplexity of the first L tokens", "text": settings.get("text")}
+    keys = ("text", "text_config", "stride", "max_windows", "dtype", "depths", "trials", "examples", "limit", "seed")
+    return {"method": "sliding windows", **{key: settings.get(key) for key in keys}}
+
+
+def differing_settings(records: Sequence[results.Results], mixed: bool = False) -> list[str]:
+    """The `measured_with` keys whose values differ between results files; refused unless `mixed`."""
+    settings = [measured_with(record) for record in records]
+    differ = sorted({key for s in settings for key in s if len({repr(t.get(key)) for t in settings}) > 1})
+    if differ and not mixed:
+        raise PosEncError(f"these results were measured differently ({', '.join(differ)} differ), so their "
+                          "numbers do not compare; pass --mixed to put them in one table anyway (it says what differs)")
+    return differ
+
+
+def compare(paths: Sequence[str | Path], out: str | Path, *, records: Sequence[results.Results] | None = None,
+            mixed: bool = False) -> str:
     """Every run of several results files (eval, train or demo) in one table: writes out/compare.md,
-    out/compare.json (the files' contents) and the plots; returns the table."""
-    loaded = [results.load(path) for path in paths]
-    runs = [run for record in loaded for run in record.runs]
+    out/compare.json (the files' contents) and the plots; returns the table.
+
+    Files measured differently (`measured_with`: text, windows, dtype, method) are refused unless
+    `mixed`, in which case each run is marked with its file and the table ends with what differs.
+    """
+    loaded = list(records) if records is not None else [results.load(path) for path in paths]
+    differ = differing_settings(loaded, mixed)
+    settings = [measured_with(record) for record in loaded]
+    runs = []
+    for number, record in enumerate(loaded, 1):
+        for run in record.runs:
+            runs.append(dataclasses.replace(run, label=f"{run.label} [{number}]") if differ else run)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table = results.markdown(runs)
+    if differ:
+        table += "\n\n" + "\n".join(f"[{n}] {path}: " + ", ".join(f"{k}={s.get(k)}" for k in differ)
+                                    for n, (path, s) in enumerate(zip(paths, settings), 1))
     (out / "compare.md").write_text(table + "\n")
-    results.write_json(out / "compare.json", {"files": [str(p) for p in paths],
+    results.write_json(out / "compare.json", {"files": [str(p) for p in paths], "differ": differ,
                                               "results": [record.to_dict() for record in loaded]})
     plots.results_by_length(runs, out)
     return table

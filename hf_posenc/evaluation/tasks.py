@@ -96,7 +96,7 @@ def classification(
     texts, labels = dataset[text_column], dataset[label_column]
     predictions: list[int] = []
     for i in tqdm(range(0, len(texts), batch_size), desc=f"classification ({mode})", unit="batch",
-                  disable=not progress):
+                  disable=None if progress else True):
         predictions += predict(texts[i : i + batch_size])
     scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(
         predictions=predictions, references=labels
