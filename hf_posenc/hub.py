@@ -27,6 +27,7 @@ from . import results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
 from .evaluation.suites import SENTIMENT
+from .models import display_name, origin
 from .registry import get_scheme
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
@@ -177,6 +178,19 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
     return [run.label for run in record.runs], rows
 
 
+def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> list[str]:
+    """Hub datasets a card can link: what the recipe trained on and what eval read, minus the texts
+    the package builds offline and local files."""
+    names = [recipe.get("data", {}).get("dataset")]
+    for record in records:
+        if record.kind == "eval":
+            names.append(record.settings.get("text"))
+            names += [SENTIMENT[suite][0] for suite in record.settings.get("suite", []) if suite in SENTIMENT]
+    offline = {"kjv", "passkey", "rotten_tomatoes"}  # hf_posenc.data builds them from package files
+    return sorted({name for name in names if isinstance(name, str) and name not in offline
+                   and (_hub_id(name) or not re.search(r"[./\\]", name))})
+
+
 def _indexed_run(record: results.Results) -> results.Run | None:
     """The run that describes the model in the folder, for model-index metadata: an evaluation's only
     run, a training run's "after training"; the demo scores schemes, not the folder's model."""
@@ -213,8 +227,12 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     indexed = [(record, run) for _, record in found if (run := _indexed_run(record)) is not None]
     posenc = config.get("posenc") or next((run.posenc for _, run in indexed if run.posenc), None)
     recipe = run_info.get("recipe", {})
-    base_model = base_model or _hub_id(recipe.get("model", {}).get("name_or_path")) or next(
-        (_hub_id(record.model) for record, _ in indexed if _hub_id(record.model)), None)
+    # the model it derives from: the recipe's, else the evaluated one; what an earlier card said is kept
+    source = recipe.get("model", {}).get("name_or_path") or next((record.model for record, _ in indexed), None)
+    earlier = ModelCard.load(folder / "README.md").data if (folder / "README.md").is_file() else ModelCardData()
+    known_base, known_license = origin(source)
+    base_model = base_model or earlier.base_model or known_base
+    license = earlier.license or (known_license if base_model == known_base else origin(base_model)[1])
     classes = auto_classes(config)
     model_name = (repo_id or folder.resolve().name).split("/")[-1]
     entries = [entry for record, run in indexed for entry in _entries(record, run)]
@@ -231,10 +249,10 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
                      "score": "attention scores (bias)"}.get(scheme.site, scheme.site),
             "citation": scheme.citation, "json": json.dumps(posenc, sort_keys=True), "described": repr(described),
         }
-    dataset = recipe.get("data", {}).get("dataset")
     card_data = ModelCardData(
         base_model=base_model,
-        datasets=[dataset] if _hub_id(dataset) else None,
+        license=license,
+        datasets=_hub_datasets(recipe, [record for _, record in found]) or None,
         library_name="transformers",
         pipeline_tag=AUTO_CLASSES[classes[0]][1] if classes else None,
         tags=["hf-posenc", "positional-encoding", *([f"posenc-{posenc_view['scheme']}"] if posenc_view else [])],
@@ -245,7 +263,8 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
-        architecture=(config.get("architectures") or ["model"])[0], auto_class=(classes or ["AutoModelForCausalLM"])[0],
+        architecture=(config.get("architectures") or [f"`{display_name(source)}`" if source else "model"])[0],
+        loadable=bool(config), native=bool(posenc and config) and saving.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), tables=tables,

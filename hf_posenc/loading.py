@@ -22,7 +22,7 @@ from . import compat
 from .errors import PosEncError
 from .models import NAMED_MODELS, model_source
 from .patching import patch
-from .saving import from_pretrained, load_config as read_config
+from .saving import from_pretrained, has_own_model_type, load_config as read_config
 
 __all__ = ["TASKS", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
 
@@ -128,8 +128,11 @@ def _damaged(folder: str) -> str | None:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     path, kwargs = _source(name_or_path)
+    extra = {k: v for k, v in kwargs.items() if k == "gguf_file"}
+    if has_own_model_type(path):  # AutoTokenizer reads the model config first: give it the stock one
+        extra["config"] = read_config(path)
     try:
-        return transformers.AutoTokenizer.from_pretrained(path, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+        return transformers.AutoTokenizer.from_pretrained(path, **extra)
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "tokenizer", err) from None
 

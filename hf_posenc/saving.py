@@ -149,6 +149,13 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike, *args: Any, *
         model.push_to_hub(hub.pop("repo_id", Path(save_directory).name), **hub)
 
 
+def has_own_model_type(folder: str | os.PathLike) -> bool:
+    """Whether a local folder's config.json has hf-posenc's model_type (transformers' Auto classes,
+    AutoTokenizer included, then need `trust_remote_code=True` or a config passed in)."""
+    path = Path(folder) / "config.json"
+    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+
+
 def _stock_dict(config: dict[str, Any]) -> dict[str, Any]:
     """A marked config.json as transformers' stock config class reads it."""
     config = copy.deepcopy(config)

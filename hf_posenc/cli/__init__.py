@@ -152,7 +152,7 @@ def scheme_config(scheme: str | None, options: dict[str, Any]) -> Any:
 
     if scheme is None:
         if options:
-            raise PosEncError("--opt needs a scheme to apply to (--patch SCHEME)")
+            raise PosEncError("--opt needs --patch SCHEME to apply to")
         return None
     return PosEncConfig(scheme, **options)
 

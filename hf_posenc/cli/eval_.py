@@ -41,6 +41,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="score only the patched model (by default the model unpatched is scored too, same settings)")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
     parser.add_argument("--mixed", action="store_true",
                         help="with --compare: allow runs whose settings differ (the table flags them)")
@@ -62,6 +64,8 @@ def check(args: argparse.Namespace) -> None:
     args.suites = parse_suites(args.suite.split(","))
     args.lengths = int_list(args.lengths, "length")
     args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
+    if any(not 0 <= depth <= 1 for depth in args.depths):
+        raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options)
     check_model_takes(args.model, args.scheme)
@@ -90,6 +94,7 @@ def main(args: argparse.Namespace) -> int:
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
         max_windows=args.max_windows, batch_size=args.batch_size, depths=args.depths, trials=args.trials,
         task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
+        baseline=not args.no_baseline,
     )
     print(results.markdown(record.runs))
     print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s)")

@@ -37,5 +37,9 @@ def main(args: argparse.Namespace) -> int:
     out = clear_out(args.out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    print(f"saved {describe(model)} to {out}")
+    from ..hub import model_card
+    from ..models import origin
+
+    (out / "README.md").write_text(str(model_card(out, origin(args.model)[0])), encoding="utf-8")
+    print(f"saved {describe(model)} and its model card to {out}")
     return 0

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .. import data, plots, results
 from ..errors import PosEncError
-from ..patching import describe
+from ..patching import describe, unpatch
 from .long_context import passkey, perplexity_by_length
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
@@ -56,6 +56,7 @@ def run_suites(
     limit: int | None = None,
     seed: int = 0,
     dtype: str | None = None,
+    baseline: bool = False,
 ) -> results.Results:
     """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
     finished survives a crash, and the plots are drawn at the end.
@@ -67,55 +68,73 @@ def run_suites(
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
         dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
+        baseline: if the model is patched, then unpatch it and score it again with the same settings
+            (the run "<name> (unpatched)": for a model patched without training, the original one);
+            the model stays unpatched.
     """
     suites = parse_suites(suites)
     lengths = check_lengths(lengths)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     name = name or type(model).__name__
-    described = describe(model)
     run = results.Run(results.run_label(name, scheme, options or {}), scheme, dict(options or {}),
-                      described.to_dict() if described else None)
+                      getattr(model.config, "posenc", None) if describe(model) else None)
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
         "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
         "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
         "dtype": dtype or str(model.dtype).removeprefix("torch.")})
     path = record.save(out / "results.json")
+    settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
+                    max_windows=max_windows, batch_size=batch_size, depths=depths, trials=trials,
+                    task_lengths=task_lengths, examples=examples, limit=limit, seed=seed)
+    _score(model, tokenizer, suites, lengths, record, run, path, settings)
+    if baseline and describe(model) is not None:
+        unpatch(model)
+        record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        _score(model, tokenizer, suites, lengths, record, record.runs[-1], path, settings)
+    record.save(path, complete=True)
+    plots.results_by_length(record.runs, out)
+    return record
+
+
+def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: Sequence[str],
+           lengths: Sequence[int], record: results.Results, run: results.Run, path: Path, s: dict[str, Any]) -> None:
+    """One run's suites, saving the record after every cell."""
 
     def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
         run.put(metric, key, cell)
         record.save(path)
 
     if "perplexity" in suites:
-        source = data.long_text(text, text_column=text_column, config=text_config)
-        need = None if max_windows is None else max(lengths) + max_windows * (stride or max(lengths))
+        source = data.long_text(s["text"], text_column=s["text_column"], config=s["text_config"])
+        windows, stride = s["max_windows"], s["stride"]
+        need = None if windows is None else max(lengths) + windows * (stride or max(lengths))
         ids = text_token_ids(tokenizer, source, need)
         for length in lengths:
             put("perplexity", length,
-                perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, progress=True)[length])
+                perplexity_by_length(model, ids, [length], stride, s["batch_size"], windows, progress=True)[length])
     if "passkey" in suites:
         for length in lengths:
-            cell = passkey(model, tokenizer, [length], depths, trials, seed=seed + length, progress=True)[length]
+            cell = passkey(model, tokenizer, [length], s["depths"], s["trials"], seed=s["seed"] + length,
+                           progress=True)[length]
             if "by_depth" in cell:
                 cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
             put("passkey", length, cell)
     for suite, (dataset, config, split) in SENTIMENT.items():
         if suite in suites:
-            rows = data.sentiment_dataset(dataset, config=config, seed=seed)[split]
+            rows = data.sentiment_dataset(dataset, config=config, seed=s["seed"])[split]
             put("classification", suite,
-                classification(model, tokenizer, rows, batch_size=max(batch_size, 16), limit=limit, progress=True))
+                classification(model, tokenizer, rows, batch_size=max(s["batch_size"], 16), limit=s["limit"],
+                               progress=True))
     for task in data.SYNTHETIC_TASKS:
         if task in suites:
-            for length in check_lengths(list(task_lengths), "task length"):
-                shots = data.synthetic_task(task, length, 3, seed=seed + 1000)
+            for length in check_lengths(list(s["task_lengths"]), "task length"):
+                shots = data.synthetic_task(task, length, 3, seed=s["seed"] + 1000)
                 prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
-                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, examples, seed),
-                                               prefix=prefix, batch_size=max(batch_size, 8), progress=True)
+                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, s["examples"], s["seed"]),
+                                               prefix=prefix, batch_size=max(s["batch_size"], 8), progress=True)
                 put(task, length, {"exact_match": scored["exact_match"]})
-    record.save(path, complete=True)
-    plots.results_by_length(record.runs, out)
-    return record
 
 
 def measured_with(record: results.Results) -> dict[str, Any]:

@@ -333,9 +333,9 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         "train_seconds": state.train_seconds,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
     }
-    described = describe(accelerator.unwrap_model(model))
+    unwrapped = accelerator.unwrap_model(model)
     swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
-               "posenc": described.to_dict() if described else None}
+               "posenc": getattr(unwrapped.config, "posenc", None) if describe(unwrapped) else None}
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
                    for label, metrics in (("original", state.original), ("before training", state.before),
                                           ("after training", after)) if metrics is not None]
