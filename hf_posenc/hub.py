@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
-from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_token
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
@@ -347,14 +347,18 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         commit_message: the Hub commit message.
         base_model: Hub id of the model it derives from, for the card.
     """
+    if not (token or get_token()):  # huggingface_hub would send the request anyway and fail later
+        raise PosEncError(f"{NO_TOKEN}; the local folder is unchanged")
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
         staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id, link=True)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=staged, commit_message=commit_message)
-        except LocalTokenNotFoundError as err:
-            raise PosEncError(f"{NO_TOKEN}; the local folder is unchanged") from err
+        except HfHubHTTPError as err:
+            refused = err.response is not None and err.response.status_code in (401, 403)
+            raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({err})"
+                              f"{'; ' + NO_TOKEN if refused else ''}; the local folder is unchanged") from err
         except Exception as err:  # transport errors are requests/httpx/httpx2 types, by huggingface_hub version
             raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); "
                               f"the local folder is unchanged") from err

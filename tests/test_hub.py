@@ -136,7 +136,9 @@ def test_push_without_the_hub_fails_clearly_and_changes_nothing(tmp_path, saved,
         hub.push(folder, "me/gpt2-rope", token="hf_not_a_real_token")
     assert _snapshot(folder) == before
     assert list((tmp_path / "tmp").iterdir()) == []  # the staging copy is gone too
-    assert cli.main(["push", str(folder), "me/gpt2-rope"]) == 2
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    assert cli.main(["push", str(folder), "me/gpt2-rope"]) == 2  # no token: refused before anything is staged
     assert _snapshot(folder) == before
 
 
