@@ -1,9 +1,11 @@
 """hf-posenc: swap the positional-encoding scheme of a transformers model with one call."""
 
+from typing import Any
+
 from .config import PosEncConfig
 from .errors import PosEncError
-from .patching import describe, from_pretrained, patch, unpatch
 from .registry import list_architectures, list_schemes, supports
+from .saving import from_pretrained
 
 __version__ = "0.1.0"
 
@@ -18,3 +20,13 @@ __all__ = [
     "supports",
     "unpatch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """patch / unpatch / describe import torch and transformers: only when first used, so that
+    `hf-posenc --help` and `hf-posenc list` start at once."""
+    if name in ("describe", "patch", "unpatch"):
+        from . import patching
+
+        return getattr(patching, name)
+    raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")

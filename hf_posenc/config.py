@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import types
+import typing
+from typing import Any, Literal, Union
 
 from .errors import PosEncError
 
@@ -58,12 +60,45 @@ def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) ->
     if unknown:
         allowed = ", ".join(fields) or "no options"
         raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}; it takes: {allowed}")
+    hints = typing.get_type_hints(options_cls)
+    for name, value in options.items():
+        if not _accepts(value, hints[name]):
+            raise PosEncError(f"scheme {scheme!r}: {name} must be {_expected(hints[name])}, got {value!r}")
     try:
         return dataclasses.asdict(options_cls(**options))
     except (TypeError, ValueError) as err:
         if isinstance(err, PosEncError):
             raise
         raise PosEncError(f"scheme {scheme!r}: {err}") from err
+
+
+def _accepts(value: Any, hint: Any) -> bool:
+    """Whether an option value has its declared type; True is not a number here (bool subclasses int)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_accepts(value, arg) for arg in args)
+    if origin is Literal:
+        return value in args
+    if origin is list:
+        return isinstance(value, list) and all(_accepts(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return not isinstance(value, bool) and isinstance(value, int if hint is int else (int, float))
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _expected(hint: Any) -> str:
+    """How an option's type reads in an error message: 'a number', 'an integer or null', ..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_expected(arg) for arg in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin is list:
+        return f"a list of {_expected(args[0]).split(' ', 1)[1]}s"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def check(condition: bool, message: str) -> None:

@@ -208,7 +208,7 @@ def _vader_movie_rows(sdist: Path) -> list[tuple[str, int]]:
     with tarfile.open(fileobj=io.BytesIO(inner_bytes)) as inner:
         lines = inner.extractfile(VADER_MOVIES).read().decode("utf-8").splitlines()
     rows = []
-    for line in tqdm(lines, desc="building sentiment set", unit="row"):
+    for line in tqdm(lines, desc="building sentiment set", unit="row", disable=None):
         _, score, text = line.split("\t", 2)
         if float(score) != 0.0:
             rows.append((text.strip(), int(float(score) > 0)))

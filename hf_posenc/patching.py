@@ -7,6 +7,7 @@ or module global is touched), so a failed patch rolls back and `unpatch` is bit-
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import inspect
 import os
@@ -16,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import compat
+from . import compat, saving
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
@@ -159,6 +160,9 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     offset = adapter.position_offset(config)
     state.undo.append(RemoveHooks(base))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
+    # the folders it saves load back patched, never as the stock model (saving.py)
+    model.save_pretrained = functools.partial(saving.save_pretrained, model)
+    state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(config, "max_position_embeddings", max_positions + offset)
     loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),

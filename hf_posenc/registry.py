@@ -5,6 +5,8 @@ Schemes and adapters register themselves at import (peft-style); names must be u
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import PosEncError
@@ -13,6 +15,8 @@ if TYPE_CHECKING:
     from .adapters.base import Adapter
     from .schemes.base import Scheme
 
+# What `hf-posenc list` prints, written by `write_snapshot()`: the registry imports torch, the list must not.
+SNAPSHOT = Path(__file__).with_name("support.json")
 SCHEMES: dict[str, "Scheme"] = {}
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 
@@ -89,3 +93,16 @@ def support_matrix() -> dict[str, dict[str, bool]]:
     _load()
     adapters = {a.name: a for a in ADAPTERS.values()}
     return {name: {s: a.supports(SCHEMES[s]) for s in sorted(SCHEMES)} for name, a in sorted(adapters.items())}
+
+
+def snapshot() -> dict[str, Any]:
+    """The registry as data: architectures, {scheme: [site, citation]} and the support matrix."""
+    _load()
+    return {"architectures": list_architectures(),
+            "schemes": {name: [scheme.site, scheme.citation] for name, scheme in sorted(SCHEMES.items())},
+            "matrix": support_matrix()}
+
+
+def write_snapshot() -> None:
+    """Refresh `SNAPSHOT` after adding a scheme or an adapter (tests/test_cli.py checks it is current)."""
+    SNAPSHOT.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n", encoding="utf-8")

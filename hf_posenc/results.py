@@ -137,8 +137,10 @@ def load(path: str | os.PathLike) -> Results:
     """Read a results.json written by `eval`, `train` or `demo`; any other format is a PosEncError naming it."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise PosEncError(f"cannot read results file {path}: {err}") from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        reason = "not a JSON text file" if isinstance(err, (UnicodeDecodeError, json.JSONDecodeError)) else err
+        raise PosEncError(f"cannot read results file {path}: {reason}; give a results.json written by hf-posenc "
+                          f"eval, train or demo") from err
     if not isinstance(data, dict):
         raise PosEncError(f"{path} is not a results file: it holds a JSON {type(data).__name__}, not an object")
     if data.get("format") != FORMAT:

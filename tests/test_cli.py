@@ -71,3 +71,155 @@ def test_every_subcommand_has_help_with_examples(command, capsys):
         build_parser().parse_args([command, "--help"])
     assert exit_.value.code == 0
     assert "example" in capsys.readouterr().out.lower()
+
+
+# ---------------------------------------------------------------- failing clearly (issue 13)
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_output_folders_are_never_silently_overwritten(tiny_folder, tmp_path):
+    out = tmp_path / "rope"
+    assert run("patch", str(tiny_folder), "rope", "--out", str(out)).returncode == 0
+    before = snapshot(out)
+    again = run("patch", str(tiny_folder), "nope", "--out", str(out))
+    assert again.returncode == 2 and "is not empty; choose a new folder, or pass --overwrite" in again.stderr
+    assert snapshot(out) == before
+    # an old run folder: --overwrite replaces it whole, so no stale results sit beside the new weights
+    (out / "results.json").write_text("{}")
+    (out / "run.json").write_text("{}")
+    replaced = run("patch", str(tiny_folder), "nope", "--out", str(out), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert not (out / "results.json").exists() and not (out / "run.json").exists()
+    assert hp.from_pretrained(str(out)).config.posenc["scheme"] == "nope"
+    assert "posenc-nope" in (out / "README.md").read_text()
+
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    refused = run("patch", str(tiny_folder), "nope", "--out", str(foreign), "--overwrite")
+    assert refused.returncode == 2 and "holds no hf-posenc output" in refused.stderr
+    assert (foreign / "notes.txt").read_text() == "keep"
+    a_file = run("patch", str(tiny_folder), "nope", "--out", str(foreign / "notes.txt"))
+    assert a_file.returncode == 2 and "is a file; give a folder" in a_file.stderr
+    under_a_file = run("eval", "--model", str(tiny_folder), "--out", str(foreign / "notes.txt" / "x"))
+    assert under_a_file.returncode == 2 and "is not a writable folder" in under_a_file.stderr
+
+
+def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_path):
+    damaged = tmp_path / "damaged"  # weights that cannot load: a check that came after loading would say so
+    damaged.mkdir()
+    for file in tiny_folder.iterdir():
+        (damaged / file.name).write_bytes(file.read_bytes())
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    out = tmp_path / "out"
+    cases = [
+        (["patch", str(damaged), "yarn", "--opt", "factor=abc"], "scheme 'yarn': factor must be a number, got 'abc'"),
+        (["patch", str(damaged), "yarn", "--opt", "factor=true"], "factor must be a number, got True"),
+        (["patch", str(damaged), "t5", "--opt", "num_buckets=3.5"], "num_buckets must be an integer, got 3.5"),
+        (["patch", str(damaged), "rotary"], "unknown scheme 'rotary'"),
+        (["eval", "--model", str(damaged), "--patch", "alibi", "--opt", "max_bias=x"], "max_bias must be a number"),
+        (["eval", "--model", str(tmp_path / "missing")], "is not a model folder, a Hub id"),
+        (["eval", "--model", "./missing"], "'./missing' is not a model folder"),
+        (["eval", "--model", str(damaged), "--suite", "ppl,bleu"], "unknown suite 'bleu'"),
+        (["eval", "--compare", str(weights)], "not a JSON text file; give a results.json"),
+        (["inspect", str(tmp_path / "missing")], "is not a model folder"),
+    ]
+    for argv, message in cases:
+        proc = run(*argv, "--out", str(out))
+        assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr and not out.exists(), argv  # no stub results.json either
+    bert = tmp_path / "bert"
+    tiny_model("bert").save_pretrained(bert)
+    proc = run("patch", str(bert), "xpos", "--out", str(out))
+    assert proc.returncode == 2 and "cannot take scheme 'xpos'; it takes: alibi" in proc.stderr
+
+
+def test_runtime_errors_are_one_line_exit_1_and_debug_shows_the_traceback(tiny_folder, tmp_path):
+    weights = tiny_folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    proc = run("eval", "--model", str(tiny_folder), "--suite", "ppl", "--lengths", "8", "--out", str(tmp_path / "e"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{weights}: cannot read the weights" in proc.stderr and "damaged or incomplete" in proc.stderr
+    debug = run("--debug", "eval", "--model", str(tiny_folder), "--lengths", "8", "--out", str(tmp_path / "d"))
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_interrupt_says_what_was_saved_and_a_closed_pipe_is_quiet(tiny_folder, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "e"
+    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "eval", "--model", str(tiny_folder), "--suite",
+                             "passkey", "--lengths", "64", "--trials", "400", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (out / "results.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"interrupted; the suites that finished are in {out / 'results.json'}" in err and "Traceback" not in err
+
+    piped = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "list", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    piped.stdout.close()  # `| head` that has already gone
+    assert piped.wait(timeout=60) == 141 and piped.stderr.read() == b""
+
+
+def test_push_without_a_token_names_hf_token_and_hf_auth_login(tiny_folder, tmp_path, monkeypatch):
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env["HF_HOME"] = str(tmp_path / "hf-home")  # no token stored by `hf auth login` either
+    folder = tmp_path / "patched"
+    hp.patch(tiny_model("gpt2"), "rope").save_pretrained(folder)
+    proc = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "push", str(folder), "me/x"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "HF_TOKEN" in proc.stderr and "hf auth login" in proc.stderr
+    # the library says the same when huggingface_hub finds no token (its LocalTokenNotFoundError, before any request)
+    import huggingface_hub
+
+    from hf_posenc import hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # nothing is sent without a token
+    before = snapshot(folder)
+    with pytest.raises(hp.PosEncError, match="HF_TOKEN.*hf auth login.*local folder is unchanged"):
+        hub.push(folder, "me/x")
+    assert snapshot(folder) == before
+
+
+def test_compare_refuses_results_measured_differently(tmp_path):
+    from hf_posenc import cli, results
+
+    paths = []
+    for name, dtype in (("a", "float32"), ("b", "bfloat16"), ("c", "float32")):
+        run_ = results.Run(f"model {name}", metrics={"perplexity": {"64": {"perplexity": 10.0}}})
+        record = results.Results("eval", name, runs=[run_], settings={"text": "kjv", "dtype": dtype, "max_windows": 4})
+        paths.append(str(record.save(tmp_path / f"{name}.json", complete=True)))
+    assert cli.main(["eval", "--compare", paths[0], paths[2], "--out", str(tmp_path / "same")]) == 0
+    assert cli.main(["eval", "--compare", *paths, "--out", str(tmp_path / "mixed")]) == 2
+    assert not (tmp_path / "mixed").exists()
+    assert cli.main(["eval", "--compare", *paths, "--mixed", "--out", str(tmp_path / "mixed")]) == 0
+    table = (tmp_path / "mixed" / "compare.md").read_text()
+    assert "| model b [2] |" in table and f"[2] {paths[1]}: dtype=bfloat16" in table
+
+
+def test_help_and_list_import_no_torch():
+    """What keeps `hf-posenc --help` and `hf-posenc list` under a second: neither imports torch."""
+    code = ("import sys\nfrom hf_posenc.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    for argv in (["--help"], ["list"], ["list", "--json"], ["eval", "--help"]):
+        proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert proc.stderr.strip().endswith("False False"), (argv, proc.stderr)
+
+
+def test_the_list_snapshot_is_the_registry():
+    from hf_posenc import registry
+
+    assert json.loads(registry.SNAPSHOT.read_text()) == json.loads(json.dumps(registry.snapshot())), (
+        "a scheme or adapter changed: refresh with python -c 'import hf_posenc.registry as r; r.write_snapshot()'")

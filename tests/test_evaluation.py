@@ -311,8 +311,10 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
                          "--max-windows", "1", "--depths", "0,1", "--trials", "1", "--task-lengths", "2,3",
                          "--examples", "3", "--out", str(out)]) == 0
         runs.append(out / "results.json")
-    (yarn,) = results.load(runs[1]).runs
-    assert yarn.scheme == "yarn" and yarn.posenc["options"]["factor"] == 2.0
+    (orig,), (yarn, baseline) = results.load(runs[0]).runs, results.load(runs[1]).runs
+    assert yarn.scheme == "yarn" and yarn.posenc["options"]["factor"] == 2.0 and yarn.posenc["from"] == "rope"
+    # the baseline row is the model before the patch, scored with the same settings: the original's numbers
+    assert baseline.label == "llama (unpatched)" and baseline.metrics == orig.metrics != yarn.metrics
     assert set(yarn.metrics) == {"perplexity", "passkey", "copy"}
     assert "too short" in yarn.metrics["passkey"]["64"]["skipped"]
     assert set(yarn.metrics["copy"]["3"]) == {"exact_match"}

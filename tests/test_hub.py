@@ -1,4 +1,4 @@
-"""Publishing: the exported repo reloads patched through trust_remote_code (bit-exact), the card
+"""Publishing (reloading saved folders is tests/test_saving.py): the exported repo keeps the remote code, the card
 carries model-index metadata from real results files, and a push that cannot reach the Hub leaves
 the local folder exactly as it was. The Hub is unreachable here: everything up to the network call
 is tested with the real huggingface_hub, whose offline mode makes that call fail fast."""
@@ -18,20 +18,8 @@ from conftest import tiny_model
 from huggingface_hub import ModelCard
 
 import hf_posenc as hp
-from hf_posenc import cli, hub, plots, results
+from hf_posenc import cli, hub, plots, results, saving
 from hf_posenc.errors import PosEncError
-
-LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
-
-# (model type, head, Auto class, scheme, options)
-CELLS = [
-    ("gpt2", "causal", "AutoModelForCausalLM", "rope", {}),
-    ("gpt2", "causal", "AutoModelForCausalLM", "learned", {"init": "interpolate", "max_positions": 128}),
-    ("llama", "causal", "AutoModelForCausalLM", "alibi", {}),
-    ("bert", "base", "AutoModel", "rope", {}),
-    ("bert", "cls", "AutoModelForSequenceClassification", "sinusoidal", {}),
-]
-
 
 def _output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
@@ -73,32 +61,6 @@ def saved(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     return folder, model
 
 
-@pytest.mark.parametrize("model_type, head, auto_class, scheme, options", CELLS,
-                         ids=[f"{c[0]}-{c[2]}-{c[3]}" for c in CELLS])
-def test_trust_remote_code_reloads_patched_exactly(tmp_path, model_type, head, auto_class, scheme, options):
-    model = hp.patch(tiny_model(model_type, head=head), scheme, **options)
-    ids = torch.randint(1, 128, (2, LONG))
-    expected = _output(model, ids)
-    model.save_pretrained(tmp_path / "model")
-    repo = hub.export(tmp_path / "model", tmp_path / f"repo-{model_type}-{scheme}")
-    assert json.loads((repo / "config.json").read_text())["auto_map"] == {auto_class: "modeling_posenc.PosEncModel"}
-
-    loaded = getattr(transformers, auto_class).from_pretrained(repo, trust_remote_code=True).eval()
-    assert hp.describe(loaded) == hp.describe(model)
-    assert torch.equal(_output(loaded, ids), expected)
-    # Without the remote code the same repo loads unpatched: the export is what keeps the patch.
-    plain = getattr(transformers, auto_class).from_pretrained(repo).eval()
-    assert hp.describe(plain) is None
-    if scheme != "learned":  # a learned table of the new size loads natively; the others change the maths
-        assert not torch.allclose(_output(plain, ids[:, :64]), expected[:, :64])
-
-    # Saved again, the model no longer points at remote code it does not carry, and reloads patched.
-    loaded.save_pretrained(tmp_path / "again")
-    assert "auto_map" not in json.loads((tmp_path / "again" / "config.json").read_text())
-    again = hp.from_pretrained(str(tmp_path / "again"), model_cls=getattr(transformers, auto_class)).eval()
-    assert torch.equal(_output(again, ids), expected)
-
-
 def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path, saved):
     folder, model = saved
     before = _snapshot(folder)
@@ -109,10 +71,9 @@ def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path
     assert {"config.json", "model.safetensors", "modeling_posenc.py", "README.md", "eval/results.json",
             "eval/perplexity.png", "eval/passkey.png"} <= files
     assert not any(f.startswith("checkpoints/") for f in files)
-    assert (repo / "modeling_posenc.py").read_text() == (hub.TEMPLATES / hub.REMOTE_CODE).read_text()
+    assert (repo / "modeling_posenc.py").read_text() == saving.remote_code()
     config, original = (json.loads(p.read_text()) for p in (repo / "config.json", folder / "config.json"))
-    assert config.pop("auto_map") == {"AutoModelForCausalLM": "modeling_posenc.PosEncModel"}
-    assert config == original
+    assert config == original and config["auto_map"]["AutoModelForCausalLM"] == "modeling_posenc.PosEncForCausalLM"
     assert (repo / "model.safetensors").stat().st_ino != (folder / "model.safetensors").stat().st_ino  # a copy
     linked = hub.export(folder, tmp_path / "linked", link=True)  # push's private staging
     assert (linked / "model.safetensors").stat().st_ino == (folder / "model.safetensors").stat().st_ino
@@ -175,7 +136,9 @@ def test_push_without_the_hub_fails_clearly_and_changes_nothing(tmp_path, saved,
         hub.push(folder, "me/gpt2-rope", token="hf_not_a_real_token")
     assert _snapshot(folder) == before
     assert list((tmp_path / "tmp").iterdir()) == []  # the staging copy is gone too
-    assert cli.main(["push", str(folder), "me/gpt2-rope"]) == 2
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    assert cli.main(["push", str(folder), "me/gpt2-rope"]) == 2  # no token: refused before anything is staged
     assert _snapshot(folder) == before
 
 
@@ -221,8 +184,11 @@ def test_card_of_a_real_training_run(tmp_path):
                   "  scheme: alibi", "max_steps: 6", "| metric | setting | original | before training | after training |",
                   row, "![loss.png](loss.png)"]:
         assert piece in text, piece
-    repo = hub.export(out, tmp_path / "staged")
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
     trained = hp.from_pretrained(str(out)).eval()
     ids = torch.randint(3, 30, (1, 24))
-    assert torch.equal(_output(loaded, ids), _output(trained, ids))
+    # the run folder itself and its export load patched through plain transformers, or not at all
+    for folder in (out, hub.export(out, tmp_path / "staged")):
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        assert torch.equal(_output(loaded, ids), _output(trained, ids))
+        with pytest.raises(ValueError, match="trust_remote_code=True"):
+            transformers.AutoModelForCausalLM.from_pretrained(folder)

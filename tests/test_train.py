@@ -19,7 +19,7 @@ import yaml
 from conftest import tiny_model
 
 import hf_posenc
-from hf_posenc import results
+from hf_posenc import cli, results
 from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe
 from hf_posenc.train.runner import preflight
@@ -164,6 +164,26 @@ def test_output_dir_holding_a_run_is_refused(tmp_path, assets):
         preflight(foreign, False, True, 1)  # never deletes a folder it did not write
 
 
+def test_resume_needs_a_checkpoint_unless_auto(tmp_path, assets):
+    out = tmp_path / "out"
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, out))
+    recipe = load_recipe(path)
+    with pytest.raises(PosEncError, match="--resume: .* has no checkpoint to continue from; .*--resume auto"):
+        preflight(recipe, True, False, 1)
+    assert preflight(recipe, "auto", False, 1)[1:] == (False, False)  # nothing there: a new run
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"recipe": recipe.to_dict()}))
+    assert preflight(recipe, "auto", False, 1)[1:] == (False, True)  # this run, never checkpointed: start it over
+    other = load_recipe(write_recipe(tmp_path / "o.yaml", recipe_dict(assets, out, training={"lr": 0.5})))
+    with pytest.raises(PosEncError, match="already holds a run"):
+        preflight(other, "auto", False, 1)  # another recipe's run is never replaced by auto
+    (out / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    assert preflight(recipe, "auto", False, 1)[1:] == (True, False)
+    fresh = write_recipe(tmp_path / "f.yaml", recipe_dict(assets, tmp_path / "fresh"))
+    assert cli.main(["train", str(fresh), "--resume"]) == 2 and not (tmp_path / "fresh").exists()
+
+
 def test_cli_reports_error_without_traceback(tmp_path, assets):
     path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", training={"lrr": 1}))
     proc = run_cli([str(path)])
@@ -185,6 +205,7 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
         runs[merge] = out
     out = runs[True]
     record = results.load(out / "results.json")
+    assert "trained 6 steps on 1 process(es)" in proc.stdout and "| after training | perplexity @ 32 tokens |" in proc.stdout
     log = json.loads((out / "loss.json").read_text())
     assert [r["step"] for r in log] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in log)
     assert (out / "loss.png").stat().st_size > 0

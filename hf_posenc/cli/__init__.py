@@ -1,12 +1,25 @@
-"""`hf-posenc`: the dispatcher. Each subcommand is a module here with `make_parser(parser)` and
-`main(args) -> int`; feature modules expose plain functions and parse no argv."""
+"""`hf-posenc`: the dispatcher. Each subcommand is a module here with `make_parser(parser)`,
+optionally `check(args)` (every check that loads no model: a failure there is a usage error, exit
+2, and nothing has been written) and `main(args) -> int`; feature modules parse no argv.
+
+Only the module of the command being run is imported, and none for `hf-posenc --help`: torch and
+transformers load when a command needs them, so help and `list` start at once.
+
+Exit codes: 0 done, 1 failed while running, 2 usage error (argparse or `check`), 130 interrupted
+(Ctrl-C; says what was saved), 141 broken pipe (`hf-posenc list --json | head`; nothing printed).
+Every failure is one line naming what went wrong; `--debug` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ..errors import PosEncError
@@ -22,46 +35,89 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "card": ("hf_posenc.cli.card", "write a model card for a run folder"),
     "push": ("hf_posenc.cli.push", "upload a run folder to the Hub"),
 }
+DEBUG_HELP = "show the full traceback of an error instead of one line"
 
 
-def _add(parser: argparse.ArgumentParser, command: str) -> None:
+def _add(parser: argparse.ArgumentParser, command: str) -> ModuleType:
     module = importlib.import_module(SUBCOMMANDS[command][0])
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     module.make_parser(parser)
-    parser.set_defaults(_main=module.main, _prog=parser.prog)
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    parser.set_defaults(_module=module, _prog=parser.prog)
+    return module
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `hf-posenc` parser; only the subcommand named in `argv` gets its full parser (and its
+    module imported). Without `argv`, every subcommand's."""
     parser = argparse.ArgumentParser(
         prog="hf-posenc",
         description="Swap the positional encoding of a transformers model, fine-tune, evaluate, inspect and publish it.",
         epilog="examples:\n  hf-posenc list\n  hf-posenc demo\n  hf-posenc patch smollm2 yarn --opt factor=4 --out out/yarn4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None) if argv is not None else None
     for name, (_, help_text) in SUBCOMMANDS.items():
-        _add(sub.add_parser(name, help=help_text), name)
+        command = sub.add_parser(name, help=help_text)
+        if argv is None or name == chosen:
+            _add(command, name)
     return parser
 
 
-def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
-    """Parse, run, and turn a PosEncError into `prog: error: ...` and exit code 2. Arguments the parser
-    does not know are a train recipe's field overrides, for commands that take them."""
+def _interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted command leaves on disk, from the command's own `saved(args)` if it has one."""
+    saved = getattr(args._module, "saved", None)
+    if saved is not None:
+        return saved(args)
+    out = getattr(args, "out", None)
+    return f"partial output in {out}" if out and Path(out).is_dir() and any(Path(out).iterdir()) else "nothing was saved"
+
+
+def _fail(prog: str, err: BaseException) -> None:
+    what = str(err) if isinstance(err, (PosEncError, OSError)) else f"{type(err).__name__}: {err}"
+    print(f"{prog}: error: {what}", file=sys.stderr)
+    if not isinstance(err, PosEncError):
+        print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse, check, run; every error becomes one line and an exit code (see the module docstring)."""
+    if not sys.stderr.isatty():  # transformers' and the Hub's bars too (our own use tqdm's disable=None)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args, extra = parser.parse_known_args(argv)
     if extra and not hasattr(args, "overrides"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = extra
+    debug, prog, module = getattr(args, "debug", False), args._prog, args._module
+    stage = "check"
     try:
-        return int(args._main(args) or 0)
-    except PosEncError as err:
-        print(f"{args._prog}: error: {err}", file=sys.stderr)
-        return 2
+        if hasattr(module, "check"):
+            module.check(args)
+        stage = "main"
+        code = int(module.main(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted; {_interrupted(args)}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`| head`): say nothing, and keep Python from complaining at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as err:
+        if debug:
+            raise
+        _fail(prog, err)
+        return 2 if stage == "check" and isinstance(err, PosEncError) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `hf-posenc`."""
-    return _run(build_parser(), argv)
+    argv = sys.argv[1:] if argv is None else argv
+    return _run(build_parser(argv), argv)
 
 
 def run_alone(command: str, argv: list[str] | None = None) -> int:
@@ -69,14 +125,15 @@ def run_alone(command: str, argv: list[str] | None = None) -> int:
     runs in each process) is `hf-posenc train`."""
     parser = argparse.ArgumentParser(prog=f"python -m hf_posenc.{command}")
     _add(parser, command)
-    return _run(parser, argv)
+    return _run(parser, sys.argv[1:] if argv is None else argv)
 
 
 # ---------------------------------------------------------------- argument types shared by subcommands
 
 
 def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """`k=v` strings to scheme options; values are read as JSON where they parse (numbers, lists, null)."""
+    """`k=v` strings to scheme options; values are read as JSON where they parse (numbers, lists,
+    true/false, null), else kept as strings -- the scheme's option types then say what fits."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -89,15 +146,68 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+def scheme_config(scheme: str | None, options: dict[str, Any]) -> Any:
+    """The validated `PosEncConfig` of a scheme name and its `--opt`s, before any model loads."""
+    from ..config import PosEncConfig
+
+    if scheme is None:
+        if options:
+            raise PosEncError("--opt needs --patch SCHEME to apply to")
+        return None
+    return PosEncConfig(scheme, **options)
+
+
+def check_model_takes(model: str, scheme: str | None) -> None:
+    """The model exists and its architecture takes `scheme`: read from its config alone (no weights)."""
+    from ..loading import load_config
+    from ..registry import supported_schemes, supports
+
+    config = load_config(model)
+    if scheme is not None and not supports(config, scheme):
+        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {scheme!r}; "
+                          f"it takes: {', '.join(supported_schemes(config))}")
+
+
+# Files that mark a folder as hf-posenc output, which --overwrite may replace.
+OUTPUTS = ("results.json", "run.json", "config.json", "inspect.json", "compare.json")
+
+
+def check_out(path: str, overwrite: bool, flag: str = "--out") -> Path:
+    """An output folder that can be written and holds nothing it would overwrite: new, empty, or
+    (with --overwrite) earlier hf-posenc output, which `clear_out` removes when the work starts."""
+    out = Path(path)
+    if out.is_file():
+        raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise PosEncError(f"{flag} {path} is not empty; choose a new folder, or pass --overwrite to replace it")
+        if not any((out / name).exists() for name in OUTPUTS):
+            raise PosEncError(f"{flag} {path} is not empty and holds no hf-posenc output; --overwrite replaces only "
+                              f"folders hf-posenc wrote: choose a new folder")
+    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PosEncError(f"{flag} {path}: {parent} is not a writable folder; choose another place")
+    return out
+
+
+def clear_out(path: str | Path) -> Path:
+    """Make the (checked) output folder exist and be empty."""
+    out = Path(path)
+    if out.is_dir() and any(out.iterdir()):
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def int_list(text: str, what: str) -> list[int]:
     """'512,1024' -> [512, 1024]; each must be a positive integer."""
-    from ..evaluation.scoring import check_lengths
-
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as err:
         raise PosEncError(f"{what}s must be comma-separated integers, got {text!r}") from err
-    return check_lengths(values, what)
+    if not values or any(v <= 0 for v in values):
+        raise PosEncError(f"{what}s must be positive integers, got {text!r}")
+    return values
 
 
 def float_list(text: str, what: str) -> list[float]:

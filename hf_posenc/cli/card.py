@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..hub import model_card
+from ..errors import PosEncError
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,14 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
 
 
+def check(args: argparse.Namespace) -> None:
+    if not Path(args.dir).is_dir():
+        raise PosEncError(f"{args.dir} is not a folder; give a model, run or eval output folder")
+
+
 def main(args: argparse.Namespace) -> int:
+    from ..hub import model_card
+
     card = model_card(args.dir, args.base_model, repo_id=args.repo_id)
     path = Path(args.dir) / "README.md"
     path.write_text(str(card), encoding="utf-8")

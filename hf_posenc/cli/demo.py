@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from .. import data, patch, plots, results, supports, unpatch
-from ..evaluation import prefix_perplexity, text_token_ids
-from ..loading import load
-from . import int_list
+from .. import results
+from . import check_model_takes, check_out, clear_out, int_list
 
 # (label, scheme, options); the original model first. Scalings extend 8k -> 32k (`dynamic` is
 # left out: below the trained length it is the original model).
@@ -34,17 +29,29 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.epilog = "examples:\n  hf-posenc demo --out out/demo\n  hf-posenc demo --lengths 256,1024,2048"
-    parser.add_argument("--out", default="out/demo", help="folder for results.json, results.md, perplexity.png")
+    parser.add_argument("--out", default="out/demo", help="new folder for results.json, results.md, perplexity.png")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier demo")
     parser.add_argument("--lengths", default="256,1024,4096", help="context lengths in tokens (comma-separated)")
     parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M)")
 
 
+def check(args: argparse.Namespace) -> None:
+    args.lengths = int_list(args.lengths, "length")
+    check_out(args.out, args.overwrite)
+    check_model_takes(args.model, None)
+
+
 def main(args: argparse.Namespace) -> int:
-    lengths = int_list(args.lengths, "length")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    from .. import data, patch, plots, supports, unpatch
+    from ..evaluation import prefix_perplexity, text_token_ids
+    from ..loading import load
+
+    lengths = args.lengths
     record = results.Results("demo", args.model, settings={"lengths": lengths, "text": "kjv"})
     model, tokenizer = load(args.model, dtype=torch.float32)
+    out = clear_out(args.out)
     ids = text_token_ids(tokenizer, data.long_text("kjv"), max(lengths))
     print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
           f"the first {ids.numel()} tokens of the King James Bible, lengths {lengths}")

@@ -5,34 +5,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from ..errors import PosEncError
-from ..evaluation import SUITES, compare, run_suites
-from ..evaluation.processes import join
-from ..evaluation.suites import parse_suites
-from ..loading import inference_device_map, load
-from . import float_list, int_list, parse_options
-from .train import accelerate_config, launch
+from . import check_model_takes, check_out, clear_out, float_list, int_list, parse_options, scheme_config
+
+SUITE_NAMES = "perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition"
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Evaluate a (patched) model: perplexity by length, passkey retrieval, sentiment, "
-                          "length generalisation.")
+                          "length generalisation. Prints the results table and writes OUT/results.json.")
     parser.epilog = (
         "examples:\n"
         "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,8192 --out out/orig\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
-        "  hf-posenc eval --model smollm2 --suite ppl --lengths 4096 --accelerate-config ddp --out out/ddp\n"
-        "  accelerate launch --config_file CFG -m hf_posenc.cli eval --model smollm2 --suite ppl --out out/ddp\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
     parser.add_argument("--opt", action="append", default=[], metavar="K=V", help="scheme option, repeatable (e.g. factor=4)")
-    parser.add_argument("--suite", default="perplexity,passkey",
-                        help=f"comma-separated, from: {', '.join(SUITES)} (ppl = perplexity; sst2 = GLUE's, online)")
+    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated, from: {SUITE_NAMES}")
     parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey)")
     parser.add_argument("--text", default="kjv", help="long text for perplexity: 'kjv' (offline) or a datasets name")
     parser.add_argument("--text-config", default=None, help="datasets config of --text (e.g. wikitext-103-raw-v1)")
@@ -47,8 +39,13 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="output folder (results.json, *.png)")
+    parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="score only the patched model (by default the model unpatched is scored too, same settings)")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
+    parser.add_argument("--mixed", action="store_true",
+                        help="with --compare: allow runs whose settings differ (the table flags them)")
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="split the windows and prompts over the processes of this accelerate config (name, "
                              "e.g. ddp or cpu_2proc, or a path); one results file, as one process would write")
@@ -56,49 +53,96 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
-    """The options of this evaluation as command-line arguments again, without --accelerate-config."""
-    argv: list[str] = []
+    """The options of this evaluation as command-line arguments again, for the launched processes: the
+    folder is cleared here once, so they take it with --overwrite."""
+    argv: list[str] = ["--overwrite"]
     for action in args._parser._actions:
         value = getattr(args, action.dest, None)
-        if not action.option_strings or action.dest in ("help", "accelerate_config") or value == action.default:
+        skip = ("help", "accelerate_config", "overwrite")
+        if not action.option_strings or action.dest in skip or value == action.default:
             continue
         flag = action.option_strings[-1]
         if action.nargs == 0:  # store_true and the like
             argv.append(flag)
         elif isinstance(action, argparse._AppendAction):
             argv += [item for v in value for item in (flag, str(v))]
+        elif isinstance(value, list) and action.nargs is None:  # a comma list that check() parsed
+            argv += [flag, ",".join(map(str, value))]
         else:
             argv += [flag, *map(str, value if isinstance(value, list) else [value])]
     return argv
 
 
-def main(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+def check(args: argparse.Namespace) -> None:
+    check_out(args.out, args.overwrite)
     if args.compare:
-        print(compare(args.compare, out))
-        return 0
+        from .. import results
+        from ..evaluation.suites import differing_settings
+
+        args.records = [results.load(path) for path in args.compare]  # a PNG or a missing file fails here
+        differing_settings(args.records, args.mixed)
+        return
     if not args.model:
         raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
-    suites = parse_suites(args.suite.split(","))
-    lengths = int_list(args.lengths, "length")
-    options = parse_options(args.opt)
-    if options and not args.scheme:
-        raise PosEncError("--opt needs --patch SCHEME to apply to")
-    depths, task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
-    if args.accelerate_config is not None:  # checked above, run in each launched process
-        return launch(accelerate_config(args.accelerate_config), ["hf_posenc.cli", "eval", *_argv(args)],
-                      "hf-posenc eval")
+    from ..evaluation.suites import parse_suites
+
+    args.suites = parse_suites(args.suite.split(","))
+    args.lengths = int_list(args.lengths, "length")
+    args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
+    if any(not 0 <= depth <= 1 for depth in args.depths):
+        raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
+    args.options = parse_options(args.opt)
+    args.config = scheme_config(args.scheme, args.options)
+    check_model_takes(args.model, args.scheme)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..evaluation import compare
+
+    if args.compare:
+        print(compare(args.compare, clear_out(args.out), records=args.records, mixed=args.mixed))
+        return 0
+    if args.accelerate_config is not None:  # checked here, run in each launched process
+        import yaml
+
+        from .train import accelerate_config, launch
+
+        path = accelerate_config(args.accelerate_config)
+        clear_out(args.out)
+        return launch(path, yaml.safe_load(path.read_text()) or {}, ["hf_posenc.cli", "eval", *_argv(args)],
+                      "evaluation")
+    import torch
+
+    from .. import results
+    from ..evaluation import run_suites
+    from ..evaluation.processes import join
+    from ..loading import inference_device_map, load
+
     state = join()  # one process, or this one's place in an `accelerate launch`
     torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
     distributed = state.num_processes > 1
-    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype), scheme=args.scheme, options=options,
+    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype),
                             device_map=inference_device_map(state.device if distributed else None))
+    if args.config is not None:
+        from ..patching import patch
+
+        patch(model, args.config)
+    out = Path(args.out) if distributed else clear_out(args.out)  # launched: cleared once, before the launch
     record = run_suites(
-        model, tokenizer, suites, lengths, out, name=args.model, scheme=args.scheme, options=options,
+        model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
-        max_windows=args.max_windows, batch_size=args.batch_size, depths=depths, trials=args.trials,
-        task_lengths=task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, distributed=distributed,
+        max_windows=args.max_windows, batch_size=args.batch_size, depths=args.depths, trials=args.trials,
+        task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
+        baseline=not args.no_baseline, distributed=distributed,
     )
     if state.is_main_process:
-        print(f"wrote {out / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
+        print(results.markdown(record.runs))
+        print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     return 0
+
+
+def saved(args: argparse.Namespace) -> str:
+    path = Path(args.out) / "results.json"
+    if args.compare or not path.is_file():
+        return "nothing was saved"
+    return f"the suites that finished are in {path} (complete: false)"

@@ -6,11 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
-from ..analysis import inspect_model
-from ..loading import load
 from ..models import NAMED_MODELS, display_name
+from . import check_model_takes, check_out, clear_out
 
 DEFAULT_TEXT = (
     "Positional encodings tell a transformer where each word stands. The original model added a fixed "
@@ -29,7 +26,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         f"named offline models: {'; '.join(f'{k} = {v[3]} ({v[4]})' for k, v in NAMED_MODELS.items())}"
     )
     parser.add_argument("model", metavar="MODEL", help=f"a model folder, a Hub id, or {' / '.join(NAMED_MODELS)}")
-    parser.add_argument("--out", required=True, help="output folder for inspect.json and the PNG plots")
+    parser.add_argument("--out", required=True, help="new output folder for inspect.json and the PNG plots")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--text", default=DEFAULT_TEXT, help="text for the attention analyses (default: a short paragraph)")
     parser.add_argument("--top-k", type=int, default=None,
                         help="token subspace dimension (default: principal directions holding 90%% of the energy)")
@@ -38,12 +36,22 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=5, help="random subspaces for the baseline (default 5)")
 
 
+def check(args: argparse.Namespace) -> None:
+    check_out(args.out, args.overwrite)
+    check_model_takes(args.model, None)
+
+
 def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..analysis import inspect_model
+    from ..loading import load
+
     # the checkpoint's own class keeps its weight names; every analysis uses `model.base_model`
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     name = display_name(args.model)
     input_ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    result = inspect_model(model, input_ids, args.out, name=name, top_k=args.top_k, pos_dim=args.pos_dim,
+    result = inspect_model(model, input_ids, clear_out(args.out), name=name, top_k=args.top_k, pos_dim=args.pos_dim,
                            seeds=args.seeds)
     print(f"{name} ({result['model_type']}, {result['positions']} positions), text of {result['num_tokens']} tokens")
     print(result["summary"])

@@ -1,11 +1,13 @@
-"""`hf-posenc list`: schemes, architectures and which cells of the support matrix work."""
+"""`hf-posenc list`: schemes, architectures and which cells of the support matrix work.
+
+Read from `hf_posenc/support.json`, the registry's snapshot (`registry.snapshot()`; a test keeps it
+equal to the live registry), so that `list` starts without importing torch.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-
-from ..registry import get_scheme, list_architectures, support_matrix
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -15,17 +17,20 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    matrix = support_matrix()
+    from ..registry import SNAPSHOT
+
+    snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    matrix = snapshot["matrix"]
     if args.json:
-        print(json.dumps({"architectures": list_architectures(), "matrix": matrix}, indent=2))
+        print(json.dumps({"architectures": snapshot["architectures"], "matrix": matrix}, indent=2))
         return 0
-    schemes = sorted(next(iter(matrix.values())))
+    schemes = sorted(snapshot["schemes"])
     print("| adapter | " + " | ".join(schemes) + " |")
     print("|---" * (len(schemes) + 1) + "|")
     for adapter, row in matrix.items():
         print(f"| {adapter} | " + " | ".join("yes" if row[s] else "-" for s in schemes) + " |")
     print()
     for name in schemes:
-        scheme = get_scheme(name)
-        print(f"{name:11s} {scheme.site:6s} {scheme.citation}")
+        site, citation = snapshot["schemes"][name]
+        print(f"{name:11s} {site:6s} {citation}")
     return 0

@@ -4,28 +4,42 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..loading import load
-from ..patching import describe
-from . import parse_options
+from . import check_model_takes, check_out, clear_out, parse_options, scheme_config
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Load a model, patch its positional scheme, save it (reload with hf_posenc.from_pretrained)."
+    parser.description = ("Load a model, patch its positional scheme, save it. The folder loads back patched with "
+                          "hf_posenc.from_pretrained, or AutoModel*.from_pretrained(DIR, trust_remote_code=True).")
     parser.epilog = ("examples:\n  hf-posenc patch smollm2 yarn --opt factor=4 --out out/smollm2-yarn4\n"
                      "  hf-posenc patch ./my-gpt2 rope --opt theta=10000 --out ./my-gpt2-rope")
     parser.add_argument("model", help="'smollm2', a local folder or a Hub id")
     parser.add_argument("scheme", help="a scheme name (hf-posenc list)")
     parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="scheme option, repeatable")
-    parser.add_argument("--out", required=True, help="folder to save the patched model and tokenizer in")
+    parser.add_argument("--out", required=True, help="new folder to save the patched model and tokenizer in")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
+
+
+def check(args: argparse.Namespace) -> None:
+    check_out(args.out, args.overwrite)
+    args.config = scheme_config(args.scheme, parse_options(args.opt))
+    check_model_takes(args.model, args.config.scheme)
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..loading import load
+    from ..patching import describe, patch
+
     # the class the checkpoint was saved as, so a BertModel stays a BertModel
-    model, tokenizer = load(args.model, task="saved", dtype=torch.float32, scheme=args.scheme,
-                            options=parse_options(args.opt))
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    print(f"saved {describe(model)} to {args.out}")
+    model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
+    patch(model, args.config)
+    out = clear_out(args.out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    from ..hub import model_card
+    from ..models import origin
+
+    (out / "README.md").write_text(str(model_card(out, origin(args.model)[0])), encoding="utf-8")
+    print(f"saved {describe(model)} and its model card to {out}")
     return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from ..hub import export, push
-
+from ..errors import PosEncError
+from . import check_out
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
@@ -24,7 +25,25 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", metavar="OUT", help="write the repo to the new folder OUT and upload nothing")
 
 
+def check(args: argparse.Namespace) -> None:
+    from huggingface_hub import get_token
+
+    from ..hub import NO_TOKEN
+
+    if not (Path(args.dir) / "config.json").is_file():
+        raise PosEncError(f"{args.dir} has no config.json: give a folder written by model.save_pretrained, "
+                          "hf-posenc patch or hf-posenc train")
+    if args.dry_run:
+        if Path(args.dry_run).exists():
+            raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
+        check_out(args.dry_run, overwrite=False, flag="--dry-run")
+    elif not (args.token or get_token()):
+        raise PosEncError(NO_TOKEN)
+
+
 def main(args: argparse.Namespace) -> int:
+    from ..hub import export, push
+
     if args.dry_run:
         out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id)
         print(f"staged {args.repo_id} in {out}; nothing uploaded")

@@ -6,21 +6,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.resources
+import json
 import os
 import socket
-import sys
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from ..errors import PosEncError
-from ..train import load_recipe, preflight, train
-from ..train.recipe import SECTIONS
 
 EPILOG = """examples:
   hf-posenc train recipes/smollm2-135m/alibi/config_smoke.yaml --training.max_steps 20
   hf-posenc train recipes/minilm-l6/rope/config_smoke.yaml --accelerate-config cpu_2proc
   hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume
+  hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume auto   # continue if a checkpoint exists
   accelerate launch --config_file CFG -m hf_posenc.train RECIPE.yaml --lr 5e-4
 
 any recipe field is overridden by --section.field VALUE (or --field VALUE when one section has it;
@@ -41,13 +39,17 @@ def accelerate_config(name: str) -> Path:
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
+    from ..train.recipe import SECTIONS
+
     parser.description = "Swap a model's positional scheme and recover it with accelerate + peft, as a recipe says."
     fields = (f"  {section}: {', '.join(f.name for f in dataclasses.fields(cls))}" for section, cls in SECTIONS.items())
     parser.epilog = EPILOG + "\n".join(fields)
     parser.add_argument("recipe", help="recipe YAML (see recipes/)")
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="launch through `accelerate launch` with this config (name or path)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output.dir")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"], metavar="auto",
+                        help="continue from the latest checkpoint in output.dir (an error if there is none); "
+                             "`--resume auto`: continue if there is one, else start")
     parser.add_argument("--overwrite", action="store_true", help="replace the run in output.dir")
     parser.set_defaults(overrides=[])  # the recipe-field options the dispatcher does not know
 
@@ -59,12 +61,41 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(path: Path, module_argv: list[str], prog: str) -> int:
+def check(args: argparse.Namespace) -> None:
+    """The recipe, the batch split over the processes, the output folder, the scheme and the data."""
+    import yaml
+
+    from ..train import load_recipe, preflight
+
+    args.recipe_obj = load_recipe(args.recipe, args.overrides)
+    args.config_path, args.launch = None, {}
+    if args.accelerate_config is not None:
+        args.config_path = accelerate_config(args.accelerate_config)
+        args.launch = yaml.safe_load(args.config_path.read_text()) or {}
+    world = int(args.launch.get("num_processes", 1)) if args.config_path else 1
+    preflight(args.recipe_obj, args.resume, args.overwrite, world)  # fail here, not in N children
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.config_path is None:
+        from ..train import train
+
+        from accelerate import PartialState
+
+        record = train(args.recipe_obj, resume=args.resume, overwrite=args.overwrite)
+        if PartialState().is_main_process:  # under `accelerate launch`, rank 0 speaks for all
+            print(summary(record, args.recipe_obj.output.dir))
+        return 0
+    flags = ["--overwrite"] if args.overwrite else []
+    flags += ["--resume", *(["auto"] if args.resume == "auto" else [])] if args.resume else []
+    return launch(args.config_path, args.launch, ["hf_posenc.train", args.recipe, *args.overrides, *flags], "training")
+
+
+def launch(path: Path, config: dict[str, Any], module_argv: list[str], what: str) -> int:
     """`accelerate launch --config_file PATH -m MODULE_ARGV...`: the processes the config asks for,
-    each running `python -m MODULE_ARGV...`."""
+    each running `python -m MODULE_ARGV...` (train and eval share it)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    config = yaml.safe_load(path.read_text()) or {}
     if config.get("use_cpu"):
         os.environ["ACCELERATE_USE_CPU"] = "true"  # torchrun children do not get it from the config
     port = [] if config.get("main_process_port") else ["--main_process_port", str(_free_port())]
@@ -72,18 +103,32 @@ def launch(path: Path, module_argv: list[str], prog: str) -> int:
     try:
         launch_command(launch_args)
     except Exception as err:  # the children printed their own tracebacks
-        print(f"{prog}: launch failed: {type(err).__name__}", file=sys.stderr)
-        return 1
+        raise PosEncError(f"the {config.get('num_processes', 1)} {what} processes failed ({type(err).__name__}); "
+                          "their messages are above") from None
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe, args.overrides)
-    if args.accelerate_config is None:
-        train(recipe, resume=args.resume, overwrite=args.overwrite)
-        return 0
-    path = accelerate_config(args.accelerate_config)
-    config = yaml.safe_load(path.read_text()) or {}
-    preflight(recipe, args.resume, args.overwrite, int(config.get("num_processes", 1)))  # fail here, not in N children
-    flags = [f"--{name}" for name in ("resume", "overwrite") if getattr(args, name)]
-    return launch(path, ["hf_posenc.train", args.recipe, *args.overrides, *flags], "hf-posenc train")
+def summary(record: Any, out: str) -> str:
+    """What a finished run did: steps, last logged loss, held-out perplexity, where the model is."""
+    from .. import results
+
+    details = record.details
+    lines = [f"trained {details.get('steps')} steps on {details.get('world_size')} process(es) "
+             f"in {details.get('train_seconds', 0):.0f} s"]
+    log = json.loads((Path(out) / "loss.json").read_text()) if (Path(out) / "loss.json").is_file() else []
+    if log:
+        lines[0] += f"; training loss {log[-1]['loss']:.4f} at step {log[-1]['step']}"
+    lines.append(results.markdown(record.runs))
+    saved = [name for name in ("config.json", "adapter") if (Path(out) / name).exists()]
+    lines.append(f"wrote {out}/results.json" + (f" and the model ({', '.join(saved)}) in {out}" if saved else ""))
+    return "\n".join(lines)
+
+
+def saved(args: argparse.Namespace) -> str:
+    from ..train.runner import checkpoints
+
+    recipe = getattr(args, "recipe_obj", None)
+    found = checkpoints(Path(recipe.output.dir)) if recipe is not None else []
+    if not found:
+        return "no checkpoint was saved"
+    return f"the latest checkpoint is {found[-1]}; continue with --resume"

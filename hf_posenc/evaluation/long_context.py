@@ -113,7 +113,7 @@ def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Ten
     def score(batch_starts: list[int]) -> list[tuple[float, int]]:
         """(summed nll, tokens scored) of each window."""
         scored = []
-        bar = tqdm(total=len(batch_starts), desc=f"perplexity @ {length}", unit="window", disable=not progress)
+        bar = tqdm(total=len(batch_starts), desc=f"perplexity @ {length}", unit="window", disable=None if progress else True)
         for i in range(0, len(batch_starts), batch_size):
             batch = batch_starts[i : i + batch_size]
             windows = torch.stack([ids[s : s + length] for s in batch]).to(device(model))
@@ -160,7 +160,7 @@ def prefix_perplexity(
         hidden = head_inputs(model, head, window)[0]
         nll = torch.cat([
             token_nll(head, hidden[lo - 1 : hi - 1], window[0, lo:hi])
-            for lo, hi in tqdm(_chunks(1, longest), desc=f"prefix perplexity @ {longest}", disable=not progress)
+            for lo, hi in tqdm(_chunks(1, longest), desc=f"prefix perplexity @ {longest}", disable=None if progress else True)
         ]).cumsum(0)
     except LENGTH_LIMITS as err:
         return {**results, **{L: skipped(err) for L in fitting}}

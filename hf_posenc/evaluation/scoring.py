@@ -185,7 +185,7 @@ def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     def decode(part: list[tuple[list[int], int]]) -> list[str]:
         order = sorted(range(len(part)), key=lambda i: len(part[i][0]))  # similar lengths share a batch
         out: dict[int, str] = {}
-        for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
+        for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=None if progress else True):
             idx = order[i : i + batch_size]
             hidden = padded_hidden(model, head, [part[j][0] for j in idx], tokenizer.pad_token_id)
             for r, j in enumerate(idx):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .. import data, plots, results
 from ..errors import PosEncError
-from ..patching import describe
+from ..patching import describe, unpatch
 from .long_context import passkey, perplexity_by_length
 from .processes import main_process_first, rank_and_world
 from .scoring import check_lengths, text_token_ids
@@ -55,6 +56,8 @@ def run_suites(
     examples: int = 20,
     limit: int | None = None,
     seed: int = 0,
+    dtype: str | None = None,
+    baseline: bool = False,
     distributed: bool = False,
 ) -> results.Results:
     """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
@@ -66,6 +69,10 @@ def run_suites(
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
+        dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
+        baseline: if the model is patched, then unpatch it and score it again with the same settings
+            (the run "<name> (unpatched)": for a model patched without training, the original one);
+            the model stays unpatched.
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
             group (`accelerate launch`); every process must call this alike, and gets the same results
             as one process would; only the first writes files.
@@ -78,13 +85,13 @@ def run_suites(
     if main:
         out.mkdir(parents=True, exist_ok=True)
     name = name or type(model).__name__
-    described = describe(model)
     run = results.Run(results.run_label(name, scheme, options or {}), scheme, dict(options or {}),
-                      described.to_dict() if described else None)
+                      getattr(model.config, "posenc", None) if describe(model) else None)
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
         "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
-        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed},
+        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
+        "dtype": dtype or str(model.dtype).removeprefix("torch.")},
         details={"processes": world})
     path = out / "results.json"
 
@@ -92,57 +99,111 @@ def run_suites(
         if main:
             record.save(path, complete=complete)
 
-    def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
-        run.put(metric, key, cell)
-        save()
-
     save()
-    shared = {"progress": main, "distributed": distributed}
-
-    if "perplexity" in suites:
-        with main_process_first(distributed):
-            source = data.long_text(text, text_column=text_column, config=text_config)
-        need = None if max_windows is None else max(lengths) + max_windows * (stride or max(lengths))
-        ids = text_token_ids(tokenizer, source, need)
-        for length in lengths:
-            put("perplexity", length,
-                perplexity_by_length(model, ids, [length], stride, batch_size, max_windows, **shared)[length])
-    if "passkey" in suites:
-        for length in lengths:
-            cell = passkey(model, tokenizer, [length], depths, trials, seed=seed + length, **shared)[length]
-            if "by_depth" in cell:
-                cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
-            put("passkey", length, cell)
-    for suite, (dataset, config, split) in SENTIMENT.items():
-        if suite in suites:
-            with main_process_first(distributed):
-                rows = data.sentiment_dataset(dataset, config=config, seed=seed)[split]
-            put("classification", suite,
-                classification(model, tokenizer, rows, batch_size=max(batch_size, 16), limit=limit, **shared))
-    for task in data.SYNTHETIC_TASKS:
-        if task in suites:
-            for length in check_lengths(list(task_lengths), "task length"):
-                shots = data.synthetic_task(task, length, 3, seed=seed + 1000)
-                prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
-                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, examples, seed),
-                                               prefix=prefix, batch_size=max(batch_size, 8), **shared)
-                put(task, length, {"exact_match": scored["exact_match"]})
+    settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
+                    max_windows=max_windows, batch_size=batch_size, depths=depths, trials=trials,
+                    task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
+                    progress=main, distributed=distributed)
+    _score(model, tokenizer, suites, lengths, run, save, settings)
+    if baseline and describe(model) is not None:
+        unpatch(model)
+        record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        _score(model, tokenizer, suites, lengths, record.runs[-1], save, settings)
     save(complete=True)
     if main:
         plots.results_by_length(record.runs, out)
     return record
 
 
-def compare(paths: Sequence[str | Path], out: str | Path) -> str:
+def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: Sequence[str],
+           lengths: Sequence[int], run: results.Run, save: Callable[[], None], s: dict[str, Any]) -> None:
+    """One run's suites, saving the record after every cell."""
+    shared = {"progress": s["progress"], "distributed": s["distributed"]}
+
+    def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
+        run.put(metric, key, cell)
+        save()
+
+    if "perplexity" in suites:
+        with main_process_first(s["distributed"]):
+            source = data.long_text(s["text"], text_column=s["text_column"], config=s["text_config"])
+        windows, stride = s["max_windows"], s["stride"]
+        need = None if windows is None else max(lengths) + windows * (stride or max(lengths))
+        ids = text_token_ids(tokenizer, source, need)
+        for length in lengths:
+            put("perplexity", length,
+                perplexity_by_length(model, ids, [length], stride, s["batch_size"], windows, **shared)[length])
+    if "passkey" in suites:
+        for length in lengths:
+            cell = passkey(model, tokenizer, [length], s["depths"], s["trials"], seed=s["seed"] + length,
+                           **shared)[length]
+            if "by_depth" in cell:
+                cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
+            put("passkey", length, cell)
+    for suite, (dataset, config, split) in SENTIMENT.items():
+        if suite in suites:
+            with main_process_first(s["distributed"]):
+                rows = data.sentiment_dataset(dataset, config=config, seed=s["seed"])[split]
+            put("classification", suite,
+                classification(model, tokenizer, rows, batch_size=max(s["batch_size"], 16), limit=s["limit"],
+                               **shared))
+    for task in data.SYNTHETIC_TASKS:
+        if task in suites:
+            for length in check_lengths(list(s["task_lengths"]), "task length"):
+                shots = data.synthetic_task(task, length, 3, seed=s["seed"] + 1000)
+                prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
+                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, s["examples"], s["seed"]),
+                                               prefix=prefix, batch_size=max(s["batch_size"], 8), **shared)
+                put(task, length, {"exact_match": scored["exact_match"]})
+
+
+def measured_with(record: results.Results) -> dict[str, Any]:
+    """What a results file's numbers depend on besides the model and the table key: two files whose
+    values here differ do not measure the same thing (another text, window count, dtype, method)."""
+    settings = record.settings
+    if record.kind == "train":
+        data, evaluation = settings.get("data", {}), settings.get("evaluation", {})
+        return {"method": "held-out blocks of the training data", "text": data.get("dataset"),
+                "dtype": settings.get("model", {}).get("dtype"), "max_windows": evaluation.get("max_windows")}
+    if record.kind == "demo":
+        return {"method": "perplexity of the first L tokens", "text": settings.get("text")}
+    keys = ("text", "text_config", "stride", "max_windows", "dtype", "depths", "trials", "examples", "limit", "seed")
+    return {"method": "sliding windows", **{key: settings.get(key) for key in keys}}
+
+
+def differing_settings(records: Sequence[results.Results], mixed: bool = False) -> list[str]:
+    """The `measured_with` keys whose values differ between results files; refused unless `mixed`."""
+    settings = [measured_with(record) for record in records]
+    differ = sorted({key for s in settings for key in s if len({repr(t.get(key)) for t in settings}) > 1})
+    if differ and not mixed:
+        raise PosEncError(f"these results were measured differently ({', '.join(differ)} differ), so their "
+                          "numbers do not compare; pass --mixed to put them in one table anyway (it says what differs)")
+    return differ
+
+
+def compare(paths: Sequence[str | Path], out: str | Path, *, records: Sequence[results.Results] | None = None,
+            mixed: bool = False) -> str:
     """Every run of several results files (eval, train or demo) in one table: writes out/compare.md,
-    out/compare.json (the files' contents) and the plots; returns the table."""
-    loaded = [results.load(path) for path in paths]
-    runs = [run for record in loaded for run in record.runs]
+    out/compare.json (the files' contents) and the plots; returns the table.
+
+    Files measured differently (`measured_with`: text, windows, dtype, method) are refused unless
+    `mixed`, in which case each run is marked with its file and the table ends with what differs.
+    """
+    loaded = list(records) if records is not None else [results.load(path) for path in paths]
+    differ = differing_settings(loaded, mixed)
+    settings = [measured_with(record) for record in loaded]
+    runs = []
+    for number, record in enumerate(loaded, 1):
+        for run in record.runs:
+            runs.append(dataclasses.replace(run, label=f"{run.label} [{number}]") if differ else run)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table = results.markdown(runs)
+    if differ:
+        table += "\n\n" + "\n".join(f"[{n}] {path}: " + ", ".join(f"{k}={s.get(k)}" for k in differ)
+                                    for n, (path, s) in enumerate(zip(paths, settings), 1))
     (out / "compare.md").write_text(table + "\n")
-    results.write_json(out / "compare.json", {"files": [str(p) for p in paths],
+    results.write_json(out / "compare.json", {"files": [str(p) for p in paths], "differ": differ,
                                               "results": [record.to_dict() for record in loaded]})
     plots.results_by_length(runs, out)
     return table

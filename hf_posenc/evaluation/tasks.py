@@ -102,7 +102,7 @@ def classification(
     texts, labels = dataset[text_column], dataset[label_column]
 
     def predict_all(part: list[str]) -> list[int]:
-        bar = tqdm(range(0, len(part), batch_size), desc=f"classification ({mode})", unit="batch", disable=not progress)
+        bar = tqdm(range(0, len(part), batch_size), desc=f"classification ({mode})", unit="batch", disable=None if progress else True)
         return [label for i in bar for label in predict(part[i : i + batch_size])]
 
     predictions = across_processes(texts, predict_all, distributed)

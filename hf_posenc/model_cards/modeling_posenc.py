@@ -1,23 +1,53 @@
-"""Remote code for a checkpoint whose positional encoding was swapped with hf-posenc.
+"""Remote code of a model whose positional encoding was swapped with hf-posenc.
 
-`AutoModel*.from_pretrained(repo, trust_remote_code=True)` runs this file. Plain `from_pretrained`
-would build the stock architecture and silently drop the patch (its new position weights come
-back randomly initialised); this loads the stock class named in `config.architectures` through
-hf-posenc's loader, which re-applies `config.posenc` and then loads the patch's weights.
-It needs hf-posenc installed: `pip install hf-posenc`.
+`AutoConfig` / `AutoModel*.from_pretrained(folder_or_repo, trust_remote_code=True)` run this file.
+The folder's config.json names the stock architecture in `posenc.model_type` (or keeps its own
+`model_type` when transformers can express the scheme), and hf-posenc loads that stock class,
+re-applies the scheme in `config.posenc` and loads the scheme's weights: the model you get is the
+stock transformers class, patched. Needs hf-posenc installed: `pip install hf-posenc`.
 """
 
-from transformers import PreTrainedModel
+import transformers
+from transformers import PretrainedConfig, PreTrainedModel
 
-from hf_posenc.loading import load_model
+from hf_posenc.saving import from_pretrained, load_config
+
+
+class PosEncAutoConfig(PretrainedConfig):
+    """Entry point of AutoConfig: returns the stock config (e.g. LlamaConfig) with `posenc`."""
+
+    model_type = "hf_posenc"
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        return load_config(pretrained_model_name_or_path, **kwargs)
 
 
 class PosEncModel(PreTrainedModel):
-    """Entry point named in `config.auto_map`; returns the patched stock model, not an instance of this class."""
+    """Entry point of one Auto class: returns the patched stock model, not an instance of this class."""
+
+    auto_class = "AutoModel"
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *, config, **kwargs):
-        kwargs.pop("trust_remote_code", None)  # the stock class needs no remote code
-        # The loader also drops config.auto_map, which names a file of the published repo, so a later
-        # save_pretrained writes a folder that reloads anywhere.
-        return load_model(pretrained_model_name_or_path, task="saved", config=config, **kwargs)
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        return from_pretrained(pretrained_model_name_or_path, getattr(transformers, cls.auto_class), **kwargs)
+
+
+class PosEncForCausalLM(PosEncModel):
+    auto_class = "AutoModelForCausalLM"
+
+
+class PosEncForMaskedLM(PosEncModel):
+    auto_class = "AutoModelForMaskedLM"
+
+
+class PosEncForSequenceClassification(PosEncModel):
+    auto_class = "AutoModelForSequenceClassification"
+
+
+class PosEncForTokenClassification(PosEncModel):
+    auto_class = "AutoModelForTokenClassification"
+
+
+class PosEncForQuestionAnswering(PosEncModel):
+    auto_class = "AutoModelForQuestionAnswering"

@@ -66,37 +66,55 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return keys
 
 
-def check_output(recipe: Recipe, resume: bool, overwrite: bool) -> None:
-    """Refuse to write into a folder that holds another run unless told to resume or overwrite."""
+def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
+    """Refuse to write into a folder that holds another run unless told to resume or overwrite.
+    `resume` is True (continue from the latest checkpoint, which must exist) or "auto" (continue if
+    there is a checkpoint, else start over); returns the (resume, overwrite) this run does."""
     out = Path(recipe.output.dir)
+    where = f"{recipe.source}: output.dir"
     if resume and overwrite:
         raise PosEncError("--resume and --overwrite exclude each other")
+    if out.is_file():
+        raise PosEncError(f"{where}: {str(out)!r} is a file; give a folder (new or empty)")
+    if resume == "auto":
+        if checkpoints(out):
+            resume = True
+        else:  # start over: allowed over this same run, which saved nothing to continue from
+            resume, overwrite = False, (out / RUN_FILE).is_file() and not _recipe_changes(out, recipe)
+    elif resume and not checkpoints(out):
+        raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
+                          "--resume to start, or pass --resume auto to start when there is none")
     if not out.exists() or not any(out.iterdir()):
-        return
-    run_file = out / RUN_FILE
-    where = f"{recipe.source}: output.dir"
-    if not run_file.is_file():
+        return bool(resume), overwrite
+    if not (out / RUN_FILE).is_file():
         raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
     if overwrite:
-        return
+        return False, True
     if not resume:
         raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    changed = _diff(json.loads(run_file.read_text())["recipe"], recipe.to_dict())
-    if changed:
+    if changed := _recipe_changes(out, recipe):
         raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
+    return True, False
 
 
-def preflight(recipe: Recipe, resume: bool, overwrite: bool, world_size: int) -> Any:
-    """Every check that needs no compute: output folder, scheme support, dataset columns, batch split."""
+def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
+    return _diff(json.loads((out / RUN_FILE).read_text())["recipe"], recipe.to_dict())
+
+
+def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: int) -> tuple[Any, bool, bool]:
+    """Every check that needs no compute: output folder, scheme support, dataset columns, batch split.
+    Returns the raw data and the (resume, overwrite) the run does (see `check_output`)."""
     t = recipe.training
     if t.batch_size % (t.micro_batch_size * world_size):
+        fits = [m for m in range(t.micro_batch_size, 0, -1) if t.batch_size % (m * world_size) == 0]
+        fix = f"--training.micro_batch_size {fits[0]}" if fits else f"a training.batch_size that is a multiple of {world_size}"
         raise PosEncError(
             f"{recipe.source}: training.batch_size: {t.batch_size} does not split into micro-batches of "
-            f"{t.micro_batch_size} on {world_size} process(es); use a multiple of {t.micro_batch_size * world_size}"
+            f"{t.micro_batch_size} on {world_size} process(es); use {fix}"
         )
-    check_output(recipe, resume, overwrite)
+    resume, overwrite = check_output(recipe, resume, overwrite)
     modeling.check_scheme(recipe, modeling.load_config(recipe))
-    return inputs.load_raw(recipe)
+    return inputs.load_raw(recipe), resume, overwrite
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
@@ -174,19 +192,20 @@ def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=lr)
 
 
-def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> results.Results:
+def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -> results.Results:
     """Run a recipe under whatever `accelerate launch` set up; returns what it wrote to results.json:
     the runs "original" (LM only), "before training" and "after training", as `evaluation` sets allow.
 
     Args:
         recipe: a validated Recipe (see `load_recipe`).
-        resume: continue from the latest checkpoint in `output.dir`.
+        resume: continue from the latest checkpoint in `output.dir` (True: there must be one;
+            "auto": if there is one).
         overwrite: replace the run in `output.dir`.
     """
     t, out = recipe.training, Path(recipe.output.dir)
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
     cpu, world = joined.device.type == "cpu", joined.num_processes
-    raw = preflight(recipe, resume, overwrite, world)  # before any compute
+    raw, resume, overwrite = preflight(recipe, resume, overwrite, world)  # before any compute
     record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
     accelerator = Accelerator(
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
@@ -254,7 +273,8 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> resu
     if recipe.evaluation.before and state.before is None:
         state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
 
-    bar = tqdm(total=t.max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=t.max_steps, initial=state.step, disable=None if main else True, desc="train", unit="step",
+               dynamic_ncols=True)  # None: off when stderr is not a terminal
     window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
     samples, tokens = state.samples[rank], state.tokens[rank]
     tick, cpu0 = time.perf_counter(), time.process_time()
@@ -309,9 +329,9 @@ def train(recipe: Recipe, resume: bool = False, overwrite: bool = False) -> resu
         "train_seconds": state.train_seconds,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
     }
-    described = describe(accelerator.unwrap_model(model))
+    unwrapped = accelerator.unwrap_model(model)
     swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
-               "posenc": described.to_dict() if described else None}
+               "posenc": getattr(unwrapped.config, "posenc", None) if describe(unwrapped) else None}
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
                    for label, metrics in (("original", state.original), ("before training", state.before),
                                           ("after training", after)) if metrics is not None]

@@ -1,0 +1,173 @@
+"""Every folder hf-posenc writes loads back as what it is, through plain transformers Auto classes.
+
+For each saved folder: `AutoModel*.from_pretrained(D, trust_remote_code=True)` gives the patched
+logits exactly; without `trust_remote_code` a scheme transformers can express (RoPE scalings on a
+rotating model) loads natively with the same logits, and every other scheme is refused with a message
+saying how to load it -- never the stock model. `hp.from_pretrained` reads all of them, and folders
+written before the marks existed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_model
+
+import hf_posenc as hp
+from hf_posenc import hub, saving
+from hf_posenc.patching import describe_modules
+
+LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
+
+# (model type, head, Auto class, scheme, options, native: plain transformers rebuilds it)
+CELLS = [
+    ("llama", "causal", "AutoModelForCausalLM", "yarn", {"factor": 4.0}, True),
+    ("llama", "causal", "AutoModelForCausalLM", "rope", {"theta": 500.0}, True),
+    ("llama", "causal", "AutoModelForCausalLM", "yarn", {"factor": 2.0, "partial": 0.5}, False),
+    ("llama", "causal", "AutoModelForCausalLM", "alibi", {}, False),
+    ("llama", "causal", "AutoModelForCausalLM", "kerple", {}, False),
+    ("llama", "causal", "AutoModelForCausalLM", "nope", {}, False),
+    ("qwen3", "causal", "AutoModelForCausalLM", "xpos", {}, False),
+    ("gpt2", "causal", "AutoModelForCausalLM", "rope", {}, False),
+    ("gpt2", "causal", "AutoModelForCausalLM", "learned", {"init": "interpolate", "max_positions": 128}, False),
+    ("bert", "base", "AutoModel", "rope", {}, False),
+    ("bert", "cls", "AutoModelForSequenceClassification", "sinusoidal", {}, False),
+]
+
+
+def output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def patched(model_type: str, head: str, scheme: str, options: dict) -> torch.nn.Module:
+    """A patched tiny model whose new weights (if any) are not their initial values, so a reload
+    that re-initialises them instead of loading them shows."""
+    model = hp.patch(tiny_model(model_type, head=head), scheme, **options)
+    with torch.no_grad():
+        for module in describe_modules(model):
+            for param in module.parameters():
+                param.add_(0.3 * torch.randn_like(param))
+    return model
+
+
+def refused_without_remote_code(load) -> None:
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        load()
+
+
+@pytest.mark.parametrize("model_type, head, auto_class, scheme, options, native", CELLS,
+                         ids=[f"{c[0]}-{c[3]}-{'-'.join(map(str, c[4].values()))}" for c in CELLS])
+def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type, head, auto_class, scheme, options,
+                                                           native):
+    auto = getattr(transformers, auto_class)
+    model = patched(model_type, head, scheme, options)
+    ids = torch.randint(1, 128, (2, LONG))
+    expected = output(model, ids)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"][auto_class] == f"modeling_posenc.{saving.REMOTE_CLASSES[auto_class]}"
+    assert (folder / saving.REMOTE_CODE).read_text() == saving.remote_code()
+    assert config["model_type"] == (model_type if native else saving.MODEL_TYPE)
+    assert ("AutoConfig" in config["auto_map"]) is not native
+
+    remote = auto.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(remote) is type(model) and hp.describe(remote) == hp.describe(model)
+    assert torch.equal(output(remote, ids), expected)
+    assert torch.equal(output(hp.from_pretrained(str(folder), model_cls=auto).eval(), ids), expected)
+
+    if native:  # plain transformers rebuilds the same model from config.rope_parameters
+        plain = auto.from_pretrained(folder).eval()
+        assert hp.describe(plain) is None and torch.equal(output(plain, ids), expected)
+    else:
+        refused_without_remote_code(lambda: auto.from_pretrained(folder))
+        refused_without_remote_code(lambda: transformers.AutoConfig.from_pretrained(folder))
+        stock = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        assert type(stock) is type(model.config) and stock.posenc["scheme"] == scheme
+
+    # what was loaded through the remote code saves a folder that loads the same way again
+    remote.save_pretrained(tmp_path / "again")
+    again = auto.from_pretrained(tmp_path / "again", trust_remote_code=True).eval()
+    assert torch.equal(output(again, ids), expected)
+
+
+def test_the_save_hook_is_plain_data_and_goes_with_the_patch(tmp_path):
+    model = patched("llama", "causal", "alibi", {})
+    hook = vars(model)["save_pretrained"]
+    assert hook.func is saving.save_pretrained and hook.args == (model,)
+    assert pickle.loads(pickle.dumps(hook.func)) is saving.save_pretrained  # by reference, no closure
+    twin = copy.deepcopy(model)
+    assert vars(twin)["save_pretrained"].args[0] is twin  # the copy saves itself, not the original
+    twin.save_pretrained(tmp_path / "twin")
+    assert json.loads((tmp_path / "twin" / "config.json").read_text())["model_type"] == saving.MODEL_TYPE
+
+    hp.unpatch(model)
+    assert "save_pretrained" not in vars(model)
+    model.save_pretrained(tmp_path / "stock")
+    config = json.loads((tmp_path / "stock" / "config.json").read_text())
+    assert config["model_type"] == "llama" and "auto_map" not in config and "posenc" not in config
+    assert not (tmp_path / "stock" / saving.REMOTE_CODE).exists()
+
+    hp.patch(model, "nope")
+    with pytest.raises(hp.PosEncError, match="is a file"):
+        model.save_pretrained(tmp_path / "stock" / "config.json")
+
+
+def test_folders_saved_before_the_marks_still_load_and_export_marked(tmp_path):
+    ids = torch.randint(1, 128, (1, LONG))
+    for scheme, options, native in (("yarn", {"factor": 4.0}, True), ("kerple", {}, False)):
+        model = patched("llama", "causal", scheme, options)
+        old = tmp_path / f"old-{scheme}"
+        type(model).save_pretrained(model, old)  # what hf-posenc wrote before: stock model_type, no auto_map
+        assert json.loads((old / "config.json").read_text())["model_type"] == "llama"
+        expected = output(model, ids)
+        assert torch.equal(output(hp.from_pretrained(str(old)).eval(), ids), expected)
+
+        repo = hub.export(old, tmp_path / f"repo-{scheme}")
+        assert json.loads((repo / "config.json").read_text())["model_type"] == ("llama" if native else saving.MODEL_TYPE)
+        remote = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
+        assert torch.equal(output(remote, ids), expected)
+        assert json.loads((old / "config.json").read_text())["model_type"] == "llama"  # the source is untouched
+
+
+HIDE_HF_POSENC = """
+import importlib.abc, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "hf_posenc":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Hide())
+import transformers
+transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+"""
+
+
+def test_without_hf_posenc_installed_the_remote_code_names_the_package(tmp_path):
+    patched("llama", "causal", "alibi", {}).save_pretrained(tmp_path / "model")
+    proc = subprocess.run([sys.executable, "-c", HIDE_HF_POSENC, str(tmp_path / "model")], capture_output=True,
+                          text=True, env={**__import__("os").environ, "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert proc.returncode != 0
+    assert "requires the following packages that were not found in your environment: hf_posenc" in proc.stderr
+
+
+def test_auto_map_names_every_auto_class_that_builds_the_architecture():
+    assert set(saving.auto_map("llama", native=True)) == {
+        "AutoModel", "AutoModelForCausalLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
+        "AutoModelForTokenClassification"}
+    kept = saving.auto_map("bert", native=False, old={"AutoTokenizer": "tok.T", "AutoModel": "modeling_posenc.Old"})
+    assert kept["AutoTokenizer"] == "tok.T" and kept["AutoModel"] == "modeling_posenc.PosEncModel"
+    assert kept["AutoModelForMaskedLM"] == "modeling_posenc.PosEncForMaskedLM"
+    source = Path(saving.__file__).parent / "model_cards" / saving.REMOTE_CODE
+    text = source.read_text()
+    for auto_class, name in saving.REMOTE_CLASSES.items():
+        assert f"class {name}(" in text and f'auto_class = "{auto_class}"' in text or name == "PosEncModel"
