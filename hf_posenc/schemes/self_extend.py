@@ -38,7 +38,6 @@ class SelfExtendOptions:
 def grouped_scores(query: torch.Tensor, key: torch.Tensor, rotary: Rotary, q_pos: torch.Tensor, k_pos: torch.Tensor,
                    group: int, window: int) -> torch.Tensor:
     """(B, H, q, k) fp32 q.k logits: exact positions within the window, grouped ones beyond it."""
-
     shift = window - window // group
     near = rotate_heads(query, rotary, q_pos) @ rotate_heads(key, rotary, k_pos).transpose(-1, -2)
     far = rotate_heads(query, rotary, q_pos // group + shift) @ rotate_heads(key, rotary, k_pos // group).transpose(-1, -2)
