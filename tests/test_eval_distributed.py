@@ -108,7 +108,11 @@ def test_options_reach_the_launched_processes_unchanged():
     forwarded = eval_._argv(args)
     assert "--accelerate-config" not in forwarded and "cpu_2proc" not in forwarded
     again = parser.parse_args(forwarded)
-    assert {**vars(again), "accelerate_config": "cpu_2proc"} == vars(args)
+    # the folder is cleared once before the launch, so the processes take it with --overwrite
+    assert {**vars(again), "accelerate_config": "cpu_2proc", "overwrite": False} == vars(args)
+    assert again.overwrite
+    args.lengths = [64, 128]  # as `check` leaves a comma list
+    assert parser.parse_args(eval_._argv(args)).lengths == "64,128"
 
 
 def test_big_models_are_spread_by_device_map_auto_only_where_an_accelerator_is(monkeypatch):
