@@ -52,7 +52,8 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
     plt, out, written = pyplot(), Path(out), []
     for metric, ylabel, title in (("perplexity", "perplexity", "Perplexity by context length"),
                                   ("passkey", "passkey accuracy", "Passkey retrieval")):
-        drawn = [run for run in runs if run.metrics.get(metric)]
+        field = "perplexity" if metric == "perplexity" else "accuracy"
+        drawn = [run for run in runs if series(run, metric, field)[0]]  # cells all skipped: nothing to draw
         if metric == "passkey" and len(drawn) == 1:
             written.append(_passkey_heatmap(plt, drawn[0], out / "passkey.png"))
             continue
@@ -60,8 +61,7 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in drawn:
-            ax.plot(*series(run, metric, "perplexity" if metric == "perplexity" else "accuracy"), marker="o",
-                    label=run.label)
+            ax.plot(*series(run, metric, field), marker="o", label=run.label)
         ax.set(xlabel="context length (tokens)", ylabel=ylabel, title=title)
         if metric == "perplexity":
             ax.set_yscale("log")

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import hf_posenc as hp
 from conftest import TINY, tiny_model
+from hf_posenc import cli
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -80,18 +81,26 @@ def snapshot(folder):
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_output_folders_are_never_silently_overwritten(tiny_folder, tmp_path):
+def test_output_folders_are_never_silently_overwritten(tiny_folder, tmp_path, capsys):
+    def refused(argv: list[str], message: str) -> None:
+        assert cli.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
     out = tmp_path / "rope"
-    assert run("patch", str(tiny_folder), "rope", "--out", str(out)).returncode == 0
+    assert cli.main(["patch", str(tiny_folder), "rope", "--out", str(out)]) == 0
     before = snapshot(out)
-    again = run("patch", str(tiny_folder), "nope", "--out", str(out))
-    assert again.returncode == 2 and "is not empty; choose a new folder, or pass --overwrite" in again.stderr
-    assert snapshot(out) == before
+    refused(["patch", str(tiny_folder), "nope", "--out", str(out)],
+            "is not empty; choose a new folder, or pass --overwrite")
+    evaluated = tmp_path / "eval"
+    assert cli.main(["eval", "--model", str(tiny_folder), "--suite", "ppl", "--lengths", "8", "--out",
+                     str(evaluated)]) == 0
+    results_before = (evaluated / "results.json").read_bytes()
+    refused(["eval", "--model", str(out), "--suite", "ppl", "--lengths", "8", "--out", str(evaluated)], "is not empty")
+    assert snapshot(out) == before and (evaluated / "results.json").read_bytes() == results_before
     # an old run folder: --overwrite replaces it whole, so no stale results sit beside the new weights
     (out / "results.json").write_text("{}")
     (out / "run.json").write_text("{}")
-    replaced = run("patch", str(tiny_folder), "nope", "--out", str(out), "--overwrite")
-    assert replaced.returncode == 0, replaced.stderr
+    assert cli.main(["patch", str(tiny_folder), "nope", "--out", str(out), "--overwrite"]) == 0
     assert not (out / "results.json").exists() and not (out / "run.json").exists()
     assert hp.from_pretrained(str(out)).config.posenc["scheme"] == "nope"
     assert "posenc-nope" in (out / "README.md").read_text()
@@ -99,16 +108,13 @@ def test_output_folders_are_never_silently_overwritten(tiny_folder, tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep")
-    refused = run("patch", str(tiny_folder), "nope", "--out", str(foreign), "--overwrite")
-    assert refused.returncode == 2 and "holds no hf-posenc output" in refused.stderr
+    refused(["patch", str(tiny_folder), "nope", "--out", str(foreign), "--overwrite"], "holds no hf-posenc output")
     assert (foreign / "notes.txt").read_text() == "keep"
-    a_file = run("patch", str(tiny_folder), "nope", "--out", str(foreign / "notes.txt"))
-    assert a_file.returncode == 2 and "is a file; give a folder" in a_file.stderr
-    under_a_file = run("eval", "--model", str(tiny_folder), "--out", str(foreign / "notes.txt" / "x"))
-    assert under_a_file.returncode == 2 and "is not a writable folder" in under_a_file.stderr
+    refused(["patch", str(tiny_folder), "nope", "--out", str(foreign / "notes.txt")], "is a file; give a folder")
+    refused(["eval", "--model", str(tiny_folder), "--out", str(foreign / "notes.txt" / "x")], "is not a writable folder")
 
 
-def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_path):
+def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_path, capsys):
     damaged = tmp_path / "damaged"  # weights that cannot load: a check that came after loading would say so
     damaged.mkdir()
     for file in tiny_folder.iterdir():
@@ -128,14 +134,15 @@ def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_p
         (["eval", "--compare", str(weights)], "not a JSON text file; give a results.json"),
         (["inspect", str(tmp_path / "missing")], "is not a model folder"),
     ]
-    for argv, message in cases:
-        proc = run(*argv, "--out", str(out))
-        assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr)
-        assert "Traceback" not in proc.stderr and not out.exists(), argv  # no stub results.json either
     bert = tmp_path / "bert"
     tiny_model("bert").save_pretrained(bert)
-    proc = run("patch", str(bert), "xpos", "--out", str(out))
-    assert proc.returncode == 2 and "cannot take scheme 'xpos'; it takes: alibi" in proc.stderr
+    cases.append((["patch", str(bert), "xpos"], "cannot take scheme 'xpos'; it takes: alibi"))
+    capsys.readouterr()
+    for argv, message in cases:
+        assert cli.main([*argv, "--out", str(out)]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)  # one line, no traceback
+        assert not out.exists(), argv  # no stub results.json either
 
 
 def test_runtime_errors_are_one_line_exit_1_and_debug_shows_the_traceback(tiny_folder, tmp_path):
@@ -193,7 +200,7 @@ def test_push_without_a_token_names_hf_token_and_hf_auth_login(tiny_folder, tmp_
 
 
 def test_compare_refuses_results_measured_differently(tmp_path):
-    from hf_posenc import cli, results
+    from hf_posenc import results
 
     paths = []
     for name, dtype in (("a", "float32"), ("b", "bfloat16"), ("c", "float32")):

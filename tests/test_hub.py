@@ -192,3 +192,32 @@ def test_card_of_a_real_training_run(tmp_path):
         assert torch.equal(_output(loaded, ids), _output(trained, ids))
         with pytest.raises(ValueError, match="trust_remote_code=True"):
             transformers.AutoModelForCausalLM.from_pretrained(folder)
+
+
+def test_cards_name_base_model_license_datasets_and_the_baseline(tmp_path, saved):
+    folder = tmp_path / "eval-alibi"
+    posenc = {"format": 1, "scheme": "alibi", "options": {"max_bias": 8.0}, "from": "rope"}
+    cell = {"perplexity": 12.5, "loss": 2.5, "tokens": 63, "windows": 1, "stride": 64}
+    record = results.Results("eval", "smollm2", complete=True, settings={"suite": ["perplexity", "sst2"],
+                                                                        "text": "wikitext", "dtype": "float32"},
+                             runs=[results.Run("smollm2 alibi()", "alibi", {}, posenc, {"perplexity": {"64": cell}}),
+                                   results.Run("smollm2 (unpatched)", metrics={"perplexity": {"64": {**cell,
+                                                                                                   "perplexity": 4.0}}})])
+    folder.mkdir()
+    record.save(folder / "results.json", complete=True)
+    card = hub.model_card(folder)
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.license == "apache-2.0"
+    assert card.data.datasets == ["glue", "wikitext"] and card.data.library_name == "transformers"
+    assert "`SmolLM2-135M` from [`HuggingFaceTB/SmolLM2-135M-Instruct`]" in card.text  # names its model
+    assert "swapped from **`rope`** to **`alibi`**" in card.text and "How to load" not in card.text
+    assert "| metric | setting | smollm2 alibi() | smollm2 (unpatched) |" in card.text
+    assert "| perplexity | 64 tokens | 12.5 | 4 |" in card.text  # the baseline row beside the patched one
+    assert [r.metric_value for r in card.data.eval_results] == [12.5]  # the index describes the patched model
+
+    # a card rewritten later keeps what the earlier one knew (hf-posenc patch writes one at once)
+    model_folder, _ = saved
+    (model_folder / "README.md").write_text(str(hub.model_card(model_folder, "org/base")).replace(
+        "library_name:", "license: mit\nlibrary_name:"))
+    again = hub.model_card(model_folder)
+    assert again.data.base_model == "org/base" and again.data.license == "mit"
+    assert again.data.pipeline_tag == "text-generation" and "posenc-rope" in again.data.tags

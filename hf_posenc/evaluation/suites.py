@@ -157,24 +157,31 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
                 put(task, length, {"exact_match": scored["exact_match"]})
 
 
+# eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)
+SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows"), "passkey": ("depths", "trials", "seed"),
+                  **{suite: ("limit", "seed") for suite in SENTIMENT},
+                  **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS}}
+
+
 def measured_with(record: results.Results) -> dict[str, Any]:
     """What a results file's numbers depend on besides the model and the table key: two files whose
     values here differ do not measure the same thing (another text, window count, dtype, method)."""
     settings = record.settings
     if record.kind == "train":
-        data, evaluation = settings.get("data", {}), settings.get("evaluation", {})
-        return {"method": "held-out blocks of the training data", "text": data.get("dataset"),
+        data_, evaluation = settings.get("data", {}), settings.get("evaluation", {})
+        return {"method": "held-out blocks of the training data", "text": data_.get("dataset"),
                 "dtype": settings.get("model", {}).get("dtype"), "max_windows": evaluation.get("max_windows")}
     if record.kind == "demo":
         return {"method": "perplexity of the first L tokens", "text": settings.get("text")}
-    keys = ("text", "text_config", "stride", "max_windows", "dtype", "depths", "trials", "examples", "limit", "seed")
-    return {"method": "sliding windows", **{key: settings.get(key) for key in keys}}
+    keys = {key for suite in settings.get("suite", []) for key in SUITE_SETTINGS.get(suite, ())}
+    return {"method": "sliding windows", "dtype": settings.get("dtype"), **{key: settings.get(key) for key in keys}}
 
 
 def differing_settings(records: Sequence[results.Results], mixed: bool = False) -> list[str]:
-    """The `measured_with` keys whose values differ between results files; refused unless `mixed`."""
+    """The `measured_with` keys whose values differ between the results files that have them;
+    refused unless `mixed`."""
     settings = [measured_with(record) for record in records]
-    differ = sorted({key for s in settings for key in s if len({repr(t.get(key)) for t in settings}) > 1})
+    differ = sorted({key for s in settings for key in s if len({repr(t[key]) for t in settings if key in t}) > 1})
     if differ and not mixed:
         raise PosEncError(f"these results were measured differently ({', '.join(differ)} differ), so their "
                           "numbers do not compare; pass --mixed to put them in one table anyway (it says what differs)")
