@@ -99,7 +99,7 @@ def native_config(config: dict[str, Any]) -> bool:
     if not posenc or config.get("model_type") == MODEL_TYPE:
         return False
     spec = get_scheme(posenc["scheme"])
-    if spec.site != "qk" or not getattr(spec, "native", False):
+    if spec.site != "qk":  # every q/k scheme is a RoPE variant transformers can express
         return False
     stock = CONFIG_MAPPING[config["model_type"]].from_dict({k: v for k, v in config.items() if k != "auto_map"})
     with torch.device("meta"):
