@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/hf-posenc demo --out out/demo
+	$(BIN)/hf-posenc demo --out out/demo --overwrite  # rerunnable: replaces only the previous demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra tests
