@@ -336,6 +336,6 @@ def test_cli_inspect_minilm_end_to_end(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
     long_text = "word " * 600
-    run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "inspect", "minilm", "--out", str(tmp_path),
+    run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "inspect", "minilm", "--out", str(tmp_path / "long"),
                           "--text", long_text], capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert run.returncode == 2 and "allows at most 512 positions" in run.stderr
+    assert run.returncode == 1 and "allows at most 512 positions" in run.stderr  # found after loading: runtime

@@ -76,7 +76,7 @@ def test_scores_split_over_two_processes_equal_one_process(tmp_path, model_dir):
 def test_eval_command_on_two_processes_writes_the_one_process_results(tmp_path, model_dir):
     argv = ["eval", "--model", model_dir, "--patch", "t5", "--opt", "init_std=0.5", "--suite", "ppl,passkey,copy",
             "--lengths", "48,400", "--max-windows", "5", "--batch-size", "2", "--depths", "0,1", "--trials", "2",
-            "--task-lengths", "2", "--examples", "3"]
+            "--task-lengths", "2", "--examples", "3", "--no-baseline"]
     assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
     code = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "two"), "--accelerate-config",
