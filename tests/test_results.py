@@ -87,11 +87,16 @@ def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):
     train = results.Results("train", "tiny", runs=[results.Run("after training", "alibi")])
     train.runs[0].put("perplexity", 32, {"perplexity": 3.5, "loss": 1.25, "tokens": 31, "windows": 1, "stride": 32})
     train_path = train.save(tmp_path / "train.json")
-    table = evaluation.compare([eval_path, train_path], tmp_path / "cmp")
-    assert "| tiny yarn(factor=2) | perplexity @ 64 tokens | 9.5 |" in table
-    assert "| tiny yarn(factor=2) | perplexity @ 128 tokens | skipped (IndexError" in table
-    assert "| after training | perplexity @ 32 tokens | 3.5 |" in table
-    assert "| tiny yarn(factor=2) | copy exact match @ 2 digits | 0.5 |" in table
+    # sliding windows of a text vs held-out training blocks: not the same measurement, so not by default
+    with pytest.raises(PosEncError, match=r"measured differently \(.*method.*\).*--mixed"):
+        evaluation.compare([eval_path, train_path], tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    table = evaluation.compare([eval_path, train_path], tmp_path / "cmp", mixed=True)
+    assert "| tiny yarn(factor=2) [1] | perplexity @ 64 tokens | 9.5 |" in table
+    assert "| tiny yarn(factor=2) [1] | perplexity @ 128 tokens | skipped (IndexError" in table
+    assert "| after training [2] | perplexity @ 32 tokens | 3.5 |" in table
+    assert "| tiny yarn(factor=2) [1] | copy exact match @ 2 digits | 0.5 |" in table
+    assert f"[2] {train_path}: method=held-out blocks of the training data" in table
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [r["kind"] for r in saved["results"]] == ["eval", "train"]
     assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "length_generalization.png").is_file()
