@@ -203,8 +203,10 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
     config = kwargs.pop("config", None)
     if config is None:
         # as transformers' Auto classes do: the config takes its kwargs, the model the rest and the dtype
+        # the dtype stays a loading argument: a config given dtype="auto" would keep the string
+        dtypes = {k: kwargs.pop(k) for k in ("dtype", "torch_dtype") if k in kwargs}
         config, rest = load_config(path, return_unused_kwargs=True, **kwargs)
-        kwargs = {**{k: kwargs[k] for k in (*HUB_KWARGS, "dtype", "torch_dtype") if k in kwargs}, **rest}
+        kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
     else:
         config = copy.deepcopy(config)
     if hasattr(config, "auto_map"):

@@ -179,11 +179,7 @@ def test_main_reports_a_bad_scheme_in_one_line(tmp_path, capsys):
 # ---------------------------------------------------------------- lm-eval's own `hf` model on saved folders
 
 
-@pytest.mark.parametrize("published", [
-    True,
-    pytest.param(False, marks=pytest.mark.xfail(
-        strict=True, reason="save_pretrained writes no auto_map yet, so remote code never runs (issue 13, saved folders)")),
-], ids=["export", "save_pretrained"])
+@pytest.mark.parametrize("published", [True, False], ids=["export", "save_pretrained"])
 def test_hf_model_with_remote_code_scores_a_patched_folder_as_patched(tmp_path, published):
     folder = _kerple_folder(tmp_path / "kerple")
     target = export(folder, tmp_path / "published") if published else folder

@@ -123,6 +123,17 @@ def test_the_save_hook_is_plain_data_and_goes_with_the_patch(tmp_path):
         model.save_pretrained(tmp_path / "stock" / "config.json")
 
 
+@pytest.mark.parametrize("dtype, expected", [("auto", torch.bfloat16), (None, torch.bfloat16),
+                                             (torch.float16, torch.float16), ("float32", torch.float32)])
+def test_the_dtype_argument_loads_as_transformers_does(tmp_path, dtype, expected):
+    """dtype="auto" (transformers 5's default, and what lm-eval passes) reads the saved dtype instead of
+    reaching the config as a string; the patch's own weights take the model's dtype too."""
+    patched("llama", "causal", "kerple", {}).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    model = hp.from_pretrained(tmp_path / "bf16", **({} if dtype is None else {"dtype": dtype}))
+    assert hp.describe(model).scheme == "kerple"
+    assert {p.dtype for p in model.parameters()} == {expected}
+
+
 def test_folders_saved_before_the_marks_still_load_and_export_marked(tmp_path):
     ids = torch.randint(1, 128, (1, LONG))
     for scheme, options, native in (("yarn", {"factor": 4.0}, True), ("kerple", {}, False)):

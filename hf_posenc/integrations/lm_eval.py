@@ -28,6 +28,7 @@ from lm_eval.models.huggingface import HFLM
 import hf_posenc
 
 from ..models import model_source
+from ..saving import load_config
 
 __all__ = ["LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "TASKS", "main"]
 
@@ -83,9 +84,10 @@ class PosEncLM(HFLM):
         if not isinstance(pretrained, str) and self.posenc is not None:
             hf_posenc.patch(self.model, self.posenc)
 
-    def _get_config(self, pretrained: str, **kwargs: Any) -> None:
-        """Read the config, then check the scheme fits the architecture before HFLM loads any weights."""
-        super()._get_config(pretrained, **kwargs)
+    def _get_config(self, pretrained: str, *, trust_remote_code: bool = False, **kwargs: Any) -> None:
+        """Read the config in any layout hf-posenc saves (remote code is never needed), then check the
+        scheme fits the architecture before HFLM loads any weights."""
+        self._config = load_config(pretrained, **kwargs)
         if self.posenc is None:
             return
         model_type = getattr(self._config, "model_type", None)

@@ -152,6 +152,8 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: A
     attention function as `kwarg` with the positions of queries and keys."""
     remove_native_positions(model, adapter, facts, state)
     state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
-    state.add_module(model.base_model, name, spec.module(state.config.options, facts).to(facts.device), new=True)
+    # in the model's dtype, so the model stays one dtype (FSDP, `model.dtype`); the modules compute in fp32
+    module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
+    state.add_module(model.base_model, name, module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True
