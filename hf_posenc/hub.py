@@ -151,7 +151,7 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
     entries = []
     for metric, spec in results.METRICS.items():
         for key, cell in run.cells(metric):
-            args = {k: cell[k] for k in ("stride", "windows", "trials", "examples", "mode") if k in cell}
+            args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode") if k in cell}
             if key.isdigit() and spec.key == "tokens":
                 args["context_length"] = int(key)
             for field in spec.fields:

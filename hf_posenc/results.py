@@ -4,13 +4,18 @@ A file holds one or more runs -- an evaluation has one; a training run has the o
 swapped model before training and after; the demo one per scheme. Every run keeps its numbers in
 metric tables, keyed the same way wherever they come from:
 
-    perplexity               context length (tokens) -> {perplexity, loss, tokens, windows, stride}
+    perplexity               context length (tokens) -> {perplexity, loss, tokens, windows, mode, targets,
+                                                        target (same_target) | stride (sliding)}
     passkey                  context length (tokens) -> {accuracy, by_depth: {depth: accuracy}, trials, tokens}
     copy, reverse, addition  task length (digits)    -> {exact_match}
     classification           dataset name            -> {accuracy, f1, examples, mode[, loss]}
 
 A cell that could not be measured is {"skipped": reason}. Files are replaced atomically, so a crash
 leaves the last complete version, and `load` refuses any other format with a message naming it.
+
+Perplexity cells say how they were measured (`mode`, see `evaluation.PERPLEXITY_MODES`; eval and demo
+also record `perplexity_mode` and `target_tokens` in their settings). Format-2 files written before
+modes existed have neither and were measured on the first L tokens; `compare` flags or refuses mixing them.
 """
 
 from __future__ import annotations

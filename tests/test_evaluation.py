@@ -77,7 +77,8 @@ def test_uniform_model_has_perplexity_equal_to_vocab_size(model_type, kjv_ids):
 @pytest.mark.parametrize("model_type,batch_size", [("llama", 1), ("llama", 3), ("gpt2", 2)])
 def test_stride_equal_to_window_is_the_plain_chunked_loss(model_type, batch_size, kjv_ids):
     model = tiny_model(model_type)
-    result = evaluation.perplexity_by_length(model, kjv_ids, [32], batch_size=batch_size, max_windows=5)[32]
+    result = evaluation.perplexity_by_length(model, kjv_ids, [32], batch_size=batch_size, max_windows=5,
+                                           mode="sliding")[32]
     with torch.no_grad():
         losses = [model(c[None], labels=c[None]).loss for c in kjv_ids[: 5 * 32].split(32)]
     assert result["windows"] == 5 and result["tokens"] == 5 * 31
@@ -86,7 +87,8 @@ def test_stride_equal_to_window_is_the_plain_chunked_loss(model_type, batch_size
 
 def test_sliding_window_scores_each_token_once_with_its_context(kjv_ids):
     model, length, stride = tiny_model("llama"), 24, 10
-    result = evaluation.perplexity_by_length(model, kjv_ids, [length], stride=stride, batch_size=2, max_windows=4)[length]
+    result = evaluation.perplexity_by_length(model, kjv_ids, [length], stride=stride, batch_size=2, max_windows=4,
+                                           mode="sliding")[length]
     nll = []
     with torch.no_grad():
         for w, start in enumerate(range(0, 4 * stride, stride)):
@@ -98,11 +100,48 @@ def test_sliding_window_scores_each_token_once_with_its_context(kjv_ids):
     assert result["loss"] == pytest.approx(torch.stack(nll).mean().item(), abs=1e-5)
 
 
+def test_same_target_mode_scores_the_same_tokens_at_every_length_with_only_the_context_growing(kjv_ids):
+    model, lengths, target = tiny_model("llama"), [12, 30, 60], 8
+    seen: list[torch.Tensor] = []  # every window the model ran, as the decoder received it
+    hook = model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].clone()),
+                                                 with_kwargs=True)
+    result = evaluation.perplexity_by_length(model, kjv_ids, lengths, max_windows=3, target=target, batch_size=2)
+    hook.remove()
+    windows = {L: torch.cat([batch for batch in seen if batch.shape[1] == L]) for L in lengths}
+    assert [w.shape for w in windows.values()] == [(3, L) for L in lengths]  # each length sees exactly L tokens
+    targets = windows[60][:, -target:]
+    ends = evaluation.target_ends(kjv_ids.numel(), 60, target, 3)
+    assert torch.equal(targets, torch.stack([kjv_ids[e - target : e] for e in ends]))
+    assert len(set(ends)) == 3 and min(b - a for a, b in zip(ends, ends[1:])) >= target  # many places, no overlap
+    for L in lengths:
+        assert torch.equal(windows[L][:, -target:], targets)  # the same target ids at every length
+        assert torch.equal(windows[L], windows[60][:, -L:])  # the shorter context is the end of the longer one
+        cell = result[L]
+        assert cell["mode"] == "same_target" and cell["target"] == target and cell["tokens"] == 3 * target
+        with torch.no_grad():  # the loss is that of the last `target` tokens of each window, by hand
+            logp = torch.log_softmax(model(windows[L]).logits.double(), -1)
+        nll = -logp[:, -target - 1 : -1].gather(-1, windows[L][:, -target:, None])
+        assert cell["loss"] == pytest.approx(nll.mean().item(), abs=1e-5)
+    assert len({result[L]["targets"] for L in lengths}) == 1
+    sliding = evaluation.perplexity_by_length(model, kjv_ids, lengths, max_windows=3, mode="sliding")
+    assert len({sliding[L]["targets"] for L in lengths}) == 3  # the first L tokens differ with L
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"mode": "first"}, "unknown perplexity mode 'first'; choose from same_target"),
+    ({"target": 16}, r"target must be in 1..15"),
+    ({"target": 4, "longest": 20}, "longest >= 32"),
+])
+def test_same_target_bad_input_names_what_is_allowed(kwargs, message, kjv_ids):
+    with pytest.raises(PosEncError, match=message):
+        evaluation.perplexity_by_length(tiny_model("llama"), kjv_ids, [16, 32], **kwargs)
+
+
 def test_prefix_perplexity_equals_one_window_per_length(kjv_ids):
     model = tiny_model("qwen2")
     lengths = [8, 40, 100]
     fast = evaluation.prefix_perplexity(model, kjv_ids, lengths)
-    slow = evaluation.perplexity_by_length(model, kjv_ids, lengths, max_windows=1)
+    slow = evaluation.perplexity_by_length(model, kjv_ids, lengths, max_windows=1, mode="sliding")
     for L in lengths:
         assert fast[L]["tokens"] == slow[L]["tokens"] == L - 1
         assert fast[L]["loss"] == pytest.approx(slow[L]["loss"], abs=1e-5)
@@ -326,6 +365,24 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "passkey.png").is_file()
 
 
+def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved_tiny, tmp_path):
+    folder, paths = saved_tiny("llama"), []
+    for mode in ("same_target", "sliding"):
+        out = tmp_path / mode
+        assert cli.main(["eval", "--model", folder, "--suite", "ppl", "--lengths", "16,48", "--max-windows", "2",
+                         "--ppl-mode", mode, "--target-tokens", "6", "--no-baseline", "--out", str(out)]) == 0
+        paths.append(out / "results.json")
+    same, sliding = (results.load(path) for path in paths)
+    assert same.settings["perplexity_mode"] == "same_target" and same.settings["target_tokens"] == 6
+    assert sliding.settings["perplexity_mode"] == "sliding" and sliding.settings["target_tokens"] is None
+    cells = same.runs[0].metrics["perplexity"]
+    assert cells["16"]["targets"] == cells["48"]["targets"] and cells["48"]["tokens"] == 2 * 6
+    with pytest.raises(PosEncError, match=r"measured differently \(method.*--mixed"):
+        evaluation.compare(paths, tmp_path / "refused")
+    table = evaluation.compare(paths, tmp_path / "cmp", mixed=True)
+    assert "method=the last T tokens of windows" in table and "method=sliding windows" in table
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--suite", "ppl,bleu"], "unknown suite 'bleu'"),
     (["--suite", "sentiment"], "rotten_tomatoes, sst2"),
@@ -333,6 +390,8 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     (["--lengths", "1k"], "comma-separated integers"),
     (["--opt", "factor=2"], "--opt needs --patch"),
     (["--suite", "passkey", "--depths", "0.5,2"], "depths in [0, 1]"),
+    (["--lengths", "16,48", "--target-tokens", "16"], "--target-tokens: the tokens scored per window must be in 1..15"),
+    (["--ppl-mode", "first"], "unknown perplexity mode 'first'; choose from same_target"),
 ])
 def test_eval_command_bad_input(argv, message, saved_tiny, tmp_path, capsys):
     code = cli.main(["eval", "--model", saved_tiny("llama"), *argv, "--out", str(tmp_path / "x")])

@@ -29,8 +29,14 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", default="kjv", help="long text for perplexity: 'kjv' (offline) or a datasets name")
     parser.add_argument("--text-config", default=None, help="datasets config of --text (e.g. wikitext-103-raw-v1)")
     parser.add_argument("--text-column", default="text", help="text column of a datasets --text")
-    parser.add_argument("--stride", type=int, default=None, help="sliding-window stride (default: the length)")
+    parser.add_argument("--stride", type=int, default=None, help="--ppl-mode sliding: window stride (default: the length)")
     parser.add_argument("--max-windows", type=int, default=4, help="perplexity windows per length (bounds the cost)")
+    parser.add_argument("--ppl-mode", dest="perplexity_mode", default="same_target", metavar="MODE",
+                        help="same_target (default): the same last --target-tokens tokens of windows ending at the "
+                             "same places are scored at every length, so only the context grows; sliding: windows "
+                             "from the start of the text (each length scores other tokens)")
+    parser.add_argument("--target-tokens", type=int, default=None,
+                        help="same_target: tokens scored per window (default: half the shortest length)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey needle depths in [0, 1]")
     parser.add_argument("--trials", type=int, default=2, help="passkey prompts per length and depth")
@@ -91,6 +97,12 @@ def check(args: argparse.Namespace) -> None:
     args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
     if any(not 0 <= depth <= 1 for depth in args.depths):
         raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
+    from ..evaluation.long_context import check_mode
+
+    check_mode(args.perplexity_mode)
+    if args.target_tokens is not None and not 0 < args.target_tokens < min(args.lengths):
+        raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
+                          f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options)
     check_model_takes(args.model, args.scheme)
@@ -131,7 +143,8 @@ def main(args: argparse.Namespace) -> int:
     record = run_suites(
         model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
-        max_windows=args.max_windows, batch_size=args.batch_size, depths=args.depths, trials=args.trials,
+        max_windows=args.max_windows, perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens,
+        batch_size=args.batch_size, depths=args.depths, trials=args.trials,
         task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
         baseline=not args.no_baseline, distributed=distributed,
     )

@@ -6,7 +6,8 @@ patched (evaluate's own perplexity metric reloads a model by id and cannot do th
 aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_posenc.results`.
 
     scoring       running a model for scores (hidden states, fp32 logits, greedy answers, length limits)
-    long_context  perplexity by length, prefix perplexity, passkey retrieval
+    long_context  perplexity by length (same targets at every length, or sliding windows), prefix
+                  perplexity, passkey retrieval
     tasks         length generalisation, sentiment classification
     suites        the named suites, results.json as they run, compare
     processes     the same scores split over the processes of a launch (distributed=True)
@@ -16,10 +17,12 @@ from .long_context import (
     PASSKEY_FILLER,
     PASSKEY_QUESTION,
     PASSKEY_TASK,
+    PERPLEXITY_MODES,
     passkey,
     passkey_prompt,
     perplexity_by_length,
     prefix_perplexity,
+    target_ends,
 )
 from .scoring import LENGTH_LIMITS, METRICS_DIR, load_metric, text_token_ids
 from .suites import SUITES, compare, run_suites
@@ -31,6 +34,7 @@ __all__ = [
     "PASSKEY_FILLER",
     "PASSKEY_QUESTION",
     "PASSKEY_TASK",
+    "PERPLEXITY_MODES",
     "SENTIMENT_PROMPT",
     "SUITES",
     "classification",
@@ -42,5 +46,6 @@ __all__ = [
     "perplexity_by_length",
     "prefix_perplexity",
     "run_suites",
+    "target_ends",
     "text_token_ids",
 ]

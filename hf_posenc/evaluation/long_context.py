@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import re
@@ -39,6 +40,51 @@ PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 PASSKEY_QUESTION = "What is the pass key? The pass key is"
 
 
+# How `perplexity_by_length` picks the tokens it scores at each context length L.
+PERPLEXITY_MODES: dict[str, str] = {
+    # Like with like: the difficulty of the first L tokens of a text changes with L (a book's opening
+    # is harder than its middle), so a length table of those mixes context with content. Here only the
+    # context grows: the same target tokens are scored at every L.
+    "same_target": "the last T tokens of windows of length L ending at the same places of the text, for every L",
+    # The transformers docs' sliding windows from the start of the text: each length scores other tokens.
+    "sliding": "sliding windows from the start of the text, each token scored once",
+}
+DEFAULT_MODE = "same_target"
+
+
+def check_mode(mode: str) -> str:
+    if mode not in PERPLEXITY_MODES:
+        raise PosEncError(f"unknown perplexity mode {mode!r}; choose from "
+                          + "; ".join(f"{name} ({what})" for name, what in PERPLEXITY_MODES.items()))
+    return mode
+
+
+def default_target(lengths: Sequence[int]) -> int:
+    """Target tokens per window when none is given: half the shortest context, so every target has context."""
+    return max(1, min(lengths) // 2)
+
+
+def target_ends(n_tokens: int, longest: int, target: int, max_windows: int | None) -> list[int]:
+    """Where the same-target windows end (exclusive): spread evenly over the text after the first
+    `longest` tokens, at least `target` apart so no token is scored twice; all lengths share them."""
+    room = n_tokens - longest
+    if room < 0:
+        return []
+    fit = room // target + 1
+    count = fit if max_windows is None else min(max_windows, fit)
+    step = room // (count - 1) if count > 1 else 0
+    return [longest + i * step for i in range(count)]
+
+
+def tokens_needed(mode: str, lengths: Sequence[int], max_windows: int | None, stride: int | None) -> int | None:
+    """How many tokens of a text a suite tokenizes for these settings (None: all of it)."""
+    if max_windows is None:
+        return None
+    longest = max(lengths)
+    # same_target spreads its windows over 8x the text they cover: "many places", not one passage
+    return longest * (1 + 8 * max_windows) if mode == "same_target" else longest + max_windows * (stride or longest)
+
+
 def perplexity_by_length(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -47,50 +93,91 @@ def perplexity_by_length(
     batch_size: int = 1,
     max_windows: int | None = None,
     *,
+    mode: str = DEFAULT_MODE,
+    target: int | None = None,
+    longest: int | None = None,
     progress: bool = False,
     distributed: bool = False,
 ) -> dict[int, dict[str, Any]]:
-    """Sliding-window perplexity of one token stream at each context length.
+    """Perplexity of one token stream at each context length, in one of `PERPLEXITY_MODES`.
 
-    Windows of `length` tokens start every `stride` tokens (default: `length`, i.e. disjoint
-    chunks). The first window scores all its tokens; each later one scores only the `stride`
-    tokens no earlier window scored, with the rest as context ("Perplexity of fixed-length
-    models", transformers docs; Press et al. 2021, sliding-window evaluation). With stride ==
+    "same_target" (default): windows of L tokens end at the same places of the text for every L
+    (`target_ends`), and only their last `target` tokens are scored, so each length scores the very
+    same target tokens and only the context before them grows. "sliding": windows of `length` tokens
+    start every `stride` tokens (default: `length`, i.e. disjoint chunks) from the start of the text;
+    the first window scores all its tokens, each later one only the `stride` tokens no earlier window
+    scored ("Perplexity of fixed-length models", transformers docs; Press et al. 2021). With stride ==
     length this equals the plain loss of `model(chunk, labels=chunk)` averaged over chunks.
 
     Args:
         model: a causal LM, patched or not; it is run under no_grad.
         input_ids: 1-D token ids of a long text (see `hf_posenc.data.long_text`).
         lengths: context lengths in tokens; each must be > 0.
-        stride: tokens between window starts, clipped to each length.
+        stride: "sliding" only: tokens between window starts, clipped to each length.
         batch_size: windows per forward pass.
         max_windows: score at most this many windows per length (bounds the cost).
+        mode: "same_target" or "sliding".
+        target: "same_target" only: tokens scored per window, < every length (default: half the shortest).
+        longest: "same_target" only: the longest length the windows must leave room for (default:
+            max(lengths)); pass the sweep's longest when calling once per length.
         progress: show a tqdm bar per length.
         distributed: split the windows over the processes of the torch.distributed group (every
             process calls this with the same arguments and gets the same result; see `processes`).
     Returns:
-        {length: {"perplexity", "loss" (mean nats/token), "tokens", "windows", "stride"}}, or
-        {length: {"skipped": reason}} where the model cannot run that length (see `LENGTH_LIMITS`).
+        {length: {"perplexity", "loss" (mean nats/token), "tokens", "windows", "mode", "targets" (a
+        digest of the target ids scored: equal at every length in same_target mode), and "stride"
+        (sliding) or "target" (same_target)}}, or {length: {"skipped": reason}} where the model cannot run that length (see
+        `LENGTH_LIMITS`).
     """
     lengths = check_lengths(lengths)
     ids = one_text(input_ids)
+    check_mode(mode)
     if stride is not None and stride <= 0:
         raise PosEncError(f"stride must be a positive number of tokens, got {stride}")
     if batch_size <= 0 or (max_windows is not None and max_windows <= 0):
         raise PosEncError(f"batch_size and max_windows must be positive, got {batch_size} and {max_windows}")
+    longest = max(lengths) if longest is None else longest
+    if mode == "same_target":
+        shortest = min([L for L in lengths if L >= 2] or [2])  # a 1-token length is skipped, not scored
+        target = default_target([shortest]) if target is None else target
+        if not 0 < target < shortest or longest < max(lengths):
+            raise PosEncError(f"same_target mode scores the last `target` tokens of every window: target must be in "
+                              f"1..{shortest - 1} (below the shortest length) and longest >= {max(lengths)}, "
+                              f"got target={target}, longest={longest}")
     head = output_head(model)
     results: dict[int, dict[str, Any]] = {}
     for length in lengths:
         reason = _unscorable(length, ids.numel())
-        if reason:
-            results[length] = reason
+        windows, facts = WINDOWS[mode](ids.numel(), length, stride=stride, max_windows=max_windows, target=target,
+                                       longest=longest)
+        if reason or not windows:
+            results[length] = reason or {"skipped": f"the text has {ids.numel()} tokens, fewer than the longest "
+                                                    f"length {longest}; pass a longer text"}
             continue
         try:
-            results[length] = _perplexity_at(model, head, ids, length, min(stride or length, length),
-                                             batch_size, max_windows, progress, distributed)
+            results[length] = {**_score_windows(model, head, ids, windows, batch_size, progress, distributed),
+                               "mode": mode, **facts}
         except LENGTH_LIMITS as err:
             results[length] = skipped(err)
     return results
+
+
+def _same_target_windows(n_tokens: int, length: int, *, target: int, longest: int, max_windows: int | None,
+                         **_: Any) -> tuple[list[tuple[int, int, int]], dict[str, Any]]:
+    ends = target_ends(n_tokens, longest, target, max_windows)
+    return [(end - length, end, target) for end in ends], {"target": target}
+
+
+def _sliding_windows(n_tokens: int, length: int, *, stride: int | None, max_windows: int | None,
+                     **_: Any) -> tuple[list[tuple[int, int, int]], dict[str, Any]]:
+    step = min(stride or length, length)
+    # the first window scores all its tokens, each later one the `step` tokens no earlier window scored
+    starts = list(range(0, n_tokens - length + 1, step))[:max_windows]
+    return [(s, s + length, length - 1 if s == 0 else min(step, length - 1)) for s in starts], {"stride": step}
+
+
+# (start, end, tokens scored at the end) of every window at one length, and the facts the cell records
+WINDOWS = {"same_target": _same_target_windows, "sliding": _sliding_windows}
 
 
 def _unscorable(length: int, n_tokens: int) -> dict[str, str] | None:
@@ -106,33 +193,36 @@ def _chunks(first: int, end: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + LOGIT_CHUNK, end)) for lo in range(first, end, LOGIT_CHUNK)]
 
 
-def _perplexity_at(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Tensor, length: int, stride: int,
-                   batch_size: int, max_windows: int | None, progress: bool, distributed: bool) -> dict[str, Any]:
-    starts = list(range(0, ids.numel() - length + 1, stride))[:max_windows]
+def _score_windows(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Tensor,
+                   windows: list[tuple[int, int, int]], batch_size: int, progress: bool,
+                   distributed: bool) -> dict[str, Any]:
+    """Pooled perplexity of windows (start, end, scored): ids[start:end] runs, its last `scored` tokens count."""
+    length = windows[0][1] - windows[0][0]
 
-    def score(batch_starts: list[int]) -> list[tuple[float, int]]:
-        """(summed nll, tokens scored) of each window."""
+    def score(batch_windows: list[tuple[int, int, int]]) -> list[tuple[float, int, list[int]]]:
+        """(summed nll, tokens scored, target ids) of each window."""
         scored = []
-        bar = tqdm(total=len(batch_starts), desc=f"perplexity @ {length}", unit="window", disable=None if progress else True)
-        for i in range(0, len(batch_starts), batch_size):
-            batch = batch_starts[i : i + batch_size]
-            windows = torch.stack([ids[s : s + length] for s in batch]).to(device(model))
-            hidden = head_inputs(model, head, windows)
-            for row, start in enumerate(batch):
-                # targets at window positions [first, length): tokens no earlier window scored
-                first = 1 if start == 0 else max(1, length - stride)
-                nll = torch.cat([token_nll(head, hidden[row, lo - 1 : hi - 1], windows[row, lo:hi])
+        bar = tqdm(total=len(batch_windows), desc=f"perplexity @ {length}", unit="window",
+                   disable=None if progress else True)
+        for i in range(0, len(batch_windows), batch_size):
+            batch = batch_windows[i : i + batch_size]
+            rows = torch.stack([ids[start:end] for start, end, _ in batch]).to(device(model))
+            hidden = head_inputs(model, head, rows)
+            for row, (_, _, count) in enumerate(batch):
+                first = length - count
+                nll = torch.cat([token_nll(head, hidden[row, lo - 1 : hi - 1], rows[row, lo:hi])
                                  for lo, hi in _chunks(first, length)])
-                scored.append((nll.sum().item(), length - first))
+                scored.append((nll.sum().item(), count, rows[row, first:].tolist()))
             bar.update(len(batch))
         bar.close()
         return scored
 
-    windows = across_processes(starts, score, distributed)
+    scored = across_processes(windows, score, distributed)
     # summed in window order, whichever process scored which window
-    nll, count = math.fsum(n for n, _ in windows), sum(c for _, c in windows)
+    nll, count = math.fsum(n for n, _, _ in scored), sum(c for _, c, _ in scored)
+    targets = hashlib.sha1(str([t for _, _, t in scored]).encode()).hexdigest()[:16]
     loss = nll / count
-    return {"perplexity": math.exp(loss), "loss": loss, "tokens": count, "windows": len(starts), "stride": stride}
+    return {"perplexity": math.exp(loss), "loss": loss, "tokens": count, "windows": len(windows), "targets": targets}
 
 
 def prefix_perplexity(

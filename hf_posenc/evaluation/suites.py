@@ -12,7 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe, unpatch
-from .long_context import passkey, perplexity_by_length
+from .long_context import DEFAULT_MODE, PERPLEXITY_MODES, check_mode, default_target, passkey, perplexity_by_length, tokens_needed
 from .processes import main_process_first, rank_and_world
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
@@ -49,6 +49,8 @@ def run_suites(
     text_column: str = "text",
     stride: int | None = None,
     max_windows: int | None = 4,
+    perplexity_mode: str = DEFAULT_MODE,
+    target_tokens: int | None = None,
     batch_size: int = 1,
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
     trials: int = 2,
@@ -67,6 +69,8 @@ def run_suites(
         name: the model's name or path, for the results; scheme, options: the patch applied after loading.
         text, text_config, text_column: the long text for perplexity ("kjv" offline, or a datasets name).
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
+        perplexity_mode, target_tokens: `perplexity_by_length`'s mode and target (same_target: the same
+            `target_tokens` tokens, default half the shortest length, are scored at every length).
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
         dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
@@ -79,6 +83,11 @@ def run_suites(
     """
     suites = parse_suites(suites)
     lengths = check_lengths(lengths)
+    check_mode(perplexity_mode)
+    if perplexity_mode == "same_target" and target_tokens is None:
+        target_tokens = default_target(lengths)
+    elif perplexity_mode == "sliding":
+        target_tokens = None  # sliding windows score every token once
     out = Path(out)
     rank, world = rank_and_world(distributed)
     main = rank == 0
@@ -89,7 +98,7 @@ def run_suites(
                       getattr(model.config, "posenc", None) if describe(model) else None)
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
-        "max_windows": max_windows, "batch_size": batch_size, "depths": list(depths), "trials": trials,
+        "max_windows": max_windows, "perplexity_mode": perplexity_mode, "target_tokens": target_tokens, "batch_size": batch_size, "depths": list(depths), "trials": trials,
         "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
         "dtype": dtype or str(model.dtype).removeprefix("torch.")},
         details={"processes": world})
@@ -101,7 +110,7 @@ def run_suites(
 
     save()
     settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
-                    max_windows=max_windows, batch_size=batch_size, depths=depths, trials=trials,
+                    max_windows=max_windows, mode=perplexity_mode, target=target_tokens, batch_size=batch_size, depths=depths, trials=trials,
                     task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
                     progress=main, distributed=distributed)
     _score(model, tokenizer, suites, lengths, run, save, settings)
@@ -127,12 +136,12 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
     if "perplexity" in suites:
         with main_process_first(s["distributed"]):
             source = data.long_text(s["text"], text_column=s["text_column"], config=s["text_config"])
-        windows, stride = s["max_windows"], s["stride"]
-        need = None if windows is None else max(lengths) + windows * (stride or max(lengths))
-        ids = text_token_ids(tokenizer, source, need)
-        for length in lengths:
+        windows, stride, mode = s["max_windows"], s["stride"], s["mode"]
+        ids = text_token_ids(tokenizer, source, tokens_needed(mode, lengths, windows, stride))
+        for length in lengths:  # one call per length, so each is saved as it finishes
             put("perplexity", length,
-                perplexity_by_length(model, ids, [length], stride, s["batch_size"], windows, **shared)[length])
+                perplexity_by_length(model, ids, [length], stride, s["batch_size"], windows, mode=mode,
+                                     target=s["target"], longest=max(lengths), **shared)[length])
     if "passkey" in suites:
         for length in lengths:
             cell = passkey(model, tokenizer, [length], s["depths"], s["trials"], seed=s["seed"] + length,
@@ -158,7 +167,7 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
 
 
 # eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)
-SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows"), "passkey": ("depths", "trials", "seed"),
+SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows", "target_tokens"), "passkey": ("depths", "trials", "seed"),
                   **{suite: ("limit", "seed") for suite in SENTIMENT},
                   **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS}}
 
@@ -172,9 +181,16 @@ def measured_with(record: results.Results) -> dict[str, Any]:
         return {"method": "held-out blocks of the training data", "text": data_.get("dataset"),
                 "dtype": settings.get("model", {}).get("dtype"), "max_windows": evaluation.get("max_windows")}
     if record.kind == "demo":
-        return {"method": "perplexity of the first L tokens", "text": settings.get("text")}
+        return {"method": _method(settings, "perplexity of the first L tokens"), "text": settings.get("text"),
+                **{key: settings[key] for key in ("max_windows", "target_tokens") if key in settings}}
     keys = {key for suite in settings.get("suite", []) for key in SUITE_SETTINGS.get(suite, ())}
-    return {"method": "sliding windows", "dtype": settings.get("dtype"), **{key: settings.get(key) for key in keys}}
+    return {"method": _method(settings, PERPLEXITY_MODES["sliding"]), "dtype": settings.get("dtype"),
+            **{key: settings.get(key) for key in keys}}
+
+
+def _method(settings: dict[str, Any], before_modes: str) -> str:
+    """How perplexity was measured: the file's `perplexity_mode`, or what files written before modes did."""
+    return PERPLEXITY_MODES.get(settings.get("perplexity_mode"), before_modes)
 
 
 def differing_settings(records: Sequence[results.Results], mixed: bool = False) -> list[str]:

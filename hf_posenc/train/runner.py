@@ -141,7 +141,7 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
     # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
     if recipe.model.task == "causal_lm":
         table = perplexity_by_length(unwrapped, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows,
-                                     distributed=True) if e.perplexity_lengths else {}
+                                     mode="sliding", distributed=True) if e.perplexity_lengths else {}
         table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
                             "windows": samples, "stride": d.seq_len}
         metrics = {"perplexity": {str(k): v for k, v in sorted(table.items())}}
