@@ -8,9 +8,11 @@ import json
 import pytest
 from conftest import tiny_model
 from test_evaluation import char_tokenizer
+from test_train import REPO
 
 import hf_posenc as hp
 from hf_posenc import cli, data, evaluation, hub, results
+from hf_posenc.cli import demo
 from hf_posenc.errors import PosEncError
 
 
@@ -60,26 +62,40 @@ def test_a_card_refuses_an_old_results_file_instead_of_guessing(tmp_path):
     assert cli.main(["eval", "--compare", str(tmp_path / "eval" / "results.json"), "--out", str(tmp_path / "c")]) == 2
 
 
-def test_demo_writes_results_that_load_and_match_a_direct_computation(tmp_path):
+def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp_path, capsys):
     folder = tmp_path / "tiny"
     tiny_model("llama").save_pretrained(folder)
     char_tokenizer().save_pretrained(folder)
     out = tmp_path / "demo"
-    assert cli.main(["demo", "--model", str(folder), "--lengths", "16,48", "--out", str(out)]) == 0
+    assert cli.main(["demo", "--model", str(folder), "--lengths", "16,48", "--target-tokens", "8", "--windows", "2",
+                     "--steps", "2", "--recipe", str(REPO / demo.RECIPE), "--out", str(out)]) == 0
     record = results.load(out / "results.json")
     assert record.kind == "demo" and record.complete
-    assert [run.label for run in record.runs] == ["original (rope)", "yarn x4", "ntk x4", "linear x4", "alibi", "nope"]
-    model = hp.patch(tiny_model("llama"), "yarn", factor=4.0)
-    ids = evaluation.text_token_ids(char_tokenizer(), data.long_text("kjv"), 48)
-    expected = evaluation.prefix_perplexity(model, ids, [16, 48])
-    yarn = record.run("yarn x4")
-    assert yarn.scheme == "yarn" and yarn.options == {"factor": 4.0}
+    assert record.settings["perplexity_mode"] == "same_target" and record.settings["target_tokens"] == 8
+    labels = ["original (rope)", "yarn x2", "alibi, no training", "nope", "alibi, 2 recovery steps"]
+    assert [run.label for run in record.runs] == labels
+    model = hp.patch(tiny_model("llama"), "yarn", factor=2.0)
+    ids = evaluation.text_token_ids(char_tokenizer(), data.long_text("kjv"), 48 * (1 + 8 * 2))
+    expected = evaluation.perplexity_by_length(model, ids, [16, 48], max_windows=2, target=8)
+    yarn = record.run("yarn x2")
+    assert yarn.scheme == "yarn" and yarn.options == {"factor": 2.0}
     for length in (16, 48):
         assert yarn.metrics["perplexity"][str(length)]["loss"] == pytest.approx(expected[length]["loss"], abs=1e-5)
+    # every model, every length: the same target tokens
+    assert len({cell["targets"] for run in record.runs for cell in run.metrics["perplexity"].values()}) == 1
     table = (out / "results.md").read_text().splitlines()
-    assert table[0] == "| scheme | ppl @ 16 | ppl @ 48 |" and len(table) == 2 + 6
-    assert table[3] == f"| yarn x4 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |"
-    assert (out / "perplexity.png").stat().st_size > 1000
+    assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 5
+    assert table[3].startswith(f"| yarn x2 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |")
+    assert (out / "perplexity.png").stat().st_size > 1000 and (out / "inspect" / "rotary.png").stat().st_size > 1000
+    # the recovered model reloads patched, its card carries its eval results as model-index, the repo is staged
+    recovered = out / "smollm2-alibi-recovered"
+    assert hp.describe(hp.from_pretrained(recovered)).scheme == "alibi"
+    assert results.load(recovered / "eval" / "results.json").runs[0].metrics == record.runs[-1].metrics
+    card = (out / "hub-staged" / "README.md").read_text()
+    assert "model-index:" in card and "name: perplexity @ 48 tokens" in card
+    assert (out / "hub-staged" / "config.json").is_file()
+    printed = capsys.readouterr().out
+    assert str(out / "hub-staged") in printed and str(out / "inspect" / "rotary.png") in printed
 
 
 def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):

