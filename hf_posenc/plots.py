@@ -16,8 +16,8 @@ from torch import Tensor
 
 from .results import Run
 
-__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "pyplot", "results_by_length", "rotary",
-           "save", "series", "subspace"]
+__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "results_by_length",
+           "rotary", "save", "series", "shift_fit", "subspace"]
 
 
 def pyplot() -> Any:
@@ -213,4 +213,42 @@ def rotary(profile: dict[str, Any], cos: Tensor, path: str | Path, title: str) -
     ref.set_ylabel("q = k = ones (RoFormer decay), dashed")
     axes[2].legend(fontsize=7, ncol=2)
     fig.suptitle(title)
+    return save(fig, path, dpi=110)
+
+
+def shift_fit(fit: dict[str, Any], path: str | Path, title: str) -> Path:
+    """R^2 of PE(p+k) ~ M_k PE(p) by offset k, against a random table and the sinusoidal code's exact 1
+    (`hf_posenc.analysis.shift_fit`)."""
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
+    ax.axhline(1.0, color="C2", ls="--", lw=1, label="sinusoidal code (a rotation: exactly 1)")
+    ax.plot(fit["offsets"], fit["r2"], "o-", color="C3", label="this model's positions")
+    ax.plot(fit["offsets"], fit["random_r2"], "s-", color="0.6", label="random table, same shape (chance)")
+    ax.set(xscale="log", xlabel="offset k (positions)", ylabel="R^2 of the least-squares M_k",
+           title=f"{title}: is a shift a linear map? (rank {fit['rank']})")
+    ax.set_ylim(min(0.0, *fit["r2"], *fit["random_r2"]), 1.05)
+    ax.legend(loc="lower left", fontsize=8)
+    return save(fig, path, dpi=110)
+
+
+def position_energy(energy: dict[str, Any], reference: dict[str, Any], path: str | Path, title: str) -> Path:
+    """Position variation per embedding dimension, and its cumulative share along the token embedding's
+    singular directions, for the model and for the sinusoidal code of the same shape
+    (`hf_posenc.analysis.energy_by_direction`)."""
+    fig, (ax, bx) = pyplot().subplots(1, 2, figsize=(13, 4.2))
+    for data, name, color in ((reference, "sinusoidal code", "C2"), (energy, "this model", "C3")):
+        ax.plot(data["per_dimension"]["variation"], color=color, lw=0.8, alpha=0.85, label=name)
+        for field, style in (("variation", "-"), ("energy", ":")):
+            share = torch.tensor(data["per_token_direction"][field]).cumsum(0)
+            bx.plot(share, style, color=color, label=f"{name}: {field}")
+    d = len(energy["per_dimension"]["variation"])
+    ax.axhline(1 / d, color="0.5", lw=0.8, ls="--", label="uniform 1/d")
+    ax.set(xlabel="embedding dimension", ylabel="share of position variation", title="per dimension")
+    ax.legend(fontsize=8)
+    tokens = torch.tensor(energy["per_token_direction"]["token_energy"]).cumsum(0)
+    bx.plot(tokens, color="C0", lw=1, label="token embedding's own energy")
+    bx.plot([0, len(tokens) - 1], [1 / len(tokens), 1], color="0.5", lw=0.8, ls="--", label="uniform")
+    bx.set(xlabel="token singular direction (largest token energy first)", ylabel="cumulative share",
+           title="along the token embedding's directions")
+    bx.legend(fontsize=7)
+    fig.suptitle(f"{title}: where the position vectors put their energy")
     return save(fig, path, dpi=110)

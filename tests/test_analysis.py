@@ -264,13 +264,65 @@ def test_alibi_slopes_of_a_patched_model():
 # ------------------------------------------------------------------ inspect
 
 
+# ------------------------------------------------------------------ the code itself: shifts and energy
+
+
+def _gpt2_with(positions: int, scheme: str | None = None) -> torch.nn.Module:
+    """A tiny GPT-2 with a long enough table for a shift fit at full rank (L >= 4d), random learned or patched."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=1, vocab_size=128, n_positions=positions)
+    model = transformers.GPT2Model(config).eval()
+    return hp.patch(model, scheme) if scheme else model
+
+
+def test_a_shift_of_the_sinusoidal_code_is_a_linear_map_and_of_a_random_table_is_not():
+    sinusoidal = A.shift_fit(A.position_vectors(_gpt2_with(512, "sinusoidal")))
+    assert sinusoidal["rank"] == 64 and sinusoidal["offsets"][0] == 1 and sinusoidal["offsets"][-1] == 512 - 128
+    assert min(sinusoidal["r2"]) == pytest.approx(1.0, abs=1e-6)
+    learned = A.shift_fit(A.position_vectors(_gpt2_with(512)))  # an untrained (random) learned table
+    assert max(learned["r2"]) < 0.9 and learned["r2"] == pytest.approx(learned["random_r2"], abs=0.1)
+    assert max(sinusoidal["random_r2"]) < 0.9
+
+
+def test_shift_fit_bad_input_names_the_allowed_range():
+    with pytest.raises(PosEncError, match=r"offsets must be in 1..32"):
+        A.shift_fit(torch.randn(64, 32), offsets=[0, 5], rank=16)
+    with pytest.raises(PosEncError, match=r"rank must be in 1..8"):
+        A.shift_fit(torch.randn(64, 8), rank=9)
+
+
+def test_energy_by_direction_hand_computed():
+    # positions live in dims 1 and 3 (energies 1 and 3 per position); tokens' singular directions are the
+    # axes, largest along dim 3, then 2, 1, 0
+    positions = torch.zeros(10, 4)
+    positions[:, 1], positions[:, 3] = 1.0, 3**0.5 * torch.tensor([1.0, -1.0] * 5)
+    tokens = torch.diag(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    energy = A.energy_by_direction(positions, tokens)
+    assert energy["per_dimension"]["energy"] == pytest.approx([0, 0.25, 0, 0.75])
+    assert energy["per_dimension"]["variation"] == pytest.approx([0, 0, 0, 1.0])  # dim 1 is constant: no information
+    assert energy["per_token_direction"]["energy"] == pytest.approx([0.75, 0, 0.25, 0])
+    assert energy["per_token_direction"]["token_energy"] == pytest.approx([16 / 30, 9 / 30, 4 / 30, 1 / 30])
+    assert A.quarter_shares(energy["per_token_direction"]["energy"]) == pytest.approx(
+        {"first_quarter": 0.75, "last_quarter": 0.0})
+    with pytest.raises(PosEncError, match="width 3 but position vectors 4"):
+        A.energy_by_direction(positions, torch.eye(3))
+
+
 def test_inspect_writes_json_and_plots(tmp_path):
     result = A.inspect_model(tiny_model("bert", head="base"), _ids(), tmp_path / "bert", name="tiny-bert", seeds=3)
     data = json.loads((tmp_path / "bert" / "inspect.json").read_text())
     assert data["positions"] == "absolute" and data["subspace"]["random"]["seeds"] == 3
     assert data["four_terms"]["pairs"] == 144 and "principal angles" in result["summary"]
-    for name in ("subspace.png", "four_terms.png", "encoding.png"):
+    for name in ("subspace.png", "four_terms.png", "encoding.png", "shift_fit.png", "position_energy.png"):
         assert (tmp_path / "bert" / name).read_bytes()[:4] == b"\x89PNG"
+    assert len(data["shift_fit"]["r2"]) == len(data["shift_fit"]["offsets"]) and "R^2 k=1" in result["summary"]
+    assert sum(data["position_energy"]["sinusoidal"]["per_dimension"]["energy"]) == pytest.approx(1.0, abs=1e-4)
+
+    model = _gpt2_with(512, "sinusoidal")
+    result = A.inspect_model(model, _ids(), tmp_path / "sin", name="sinusoidal")
+    assert min(result["shift_fit"]["r2"]) == pytest.approx(1.0, abs=1e-6)
 
     result = A.inspect_model(tiny_model("llama", head="base"), _ids(), tmp_path / "llama", name="tiny-llama")
     assert result["positions"] == "rotary" and "no position embedding table" in result["summary"]
@@ -328,6 +380,13 @@ def test_cli_inspect_minilm_end_to_end(tmp_path):
     data = json.loads((tmp_path / "inspect.json").read_text())
     geo = data["subspace"]
     assert geo["d"] == 384 and geo["num_positions"] == 512
+    # MiniLM's learned table: a shift is far from a linear map at full strength, yet well above chance
+    fit = data["shift_fit"]
+    assert fit["rank"] == 128 and all(r < 1 - 1e-3 for r in fit["r2"])
+    assert fit["r2"][0] > fit["random_r2"][0] + 0.2
+    energy = data["position_energy"]["model"]["per_token_direction"]["variation"]
+    assert len(energy) == 384 and sum(energy) == pytest.approx(1.0, abs=1e-4)
+    assert (tmp_path / "shift_fit.png").is_file() and (tmp_path / "position_energy.png").is_file()
     # measured: positions hold ~11% of their energy in the top-263 token subspace vs ~68% for random ones
     assert geo["position_energy_in_token_subspace"] < geo["random"]["position_energy_in_token_subspace"]["mean"] - 0.3
     assert geo["angles"]["median"] > geo["random"]["angles"]["median"]["mean"] + 20

@@ -7,11 +7,14 @@ This package measures both on a real model; `hf-posenc inspect MODEL --out DIR` 
 
     positions        where positions enter a model and the vectors it adds
     geometry         principal angles and energy shares against random subspaces
+    encoding         the code itself: is a shift a linear map of it (why sine and cosine), and where
+                     its energy sits (per dimension, per token singular direction)
     attention_terms  the layer-0 logit split into its four terms; RoPE's and ALiBi's replacements
     report           `inspect_model`: every analysis that applies, as inspect.json and plots
 """
 
 from .attention_terms import BIAS_TERMS, TERMS, FourTerms, alibi_slopes, four_terms, rotary_cos, rotary_profile
+from .encoding import energy_by_direction, format_encoding, quarter_shares, shift_fit
 from .geometry import (
     encoding_by_distance,
     energy_share,
@@ -39,7 +42,9 @@ __all__ = [
     "alibi_slopes",
     "check_length",
     "encoding_by_distance",
+    "energy_by_direction",
     "energy_share",
+    "format_encoding",
     "format_geometry",
     "four_terms",
     "head_shape",
@@ -50,9 +55,11 @@ __all__ = [
     "principal_angles",
     "principal_basis",
     "qk_modules",
+    "quarter_shares",
     "random_basis",
     "rotary_cos",
     "rotary_profile",
+    "shift_fit",
     "subspace_geometry",
     "token_vectors",
 ]

@@ -7,11 +7,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .. import plots
 from ..patching import describe
+from ..schemes.sinusoidal import sinusoidal_code
 from .attention_terms import BIAS_TERMS, TERMS, alibi_slopes, four_terms, rotary_cos, rotary_profile
+from .encoding import energy_by_direction, format_encoding, shift_fit
 from .geometry import encoding_by_distance, format_geometry, principal_basis, subspace_geometry
 from .positions import check_length, max_positions, position_kind, position_vectors, token_vectors
 
@@ -47,15 +50,25 @@ def inspect_model(
     }
     if kind == "absolute":
         positions = position_vectors(model)
-        geo = subspace_geometry(token_vectors(model), positions, top_k, pos_dim, seeds)
+        tokens = token_vectors(model)
+        geo = subspace_geometry(tokens, positions, top_k, pos_dim, seeds)
         terms = four_terms(model, input_ids).summary()
         by_distance = encoding_by_distance(positions)
-        result.update(subspace=geo, four_terms=terms, encoding=by_distance, summary=format_geometry(geo))
+        fit = shift_fit(positions)
+        energy = energy_by_direction(positions, tokens)
+        # the same questions asked of the sinusoidal code of this shape, against the same token embedding
+        reference = energy_by_direction(sinusoidal_code(torch.arange(positions.shape[0]), positions.shape[1],
+                                                        10_000.0), tokens)
+        result.update(subspace=geo, four_terms=terms, encoding=by_distance, shift_fit=fit,
+                      position_energy={"model": energy, "sinusoidal": reference},
+                      summary=format_geometry(geo) + "\n" + format_encoding(fit, energy))
         plots.subspace(geo, out / "subspace.png", name)
         plots.four_terms(terms, TERMS, BIAS_TERMS, out / "four_terms.png", name)
         components = positions.double() @ principal_basis(positions, k=min(32, *positions.shape))
         plots.encoding(positions, components, by_distance, out / "encoding.png", f"{name}: the positions it adds")
-        result["plots"] += ["subspace.png", "four_terms.png", "encoding.png"]
+        plots.shift_fit(fit, out / "shift_fit.png", name)
+        plots.position_energy(energy, reference, out / "position_energy.png", name)
+        result["plots"] += ["subspace.png", "four_terms.png", "encoding.png", "shift_fit.png", "position_energy.png"]
     elif kind == "rotary":
         distance = min(max_distance, max_positions(model))
         profile = rotary_profile(model, input_ids, distance)
