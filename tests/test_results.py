@@ -72,7 +72,7 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     record = results.load(out / "results.json")
     assert record.kind == "demo" and record.complete
     assert record.settings["perplexity_mode"] == "same_target" and record.settings["target_tokens"] == 8
-    labels = ["original (rope)", "yarn x2", "alibi, no training", "nope", "alibi, 2 recovery steps"]
+    labels = ["original (rope)", "yarn x2", "alibi, no training", "alibi, 2 recovery steps"]
     assert [run.label for run in record.runs] == labels
     model = hp.patch(tiny_model("llama"), "yarn", factor=2.0)
     ids = evaluation.text_token_ids(char_tokenizer(), data.long_text("kjv"), 48 * (1 + 8 * 2))
@@ -84,7 +84,7 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     # every model, every length: the same target tokens
     assert len({cell["targets"] for run in record.runs for cell in run.metrics["perplexity"].values()}) == 1
     table = (out / "results.md").read_text().splitlines()
-    assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 5
+    assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 4
     assert table[3].startswith(f"| yarn x2 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |")
     assert (out / "perplexity.png").stat().st_size > 1000 and (out / "inspect" / "rotary.png").stat().st_size > 1000
     # the recovered model reloads patched, its card carries its eval results as model-index, the repo is staged
