@@ -1,0 +1,38 @@
+"""The study's arms: one positional scheme each on the same GPT-2-shaped decoder, as data.
+
+Every arm trains the same depth, heads, tokenizer, data, optimizer, token budget and seeds; only how
+positions enter differs (and, for `concat_wide`, the width that keeps the token capacity of `learned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """scheme: what `hf_posenc.patch` installs (None: GPT-2's own learned table); extra_width: dims
+    added to the model width; added: positions are vectors added to the token embeddings, so the
+    position-vs-token subspace geometry and the four attention terms are tracked over checkpoints."""
+
+    scheme: str | None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra_width: int = 0
+    added: bool = False
+
+
+def arms(width: int) -> dict[str, Arm]:
+    """The arms of issue 14 for a model of this width."""
+    return {
+        "learned": Arm(None, added=True),
+        "sinusoidal": Arm("sinusoidal", added=True),
+        "concat_d8": Arm("concat", {"d_pos": width // 8}, added=True),  # same width: tokens lose d/8 dims
+        "concat_d4": Arm("concat", {"d_pos": width // 4}, added=True),
+        "concat_wide": Arm("concat", {"d_pos": width // 4}, extra_width=width // 4, added=True),  # tokens keep d
+        "untied": Arm("untied"),
+        "rope": Arm("rope"),
+        "alibi": Arm("alibi"),
+        "t5": Arm("t5"),
+        "nope": Arm("nope"),
+    }

@@ -1,0 +1,57 @@
+"""What the study measures on a trained run: same-target perplexity and passkey at 1x/2x/4x the
+training length, and, for arms that add positions to token embeddings, the position-vs-token subspace
+geometry and the four-term split of layer-0 attention at checkpoints through training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from hf_posenc import analysis, evaluation
+from hf_posenc.train import modeling
+from hf_posenc.train.recipe import Recipe
+
+from settings import Settings
+
+
+def held_out_ids(tokenizer: Any, text: str, fraction: float) -> torch.Tensor:
+    """The held-out tail of the token stream, cut where the recipe runner cuts it."""
+    ids = evaluation.text_token_ids(tokenizer, text)
+    return ids[int(ids.numel() * (1 - fraction)) :]
+
+
+def length_metrics(model: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, s: Settings) -> dict[str, Any]:
+    """Perplexity of the same target tokens and passkey accuracy at 1x, 2x and 4x the training length."""
+    lengths = [s.seq_len, 2 * s.seq_len, 4 * s.seq_len]
+    ppl = evaluation.perplexity_by_length(model, ids, lengths, max_windows=s.windows, target=s.target)
+    keys = evaluation.passkey(model, tokenizer, lengths, depths=(0.5,), trials=s.passkey_trials)
+    return {"perplexity": {str(k): v for k, v in ppl.items()}, "passkey": {str(k): v for k, v in keys.items()}}
+
+
+def geometry(model: torch.nn.Module, ids: torch.Tensor, seq_len: int) -> dict[str, Any]:
+    """Energy share and principal angles of the position subspace in the token subspace (vs random
+    subspaces), and the layer-0 four-term shares (softmax-relevant, mean over heads) on held-out text."""
+    positions = analysis.position_vectors(model, seq_len)
+    geo = analysis.subspace_geometry(analysis.token_vectors(model), positions)
+    terms = analysis.four_terms(model, ids[None, :seq_len]).summary()["softmax_share"]
+    return {"position_energy_in_token_subspace": geo["position_energy_in_token_subspace"],
+            "random_energy": geo["random"]["position_energy_in_token_subspace"]["mean"],
+            "angles_median_deg": geo["angles"]["median"], "random_angles_median_deg": geo["random"]["angles"]["median"]["mean"],
+            "four_terms": {term: sum(terms[term]) / len(terms[term]) for term in analysis.TERMS}}
+
+
+def checkpoint_model(recipe: Recipe, checkpoint: Path | None) -> torch.nn.Module:
+    """The run's model as built by the runner (init weights, patch applied), with a checkpoint's weights
+    (None: at initialisation)."""
+    model, _ = modeling.load_recipe_model(recipe)
+    modeling.apply_posenc(model, recipe)
+    if checkpoint is not None:
+        missing, unexpected = model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+        tied = {"lm_head.weight"}  # saved once, as the input embedding
+        if set(missing) - tied or unexpected:
+            raise RuntimeError(f"{checkpoint}: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    return model.eval()

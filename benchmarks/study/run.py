@@ -1,0 +1,182 @@
+"""Added, concatenated, rotated, biased or none: small GPT-2-shaped decoders trained from scratch on
+the KJV with one positional scheme each (`arms.py`), everything else equal (`settings.py`).
+
+    python benchmarks/study/run.py                 # the full study (~2 h on 2 CPU cores, estimated)
+    python benchmarks/study/run.py --smoke         # 2 arms x 1 seed x 4 steps: checks the pipeline
+    python benchmarks/study/run.py --arms learned,rope --seeds 0
+
+Each run trains through the project's recipe runner (`hf_posenc.train`, full fine-tuning of a random
+init), then `measure.py` scores it. OUT/results.json = {"runs": [{"arm", "seed", "tokens", "params",
+"metrics"}], "settings"} grows after every run, and a rerun skips the runs it already holds (same
+settings); OUT/results.md and OUT/*.png summarise it (mean +- std over seeds, paired vs `learned`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from arms import Arm, arms  # noqa: E402
+from measure import checkpoint_model, geometry, held_out_ids, length_metrics  # noqa: E402
+from settings import FULL, SMOKE, Settings  # noqa: E402
+from tokenizer import train_bpe  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import hf_posenc as hp  # noqa: E402
+from hf_posenc import data, plots  # noqa: E402
+from hf_posenc.results import write_json  # noqa: E402
+from hf_posenc.train import runner  # noqa: E402
+from hf_posenc.train.recipe import from_dict  # noqa: E402
+
+SMOKE_ARMS = ("learned", "rope")
+
+
+def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int, folder: Path) -> Path:
+    """A random GPT-2 of the study's shape, saved with the tokenizer; the recipe patches its positions.
+    Its learned table covers the training length only: that arm cannot run longer inputs (a skipped cell)."""
+    torch.manual_seed(seed)
+    width = s.width + arm.extra_width
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=s.seq_len, n_embd=width, n_layer=s.layers,
+                                     n_head=s.heads, bos_token_id=tokenizer.eos_token_id,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path) -> Any:
+    save_steps = s.steps // s.checkpoints if arm.added and s.checkpoints > 1 else 0
+    return from_dict({
+        "model": {"name_or_path": str(init)},
+        "posenc": {"scheme": arm.scheme, "options": dict(arm.options)},
+        "peft": {"method": "full"},
+        "data": {"dataset": "kjv", "seq_len": s.seq_len, "eval_fraction": s.eval_fraction, "max_eval_samples": 8},
+        "training": {"max_steps": s.steps, "batch_size": s.batch_size, "micro_batch_size": s.batch_size, "lr": s.lr,
+                     "warmup_steps": max(1, s.steps // 20), "weight_decay": 0.1, "seed": seed,
+                     "save_steps": save_steps, "save_total_limit": 0},
+        "evaluation": {"original": False, "before": False, "after": True},
+        "output": {"dir": str(out), "plot": False},
+    }, source=f"study arm {arm}")
+
+
+def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: torch.Tensor, work: Path) -> dict[str, Any]:
+    """Train one (arm, seed), score it, and trace the geometry of an added arm through its checkpoints."""
+    folder = work / f"{name}-seed{seed}"
+    shutil.rmtree(folder, ignore_errors=True)
+    recipe = recipe_for(arm, s, init_model(arm, s, tokenizer, seed, folder / "init"), seed, folder / "run")
+    trained = runner.train(recipe, overwrite=True)
+    model = hp.from_pretrained(folder / "run")
+    metrics = {**length_metrics(model, tokenizer, ids, s),
+               "held_out_loss": trained.run("after training").metrics["perplexity"][str(s.seq_len)]["loss"]}
+    if arm.added:
+        steps = [(0, None), *((int(c.name.split("-")[1]), c) for c in runner.checkpoints(folder / "run"))]
+        trace = [{"step": step, **geometry(checkpoint_model(recipe, ckpt), ids, s.seq_len)} for step, ckpt in steps]
+        metrics["geometry"] = [*trace, {"step": s.steps, **geometry(model, ids, s.seq_len)}]
+    return {"arm": name, "seed": seed, "tokens": sum(trained.details["tokens_per_rank"]),
+            "params": sum(p.numel() for p in model.parameters()), "metrics": metrics}
+
+
+def summary(runs: list[dict[str, Any]], s: Settings) -> str:
+    """Mean +- std over seeds per arm, and the mean paired difference against `learned` (same seed)."""
+    lengths = [s.seq_len, 2 * s.seq_len, 4 * s.seq_len]
+
+    def value(run: dict[str, Any], metric: str, L: int) -> float | None:
+        cell = run["metrics"][metric].get(str(L), {})
+        return cell.get("perplexity", cell.get("accuracy"))
+
+    def stat(values: list[float | None]) -> str:
+        got = [v for v in values if v is not None and math.isfinite(v)]
+        if not got:
+            return "skipped"
+        return f"{statistics.mean(got):.3g} ± {statistics.stdev(got):.2g}" if len(got) > 1 else f"{got[0]:.3g}"
+
+    learned = {r["seed"]: r for r in runs if r["arm"] == "learned"}
+    head = (["arm", "seeds", "params"] + [f"ppl @ {L}" for L in lengths] + [f"passkey @ {L}" for L in lengths]
+            + [f"Δ ppl @ {s.seq_len} vs learned"])
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
+        paired = [value(r, "perplexity", s.seq_len) - value(learned[r["seed"]], "perplexity", s.seq_len)
+                  for r in mine if r["seed"] in learned and value(r, "perplexity", s.seq_len) is not None]
+        cells = ([arm, str(len(mine)), f"{mine[0]['params'] / 1e6:.2f}M"]
+                 + [stat([value(r, "perplexity", L) for r in mine]) for L in lengths]
+                 + [stat([value(r, "passkey", L) for r in mine]) for L in lengths] + [stat(paired)])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\n{mine[0]['tokens']:,} training tokens per run; same-target perplexity " \
+        f"({s.windows} windows x {s.target} tokens) on the held-out KJV tail.\n"
+
+
+def draw(runs: list[dict[str, Any]], out: Path) -> None:
+    """Mean same-target perplexity by length per arm; energy share over training for the added arms."""
+    plt = plots.pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
+        table = [{int(L): c["perplexity"] for L, c in r["metrics"]["perplexity"].items() if "perplexity" in c} for r in mine]
+        lengths = sorted(set.intersection(*(set(t) for t in table)))
+        if lengths:
+            ax.plot(lengths, [statistics.mean(t[L] for t in table) for L in lengths], "o-", label=arm)
+        if "geometry" in mine[0]["metrics"]:
+            trace = mine[0]["metrics"]["geometry"]
+            bx.plot([g["step"] for g in trace], [g["position_energy_in_token_subspace"] for g in trace], "o-", label=arm)
+            bx.plot([g["step"] for g in trace], [g["random_energy"] for g in trace], ":", color="0.6")
+    ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="perplexity (same targets)",
+           title="held-out perplexity by length")
+    bx.set(xlabel="training step", ylabel="share", title="position energy in the token subspace (dotted: random)")
+    ax.legend(fontsize=7)
+    bx.legend(fontsize=7)
+    plots.save(fig, out / "study.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_ARMS)}, 1 seed")
+    parser.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the settings')")
+    parser.add_argument("--out", default=str(HERE / "out"), help="results.json, results.md, study.png, work/")
+    args = parser.parse_args(argv)
+    s = SMOKE if args.smoke else FULL
+    if args.seeds:
+        s = dataclasses.replace(s, seeds=tuple(int(x) for x in args.seeds.split(",")))
+    table = arms(s.width)
+    names = args.arms.split(",") if args.arms else list(SMOKE_ARMS if args.smoke else table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise hp.PosEncError(f"unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(table)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = {**dataclasses.asdict(s), "seeds": None, "tokens_per_run": s.tokens}  # what makes runs comparable
+    settings = {**budget, "seeds": list(s.seeds), "arms": {n: dataclasses.asdict(table[n]) for n in table}}
+    path = out / "results.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    # a rerun keeps the runs of the same budget (an interrupted study continues) and redoes the others
+    same = {**done.get("settings", {}), "seeds": None, "arms": None} == {**budget, "arms": None}
+    runs = done.get("runs", []) if same else []
+    text = data.long_text("kjv")
+    tokenizer = train_bpe(text[: int(len(text) * (1 - s.eval_fraction))], s.vocab, out / f"tokenizer-{s.vocab}")
+    ids = held_out_ids(tokenizer, text, s.eval_fraction)
+    todo = [(n, seed) for n in names for seed in s.seeds if not any(r["arm"] == n and r["seed"] == seed for r in runs)]
+    for name, seed in tqdm(todo, desc="study", unit="run"):
+        runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / "work"))
+        write_json(path, {"runs": runs, "settings": settings})
+    write_json(path, {"runs": runs, "settings": settings})
+    (out / "results.md").write_text(summary(runs, s))
+    draw(runs, out)
+    print((out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
