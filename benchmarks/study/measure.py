@@ -39,7 +39,8 @@ def geometry(model: torch.nn.Module, ids: torch.Tensor, seq_len: int) -> dict[st
     terms = analysis.four_terms(model, ids[None, :seq_len]).summary()["softmax_share"]
     return {"position_energy_in_token_subspace": geo["position_energy_in_token_subspace"],
             "random_energy": geo["random"]["position_energy_in_token_subspace"]["mean"],
-            "angles_median_deg": geo["angles"]["median"], "random_angles_median_deg": geo["random"]["angles"]["median"]["mean"],
+            "angles_median_deg": geo["angles"]["median"],
+            "random_angles_median_deg": geo["random"]["angles"]["median"]["mean"],
             "four_terms": {term: sum(terms[term]) / len(terms[term]) for term in analysis.TERMS}}
 
 

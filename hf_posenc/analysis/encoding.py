@@ -34,7 +34,8 @@ def default_offsets(num_positions: int, rank: int, count: int = 24) -> list[int]
     """Offsets 1..L-2r, spaced evenly on a log scale (near offsets matter most)."""
     top = num_positions - 2 * rank
     if top < 1:
-        raise PosEncError(f"{num_positions} positions are too few for a shift fit of rank {rank}; need at least {2 * rank + 1}")
+        raise PosEncError(f"{num_positions} positions are too few for a shift fit of rank {rank}; "
+                          f"need at least {2 * rank + 1}")
     grid = torch.logspace(0, torch.log10(torch.tensor(float(top))), count).round().long()
     return sorted(set(grid.tolist()))
 

@@ -126,8 +126,8 @@ def perplexity_by_length(
     Returns:
         {length: {"perplexity", "loss" (mean nats/token), "tokens", "windows", "mode", "targets" (a
         digest of the target ids scored: equal at every length in same_target mode), and "stride"
-        (sliding) or "target" (same_target)}}, or {length: {"skipped": reason}} where the model cannot run that length (see
-        `LENGTH_LIMITS`).
+        (sliding) or "target" (same_target)}}, or {length: {"skipped": reason}} where the model cannot
+        run that length (see `LENGTH_LIMITS`).
     """
     lengths = check_lengths(lengths)
     ids = one_text(input_ids)

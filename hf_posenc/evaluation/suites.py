@@ -12,7 +12,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe, unpatch
-from .long_context import DEFAULT_MODE, PERPLEXITY_MODES, check_mode, default_target, passkey, perplexity_by_length, tokens_needed
+from .long_context import (
+    DEFAULT_MODE,
+    PERPLEXITY_MODES,
+    check_mode,
+    default_target,
+    passkey,
+    perplexity_by_length,
+    tokens_needed,
+)
 from .processes import main_process_first, rank_and_world
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
@@ -98,7 +106,8 @@ def run_suites(
                       getattr(model.config, "posenc", None) if describe(model) else None)
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
-        "max_windows": max_windows, "perplexity_mode": perplexity_mode, "target_tokens": target_tokens, "batch_size": batch_size, "depths": list(depths), "trials": trials,
+        "max_windows": max_windows, "perplexity_mode": perplexity_mode, "target_tokens": target_tokens,
+        "batch_size": batch_size, "depths": list(depths), "trials": trials,
         "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
         "dtype": dtype or str(model.dtype).removeprefix("torch.")},
         details={"processes": world})
@@ -110,7 +119,8 @@ def run_suites(
 
     save()
     settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
-                    max_windows=max_windows, mode=perplexity_mode, target=target_tokens, batch_size=batch_size, depths=depths, trials=trials,
+                    max_windows=max_windows, mode=perplexity_mode, target=target_tokens, batch_size=batch_size,
+                    depths=depths, trials=trials,
                     task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
                     progress=main, distributed=distributed)
     _score(model, tokenizer, suites, lengths, run, save, settings)
@@ -167,7 +177,8 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
 
 
 # eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)
-SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows", "target_tokens"), "passkey": ("depths", "trials", "seed"),
+SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows", "target_tokens"),
+                  "passkey": ("depths", "trials", "seed"),
                   **{suite: ("limit", "seed") for suite in SENTIMENT},
                   **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS}}
 

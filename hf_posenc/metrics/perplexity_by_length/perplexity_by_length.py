@@ -1,7 +1,8 @@
 """Perplexity at each context length, pooled over documents by their token counts.
 
-`hf_posenc.evaluation.perplexity_by_length` scores one document of an in-memory (patched) model with
-sliding windows ("Perplexity of fixed-length models" in the transformers docs; Press et al. 2021);
+`hf_posenc.evaluation.perplexity_by_length` scores one document of an in-memory (patched) model, on
+the same target tokens at every length or with sliding windows ("Perplexity of fixed-length models"
+in the transformers docs; Press et al. 2021);
 this module pools its cells over several documents: the pooled loss is the token-weighted mean of the
 documents' losses. (evaluate's own "perplexity" metric reloads a model by id, so it cannot score a
 patched model.)
