@@ -60,7 +60,7 @@ def split(rank: int, world: int, report: Path, model_dir: str) -> dict:
     torch.manual_seed(0)  # the same random t5 table in every process
     model, _ = load(model_dir, scheme="t5", options={"init_std": 0.5})
     ids = evaluation.text_token_ids(char_tokenizer(), data.long_text("kjv"), 800)
-    out["perplexity"] = evaluation.perplexity_by_length(model, ids, [48, 100], stride=40, batch_size=2,
+    out["perplexity"] = evaluation.perplexity_by_length(model, ids, [48, 100], stride=40, batch_size=2, mode="sliding",
                                                          max_windows=5, distributed=True)
     out["passkey"] = evaluation.passkey(model, char_tokenizer(), [400], depths=[0, 0.5, 1], trials=1, distributed=True)
     prompts = [f"{word} is the word number {i}:" for i, word in enumerate(["alpha", "be", "gamma", "delta", "eps"])]

@@ -69,7 +69,8 @@ def test_uniform_model_has_perplexity_equal_to_vocab_size(model_type, kjv_ids):
     model = tiny_model(model_type)
     with torch.no_grad():  # zero logits = a uniform next-token distribution
         model.get_output_embeddings().weight.zero_()
-    result = evaluation.perplexity_by_length(model, kjv_ids, [16, 48], stride=8, batch_size=2, max_windows=5)
+    result = evaluation.perplexity_by_length(model, kjv_ids, [16, 48], stride=8, batch_size=2, max_windows=5,
+                                             mode="sliding")
     for cell in result.values():
         assert cell["perplexity"] == pytest.approx(TINY["vocab"], rel=1e-5)
 
@@ -131,6 +132,7 @@ def test_same_target_mode_scores_the_same_tokens_at_every_length_with_only_the_c
     ({"mode": "first"}, "unknown perplexity mode 'first'; choose from same_target"),
     ({"target": 16}, r"target must be in 1..15"),
     ({"target": 4, "longest": 20}, "longest >= 32"),
+    ({"stride": 8}, "a stride applies to the sliding perplexity mode, not 'same_target'"),
 ])
 def test_same_target_bad_input_names_what_is_allowed(kwargs, message, kjv_ids):
     with pytest.raises(PosEncError, match=message):
@@ -392,6 +394,7 @@ def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved
     (["--suite", "passkey", "--depths", "0.5,2"], "depths in [0, 1]"),
     (["--lengths", "16,48", "--target-tokens", "16"], "--target-tokens: the tokens scored per window must be in 1..15"),
     (["--ppl-mode", "first"], "unknown perplexity mode 'first'; choose from same_target"),
+    (["--stride", "8"], "a stride applies to the sliding perplexity mode"),
 ])
 def test_eval_command_bad_input(argv, message, saved_tiny, tmp_path, capsys):
     code = cli.main(["eval", "--model", saved_tiny("llama"), *argv, "--out", str(tmp_path / "x")])

@@ -83,7 +83,7 @@ def test_rolling_loglikelihood_equals_own_perplexity(tmp_path, model_type, schem
 
     model = hf_posenc.patch(hf_posenc.from_pretrained(str(folder)), scheme, **options).eval()
     ids = torch.tensor([tokenizer.eos_token_id, *tokenizer(text)["input_ids"]])
-    own = evaluation.perplexity_by_length(model, ids, [window + 1], stride=window)[window + 1]
+    own = evaluation.perplexity_by_length(model, ids, [window + 1], stride=window, mode="sliding")[window + 1]
     nll = own["loss"] * own["tokens"]
     assert own["tokens"] == ids.numel() - 1  # every token of the document, as lm-eval
     assert abs(-loglikelihood - nll) < NLL_TOLERANCE
@@ -91,7 +91,8 @@ def test_rolling_loglikelihood_equals_own_perplexity(tmp_path, model_type, schem
     assert result["results"]["posenc_kjv"]["word_perplexity,none"] == pytest.approx(math.exp(nll / words), rel=1e-4)
     assert result["config"]["posenc"]["scheme"] == scheme
 
-    stock = evaluation.perplexity_by_length(hf_posenc.unpatch(model), ids, [window + 1], stride=window)[window + 1]
+    stock = evaluation.perplexity_by_length(hf_posenc.unpatch(model), ids, [window + 1], stride=window,
+                                          mode="sliding")[window + 1]
     stock_nll = stock["loss"] * stock["tokens"]
     assert abs(stock_nll - nll) > 100 * NLL_TOLERANCE, "the patch changes too little for the comparison to mean anything"
 

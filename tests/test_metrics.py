@@ -59,7 +59,8 @@ def test_perplexity_module_pools_documents_by_tokens():
     model = tiny_model("llama")
     torch.manual_seed(1)
     docs = [torch.randint(0, 128, (100,)), torch.randint(0, 128, (40,))]
-    per_doc = [evaluation.perplexity_by_length(model, d, [16, 64], stride=8, max_windows=3) for d in docs]
+    per_doc = [evaluation.perplexity_by_length(model, d, [16, 64], stride=8, max_windows=3, mode="sliding")
+               for d in docs]
     cells = [(length, cell) for doc in per_doc for length, cell in doc.items()]
     result = load("perplexity_by_length").compute(
         lengths=[length for length, _ in cells], losses=[c.get("loss", 0.0) for _, c in cells],

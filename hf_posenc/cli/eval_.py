@@ -99,7 +99,7 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
     from ..evaluation.long_context import check_mode
 
-    check_mode(args.perplexity_mode)
+    check_mode(args.perplexity_mode, args.stride)
     if args.target_tokens is not None and not 0 < args.target_tokens < min(args.lengths):
         raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
                           f"(below the shortest of --lengths), got {args.target_tokens}")

@@ -52,10 +52,14 @@ PERPLEXITY_MODES: dict[str, str] = {
 DEFAULT_MODE = "same_target"
 
 
-def check_mode(mode: str) -> str:
+def check_mode(mode: str, stride: int | None = None) -> str:
+    """A known mode, and a stride only where windows slide (same_target windows end at fixed places)."""
     if mode not in PERPLEXITY_MODES:
         raise PosEncError(f"unknown perplexity mode {mode!r}; choose from "
                           + "; ".join(f"{name} ({what})" for name, what in PERPLEXITY_MODES.items()))
+    if stride is not None and mode != "sliding":
+        raise PosEncError(f"a stride applies to the sliding perplexity mode, not {mode!r}; pass mode='sliding' "
+                          f"(--ppl-mode sliding) with it, or no stride")
     return mode
 
 
@@ -131,7 +135,7 @@ def perplexity_by_length(
     """
     lengths = check_lengths(lengths)
     ids = one_text(input_ids)
-    check_mode(mode)
+    check_mode(mode, stride)
     if stride is not None and stride <= 0:
         raise PosEncError(f"stride must be a positive number of tokens, got {stride}")
     if batch_size <= 0 or (max_windows is not None and max_windows <= 0):

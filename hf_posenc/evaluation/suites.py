@@ -91,7 +91,7 @@ def run_suites(
     """
     suites = parse_suites(suites)
     lengths = check_lengths(lengths)
-    check_mode(perplexity_mode)
+    check_mode(perplexity_mode, stride)
     if perplexity_mode == "same_target" and target_tokens is None:
         target_tokens = default_target(lengths)
     elif perplexity_mode == "sliding":
