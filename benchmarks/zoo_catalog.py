@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 OUT = ROOT / "benchmarks" / "results" / "zoo_catalog.json"
+TABLE = ROOT / "benchmarks" / "results" / "zoo_support.md"
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -50,6 +51,35 @@ def entry(model_type: str) -> dict[str, Any]:
     return row
 
 
+def reason(row: dict[str, Any]) -> str:
+    """Why a type is not fully supported: the build error, the refusal, or the first reason per site."""
+    if not row["forward"]:
+        return row["error"].splitlines()[0]
+    if "refused" in row:
+        return row["refused"]
+    failed = [f"{c}: {r['outcome']}" for c, r in row.get("cells", {}).items() if r["outcome"].startswith("fail")]
+    sites = row["sites"]
+    why = {}
+    for site, ok in sites.items():
+        if not ok:
+            scheme = {"input": "learned", "score": "alibi", "none": "nope"}.get(site) or \
+                ("yarn" if row["structure"]["rotary"] else "rope")
+            why.setdefault(row["unsupported"][scheme], []).append(site)
+    return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
+
+
+def table(catalog: dict[str, dict[str, Any]]) -> str:
+    """Markdown: model type x site, yes/no, and the reason for every no."""
+    lines = ["| model type | status | native | input | q/k | score | none | why not |", "|---|---|---|---|---|---|---|---|"]
+    for model_type, row in catalog.items():
+        sites = row.get("sites", {})
+        marks = [("yes" if sites.get(s) else "no") for s in ("input", "qk", "score", "none")]
+        why = reason(row) if zoo.status(row) != "full" else ""
+        lines.append(f"| {model_type} | {zoo.status(row)} | {row.get('native', '')} | {' | '.join(marks)} | "
+                     f"{why.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -63,7 +93,9 @@ def main() -> None:
         failed = [c for c, r in cells.items() if r["outcome"].startswith("fail")]
         print(f"{model_type:26s} {zoo.status(catalog[model_type]):8s} cells {len(cells) - len(failed)}/{len(cells)}"
               f"{'  failed: ' + ', '.join(failed) if failed else ''}", flush=True)
-    OUT.write_text(json.dumps(dict(sorted(catalog.items())), indent=1, default=str) + "\n")
+    catalog = dict(sorted(catalog.items()))
+    OUT.write_text(json.dumps(catalog, indent=1, default=str) + "\n")
+    TABLE.write_text(table(catalog))
     summary = zoo.summary(catalog)
     print(json.dumps(summary["counts"], indent=1), f"\n{time.perf_counter() - start:.0f} s")
 

@@ -103,7 +103,7 @@ def test_a_config_alone_gets_the_same_answer_as_the_instance(model_type):
     ("ctrl", "buffer pos_encoding"),  # a sinusoidal table added inside forward, no module to swap
     ("gptj", "embed_positions"),  # rotary tables as buffers inside each attention
     ("prophetnet", "relative_pos_embeddings"),
-    ("mamba", "no attention heads"),
+    ("mamba", "no num_attention_heads"),
 ])
 def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type, missing):
     _, model = zoo.cached(model_type)

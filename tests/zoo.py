@@ -55,6 +55,8 @@ SHRINK: dict[str, Any] = {
     "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "chunk_size": 16,
     "linear_num_heads": 4, "linear_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    # BERT-style models are causal LMs only as decoders
+    "is_decoder": True,
     # local attention
     "sliding_window": 16, "attention_window_size": 16,
     # partial rotary given as a width

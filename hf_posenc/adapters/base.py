@@ -81,9 +81,8 @@ class Adapter:
         if scheme.causal_only and not self.causal:
             return f"{scheme.name!r} needs a causal model"
         needs = self.mechanisms(scheme)
-        if "qk_tap" in needs and self.qk is None:
-            return "qk_tap: no q/k projections to rotate"
-        return next((f"{m}: {self.gaps[m]}" for m in needs if m in self.gaps), None)
+        gap = next((f"{m}: {self.gaps[m]}" for m in needs if m in self.gaps), None)
+        return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in needs and self.qk is None else None)
 
     def supports(self, scheme: Scheme) -> bool:
         return self.why_not(scheme) is None

@@ -11,14 +11,16 @@ halfway.
 
 from __future__ import annotations
 
-import copy
 import inspect
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
+                     find_rotaries, rotary_call, slot_call, source_has, unexplained)
+from .quirks import ROPE_SWITCHES, packed_layout
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
@@ -31,18 +33,11 @@ CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
 # layer kinds without softmax attention in `config.layer_types` (hybrid SSM / linear-attention models)
 NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "moe")
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
-POSITION_WORDS = {"position", "positions", "positional", "rotary", "rope", "alibi", "relative", "distance", "wpe",
-                  "pos", "rel", "sinusoidal"}
-INDEX_BUFFERS = ("position_ids", "token_type_ids")  # index helpers, not position codes
 STANDARD_ROPE_KEYS = {
     "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings",
     "attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "short_factor",
     "long_factor",
 }
-# Data: configs that carry default rope_parameters but rotate only when this field has this value.
-ROPE_SWITCHES = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2": ("use_mem_rope", True)}
-MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_bidirectional_mask",
-                 "create_masks_for_generate")
 
 
 @dataclass(frozen=True)
@@ -85,8 +80,8 @@ class Structure:
     slot_call: str | None  # None if the model calls it with position ids alone
     token_type_ids: bool
     other_embeddings: tuple[str, ...]
-    native_bias: str | None  # block argument carrying a native ALiBi bias ("alibi", "position_bias")
-    native_bias_active: bool
+    native_bias: str | None  # block argument carrying a native score bias ("alibi", "position_bias")
+    native_bias_kind: str | None  # "alibi", "relative" (learned buckets), None: absent or switched off
     attention_interface: bool  # attention goes through ALL_ATTENTION_FUNCTIONS
     mask_interface: bool  # the mask comes from masking_utils (AttentionMaskInterface)
     private_kwargs: bool  # loop owner -> block -> attention pass **kwargs through
@@ -126,18 +121,18 @@ def discover(model: nn.Module) -> Structure:
     tap = _taps(attention, model.config.model_type, heads, kv_heads, head_dim) if attention is not None else \
         ((), None, False, "no self-attention module with q/k projections in any block")
 
-    rotaries = _rotaries(owner)
+    rotaries = find_rotaries(owner)
     in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
     rotary_modules = [owner.get_submodule(r) for r in rotaries]
     rope = getattr(text, "rope_parameters", None) or None
-    rotary_types, width, rotary_problem = _rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
+    rotary_types, width, rotary_problem = rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
         ((), None, None)
     per_type = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
     own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
 
     slot, slot_module = _slot(owner, layers_path, rotaries, model.get_input_embeddings())
     owner_to_base = _relative(names[id(owner)], names[id(base)])
-    bias = _native_bias(blocks[0] if blocks else None)
+    bias = native_bias(blocks[0] if blocks else None)
     loop_params = inspect.signature(type(owner).forward).parameters
     return Structure(
         model_type=config.model_type,
@@ -166,30 +161,30 @@ def discover(model: nn.Module) -> Structure:
         rotary_layer_types=rotary_types,
         rotary_width=width,
         rotary_problem=rotary_problem,
-        rebuild_problem=_rebuild_problem(rotary_modules[0], text) if rotaries and not rotary_types else None,
+        rebuild_problem=rebuild_problem(rotary_modules[0], text) if rotaries and not rotary_types else None,
         rope_parameters=dict(rope) if rope else None,
         extra_rope_keys=tuple(sorted(own_keys - STANDARD_ROPE_KEYS)),
         slot=_join(owner_to_base, slot) if slot else None,
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
         slot_offset=_slot_offset(slot_module),
         slot_learned=slot_module is not None and any(True for _ in slot_module.parameters()),
-        slot_call=_slot_call(slot_module) if slot_module is not None else None,
+        slot_call=slot_call(slot_module) if slot_module is not None else None,
         token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
         other_embeddings=tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
                                if _has_module(owner, p)),
         native_bias=bias,
-        native_bias_active=bias is not None and _alibi_enabled(text),
-        attention_interface=attention is not None and _source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
-        mask_interface=_source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
+        native_bias_kind=native_bias_kind(text, bias),
+        attention_interface=attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
+        mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
         private_kwargs=attention is not None and all(
-            _passes_kwargs(m) for m in _chain(owner, layers_path, blocks[attention_layers[0]], found[attention_layers[0]])),
+            passes_kwargs(m) for m in chain(owner, layers_path, blocks[attention_layers[0]], found[attention_layers[0]])),
         loop_takes=tuple(p for p in ("position_ids", "inputs_embeds") if p in loop_params),
-        causal=_causal(text, owner),
+        causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
         latent_attention=tap[1] == "latent",
         hybrid=len(attention_layers) < len(blocks),
-        unexplained=_unexplained(owner, [*rotaries, *([slot] if slot else [])], text, bool(rotaries),
+        unexplained=unexplained(owner, [*rotaries, *([slot] if slot else [])], text, bool(rotaries),
                                  ROPE_SWITCHES.get(config.model_type)),
     )
 
@@ -199,8 +194,8 @@ def _head_sizes(text: Any) -> tuple[int, int, int]:
 
     heads = getattr(text, "num_attention_heads", None)
     if not heads:
-        raise PosEncError(f"{text.model_type!r} has no attention heads in its config (a state-space or recurrent "
-                          "model): there are no positions to swap")
+        raise PosEncError(f"{text.model_type!r}: its config has no num_attention_heads (a state-space or recurrent "
+                          "model without attention, or sub-models the adapter does not read)")
     try:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     except RuntimeError as exc:  # heterogeneous layers refuse a global head_dim (Gemma 4)
@@ -279,8 +274,10 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
             "latent projections, so there is no projection output to rotate")
     for name in PACKED:
         if name in children:
-            from .generic import packed_layout
-
+            width, expected = _out_features(children[name]), (heads + 2 * kv_heads) * head_dim
+            if width != expected:
+                return (name,), "packed", False, (f"{name} emits {width} features, not (heads + 2*kv_heads)*head_dim="
+                                                   f"{expected} (multi-query or another packing)")
             layout = packed_layout(model_type, attention)
             if layout == "grouped" and heads == kv_heads:
                 return (name,), "packed", False, None
@@ -291,40 +288,8 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
     return (), None, False, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})"
 
 
-def _rotaries(owner: nn.Module) -> list[str]:
-    """Modules computing RoPE (cos, sin): a rotary class or an `inv_freq` buffer; outermost only."""
-    found: list[str] = []
-    for name, module in owner.named_modules():
-        buffers = [b for b, _ in module.named_buffers(recurse=False)]
-        if "rotary" in type(module).__name__.lower() or any(b == "inv_freq" or b.endswith("_inv_freq") for b in buffers):
-            if not any(name.startswith(f + ".") for f in found):
-                found.append(name)
-    return found
 
 
-def _rotary_call(rotary: nn.Module, rope: dict[str, Any] | None,
-                 layer_types: tuple[str, ...] | None) -> tuple[tuple[str, ...], int | None, str | None]:
-    """(layer types the rotary is called with, width of cos/sin, problem) from one call on 3 positions."""
-    params = inspect.signature(rotary.forward).parameters
-    kinds: tuple[str, ...] = ()
-    kwargs: dict[str, Any] = {}
-    if "layer_type" in params:
-        kinds = tuple(sorted(k for k, v in (rope or {}).items() if isinstance(v, dict)))
-        if not kinds:
-            kinds = tuple(sorted(set(layer_types or ())))
-        if not kinds:
-            return (), None, f"{type(rotary).__name__} takes a layer_type but the config names none"
-        kwargs["layer_type"] = kinds[0]
-    tensor = next(iter(rotary.buffers()), None)
-    device = tensor.device if tensor is not None else torch.device("cpu")
-    try:
-        out = rotary(torch.zeros(1, 3, 1, device=device), torch.arange(3, device=device)[None], **kwargs)
-    except Exception as exc:  # noqa: BLE001 - a rotary we cannot call is reported, not fatal to discovery
-        return kinds, None, f"{type(rotary).__name__}(x, position_ids) failed: {type(exc).__name__}: {exc}"
-    if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
-        return kinds, int(out[0].shape[-1]), None
-    shape = getattr(out, "shape", None)
-    return kinds, None, f"{type(rotary).__name__} returns {type(out).__name__}{tuple(shape) if shape else ''}, not (cos, sin)"
 
 
 def _slot(owner: nn.Module, layers: str, rotaries: list[str],
@@ -349,82 +314,18 @@ def _slot_offset(slot: nn.Module | None) -> int:
     return padding + 1 if isinstance(padding, int) else 0
 
 
-def _slot_call(slot: nn.Module) -> str | None:
-    """None if the slot is called with position ids alone (nn.Embedding or forward(position_ids)),
-    else its signature: the installer would need a shim to call a new code the same way."""
-    if type(slot).forward is nn.Embedding.forward:
-        return None
-    params = [p for p in inspect.signature(slot.forward).parameters.values()
-              if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    required = [p for p in params if p.default is p.empty]
-    if len(required) == 1 and required[0].name in ("position_ids", "positions", "input"):
-        return None
-    return f"{type(slot).__name__}({', '.join(p.name for p in params)})"
 
 
-def _native_bias(block: nn.Module | None) -> str | None:
-    if block is None:
-        return None
-    params = inspect.signature(type(block).forward).parameters
-    return next((p for p in ("alibi", "position_bias") if p in params), None)
 
 
-def _alibi_enabled(text: Any) -> bool:
-    """BLOOM always uses ALiBi; Falcon and MPT say so in their config."""
-    if hasattr(text, "alibi"):
-        return bool(text.alibi)
-    attn_config = getattr(text, "attn_config", None)
-    return bool(getattr(attn_config, "alibi", True))
 
 
-def _causal(text: Any, owner: nn.Module) -> bool:
-    """Decoders are causal; BERT-style models only when built as decoders (`is_decoder`)."""
-    if _source_has(type(owner).forward, ("is_decoder",)):
-        return bool(getattr(text, "is_decoder", False))
-    return True
 
 
-def _source_has(function: Any, words: tuple[str, ...]) -> bool:
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
-    return any(w in source for w in words)
 
 
-def _chain(owner: nn.Module, layers: str, block: nn.Module, attention: str) -> list[nn.Module]:
-    """The modules a call goes through from the loop owner down to the attention module."""
-    def along(root: nn.Module, path: str) -> list[nn.Module]:
-        parts = path.split(".") if path else []
-        return [root.get_submodule(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
-
-    inner = [m for m in along(owner, layers) if not isinstance(m, nn.ModuleList)]
-    return [owner, *inner, block, *along(block, attention)]
 
 
-def _passes_kwargs(module: nn.Module) -> bool:
-    """forward takes **kwargs and hands them on (the name appears again after the signature)."""
-    forward = type(module).forward
-    var = next((p.name for p in inspect.signature(forward).parameters.values() if p.kind is p.VAR_KEYWORD), None)
-    try:
-        return var is not None and inspect.getsource(forward).count(f"**{var}") >= 2
-    except (OSError, TypeError):
-        return False
-
-
-def _rebuild_problem(rotary: nn.Module, text: Any) -> str | None:
-    """Can the rotary class be rebuilt from the config with a new (YaRN) rope_parameters, the way a
-    scaling patch does? Some classes read keys only their own RoPE type has."""
-    config = copy.deepcopy(text)
-    own = getattr(text, "rope_parameters", None) or {}
-    config.rope_parameters = {"rope_type": "yarn", "rope_theta": float(own.get("rope_theta", 10_000.0)), "factor": 2.0,
-                              "original_max_position_embeddings": int(getattr(text, "max_position_embeddings", 128)),
-                              **{k: own[k] for k in ("partial_rotary_factor",) if k in own}}
-    try:
-        type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
-    except Exception as exc:  # noqa: BLE001 - reported as a gap of the rope_config mechanism
-        return f"{type(rotary).__name__}(config) fails with a YaRN rope_parameters ({type(exc).__name__}: {exc})"
-    return None
 
 
 def _has_buffer(root: nn.Module, path: str) -> bool:
@@ -453,31 +354,4 @@ def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
 
 
-def _words(name: str) -> set[str]:
-    """Lower-case words of a snake_case attribute or CamelCase class name."""
-    return {w.lower() for part in name.split("_") for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", part)}
 
-
-def _unexplained(owner: nn.Module, placed: list[str], text: Any, has_rotary: bool,
-                 rope_switch: tuple[str, Any] | None) -> tuple[str, ...]:
-    """Position-like modules, buffers and config fields that discovery did not place (paths from
-    the loop owner). Containers of placed modules (a ModuleList of rotaries) are not listed."""
-    def placed_or_container(name: str) -> bool:
-        return any(name == p or name.startswith(p + ".") or p.startswith(name + ".") for p in placed)
-
-    names: list[str] = []
-    for name, module in owner.named_modules():
-        words = _words(name.rsplit(".", 1)[-1]) | _words(type(module).__name__)
-        if name and not placed_or_container(name) and words & POSITION_WORDS:
-            names.append(f"module {name} ({type(module).__name__})")
-    for name, _ in owner.named_buffers():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf not in INDEX_BUFFERS and not placed_or_container(name) and _words(leaf) & POSITION_WORDS:
-            names.append(f"buffer {name}")
-    kind = getattr(text, "position_embedding_type", None)
-    if kind not in (None, "absolute", "rope"):
-        names.append(f"config.position_embedding_type={kind!r}")
-    rope_off = rope_switch is not None and getattr(text, rope_switch[0], None) != rope_switch[1]
-    if getattr(text, "rope_parameters", None) and not has_rotary and not rope_off:
-        names.append("config.rope_parameters, but no rotary module")
-    return tuple(names)

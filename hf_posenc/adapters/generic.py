@@ -5,7 +5,7 @@ What the site installers cannot do for this model yet becomes a named gap (`Adap
 scheme that would need it is refused with the reason; a model whose positions cannot all be placed
 is refused as a whole. Never a partial patch.
 
-Data here is only what cannot be read from an instance: how packed projections order q, k and v.
+The few facts an instance does not show live in `quirks` as data, by model type.
 """
 
 from __future__ import annotations
@@ -20,37 +20,8 @@ from torch import nn
 from ..errors import PosEncError
 from .base import MECHANISMS, Adapter, QKTap
 from .discover import Structure, discover
+from .quirks import KNOWN_GAPS
 
-# How a packed projection orders q, k, v (from each modeling file): "grouped" is [q | k | v] with
-# q = heads*head_dim and k, v = kv_heads*head_dim wide; "per_head" is [q_h | k_h | v_h] per head
-# (GPT-NeoX, BLOOM); "kv_groups" is per key-value group [q_1..q_g | k | v] (Falcon's new decoder).
-# A config flag can select the layout (first flag set wins, "" is the default).
-PACKED_LAYOUTS: dict[str, str | dict[str, str]] = {
-    "gpt2": "grouped",
-    "gpt-sw3": "grouped",
-    "openai-gpt": "grouped",
-    "gpt_bigcode": "grouped",
-    "phi3": "grouped",
-    "phi4_multimodal": "grouped",
-    "dbrx": "grouped",
-    "mpt": "grouped",
-    "gpt_neox": "per_head",
-    "gpt_neox_japanese": "per_head",
-    "persimmon": "per_head",
-    "fuyu": "per_head",
-    "bloom": "per_head",
-    "falcon": {"new_decoder_architecture": "kv_groups", "multi_query": "grouped", "": "per_head"},
-    "codegen": "codegen_blocks",  # q, v, k interleaved in mp_num blocks
-}
-# Data: gaps no structure shows (found by the zoo sweep), by model type.
-KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "doge": {"score": "Doge adds its own dynamic mask of shape (B, kv_heads, q, k) to the attention mask, which a "
-                      "(B, heads, q, k) bias does not broadcast with"},
-    "qwen4_exp": {"rotary_off": "positions reach the rotary module as 3-D (multimodal RoPE) ids, which the "
-                                "substituted rotation does not take"},
-    "qwen4_exp_text": {"rotary_off": "positions reach the rotary module as 3-D (multimodal RoPE) ids, which the "
-                                     "substituted rotation does not take"},
-}
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
 NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
@@ -58,14 +29,6 @@ NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
 # id(config) -> (weak reference to the config, its adapter): discovery runs once per model; configs
 # are unhashable dataclasses, so they are keyed by identity.
 _CACHE: dict[int, tuple[weakref.ref, Adapter]] = {}
-
-
-def packed_layout(model_type: str, attention: nn.Module) -> str | None:
-    layout = PACKED_LAYOUTS.get(model_type)
-    if isinstance(layout, dict):
-        config = getattr(attention, "config", None)
-        return next((v for flag, v in layout.items() if flag and getattr(config, flag, False)), layout.get(""))
-    return layout
 
 
 def generic_adapter(model_or_config: Any) -> Adapter:
@@ -124,7 +87,7 @@ def adapter_from(s: Structure) -> Adapter:
         rotary_layer_types=s.rotary_layer_types,
         rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width < s.head_dim else None,
         slot_call=s.slot_call,
-        native_bias=s.native_bias if s.native_bias_active else None,
+        native_bias=s.native_bias if s.native_bias_kind else None,
         gaps=gaps(s),
     )
 
@@ -135,8 +98,8 @@ def _constant(value: int, config: Any) -> int:
 
 def native_scheme(s: Structure) -> str:
     """The scheme the model was trained with, as a scheme name."""
-    if s.native_bias_active:
-        return "alibi"
+    if s.native_bias_kind:
+        return "alibi" if s.native_bias_kind == "alibi" else "t5"
     if s.rotary:
         params = s.rope_parameters or {}
         if s.rotary_layer_types:
@@ -161,8 +124,9 @@ def gaps(s: Structure) -> dict[str, str]:
     if s.loop_owner:
         gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
             "positions in", *NEEDS_LOOP_HOOK)
-    if s.native_bias_active:
-        gap(f"the model adds its own ALiBi through the `{s.native_bias}` block argument, which no installer "
+    if s.native_bias_kind:
+        kind = "ALiBi" if s.native_bias_kind == "alibi" else "relative position bias"
+        gap(f"the model adds its own {kind} through the `{s.native_bias}` block argument, which no installer "
             "switches off yet", "native_bias")
     _rotary_gaps(s, gap)
     if s.slot_call:
