@@ -325,8 +325,9 @@ def against_stock(check: Callable[[str, str | None], None], model_type: str, sit
     check(model_type, site)
 
 
-def cells(model: torch.nn.Module) -> dict[str, Callable[[str], None]]:
-    """name -> check(model_type), for the cells the adapter of `model` claims to support."""
+def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[str], None]]:
+    """name -> check(model_type), for the cells the adapter of `model` claims to support. With
+    `baseline`, cache and padding cells first run on the stock model (NotApplicable if it fails)."""
     from hf_posenc.registry import get_scheme
 
     adapter = adapter_of(model)
@@ -339,11 +340,14 @@ def cells(model: torch.nn.Module) -> dict[str, Callable[[str], None]]:
     if supported["qk"]:
         out["yarn_vs_transformers" if adapter.rotary else "rope_relative"] = (
             check_scaling_matches_transformers if adapter.rotary else check_relative)
+    def compared(check: Callable[[str, str | None], None], site: str) -> Callable[[str], None]:
+        return functools.partial(against_stock, check, site=site) if baseline else functools.partial(check, site=site)
+
     for site in (s for s in SITES if supported[s]):
         out[f"patch_unpatch-{site}"] = functools.partial(check_patch_unpatch, site=site)
         if adapter.causal:
-            out[f"cache-{site}"] = functools.partial(against_stock, check_cache, site=site)
-        out[f"left_padding-{site}"] = functools.partial(against_stock, check_left_padding, site=site)
+            out[f"cache-{site}"] = compared(check_cache, site)
+        out[f"left_padding-{site}"] = compared(check_left_padding, site)
     return out
 
 

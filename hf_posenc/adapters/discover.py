@@ -26,7 +26,7 @@ from .quirks import ROPE_SWITCHES, packed_layout
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
 QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 QK_PROJECTIONS = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"), ("Wq", "Wk"),
-                  ("query_proj", "key_proj"), ("project_q", "project_k"))
+                  ("query_proj", "key_proj"), ("project_q", "project_k"), ("q", "k"))
 PACKED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "W_pack")
 LATENT = "kv_a_proj_with_mqa"  # multi-head latent attention (DeepSeek V2/V3, MiniCPM3, ...)
 CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
@@ -63,6 +63,7 @@ class Structure:
     taps: tuple[str, ...]
     tap_kind: str | None  # "norms", "projections", "packed", "latent"
     tap_per_head: bool  # tap outputs are (B, L, H, D) rather than (B, L, H*D)
+    tap_layout: str | None  # packed projections: order of q, k, v (quirks.PACKED_LAYOUTS)
     tap_problem: str | None
     rotary: tuple[str, ...]
     rotary_class: str | None
@@ -118,8 +119,9 @@ def discover(model: nn.Module) -> Structure:
     paths = tuple(dict.fromkeys(p for p in found if p is not None))
     attention_path = max(paths, key=found.count) if paths else None
     attention = blocks[attention_layers[0]].get_submodule(found[attention_layers[0]]) if attention_layers else None
-    tap = _taps(attention, model.config.model_type, heads, kv_heads, head_dim) if attention is not None else \
-        ((), None, False, "no self-attention module with q/k projections in any block")
+    tap = _taps(attention, config.model_type, heads, kv_heads, head_dim) if attention is not None else \
+        {"taps": (), "tap_kind": None, "tap_per_head": False, "tap_layout": None,
+         "tap_problem": "no self-attention module with q/k projections in any block"}
 
     rotaries = find_rotaries(owner)
     in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
@@ -151,10 +153,7 @@ def discover(model: nn.Module) -> Structure:
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        taps=tap[0],
-        tap_kind=tap[1],
-        tap_per_head=tap[2],
-        tap_problem=tap[3],
+        **tap,
         rotary=tuple(_join(owner_to_base, r) for r in rotaries),
         rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
         rotary_inside_layers=bool(in_layers),
@@ -182,9 +181,10 @@ def discover(model: nn.Module) -> Structure:
         causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
-        latent_attention=tap[1] == "latent",
+        latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
-        unexplained=unexplained(owner, [*rotaries, *([slot] if slot else [])], text, bool(rotaries),
+        unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []))],
+                                text, bool(rotaries),
                                  ROPE_SWITCHES.get(config.model_type)),
     )
 
@@ -248,44 +248,45 @@ def _out_features(module: nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
-          head_dim: int) -> tuple[tuple[str, ...], str | None, bool, str | None]:
-    """(tap names, kind, per_head, problem) for the point where q and k leave their projections."""
+def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int, head_dim: int) -> dict[str, Any]:
+    """Where q and k leave their projections: tap names, kind, per-head output, packed layout, and
+    the problem that keeps the q/k installer from using them (None if it can)."""
     children = dict(attention.named_children())
+
+    def tap(names: tuple[str, ...], kind: str, problem: str | None, per_head: bool = False,
+            layout: str | None = None) -> dict[str, Any]:
+        return {"taps": names, "tap_kind": kind, "tap_per_head": per_head, "tap_layout": layout, "tap_problem": problem}
+
     for q, k in QK_NORMS:
         if q in children and k in children:
             size = children[q].weight.numel() if getattr(children[q], "weight", None) is not None else None
-            if size == head_dim:
-                return (q, k), "norms", True, None
-            if size == heads * head_dim:
-                return (q, k), "norms", False, None
-            return (q, k), "norms", False, f"{q} normalises {size} features; expected head_dim={head_dim} or heads*head_dim"
+            if size in (head_dim, heads * head_dim):
+                return tap((q, k), "norms", None, per_head=size == head_dim)
+            return tap((q, k), "norms", f"{q} normalises {size} features; expected head_dim={head_dim} or heads*head_dim")
     for q, k in QK_PROJECTIONS:
         if q in children and k in children:
             q_out, k_out = _out_features(children[q]), _out_features(children[k])
             if (q_out, k_out) == (heads * head_dim, kv_heads * head_dim):
-                return (q, k), "projections", False, None
-            return (q, k), "projections", False, (
-                f"{q}/{k} emit {q_out}/{k_out} features, not heads*head_dim={heads * head_dim} / "
-                f"kv_heads*head_dim={kv_heads * head_dim} (gated or split queries)")
+                return tap((q, k), "projections", None)
+            return tap((q, k), "projections", f"{q}/{k} emit {q_out}/{k_out} features, not heads*head_dim="
+                       f"{heads * head_dim} / kv_heads*head_dim={kv_heads * head_dim} (gated or split queries)")
     if LATENT in children:
-        return (LATENT,), "latent", False, (
-            "multi-head latent attention: RoPE acts on a qk_rope_head_dim slice of each head, computed after the "
-            "latent projections, so there is no projection output to rotate")
+        return tap((LATENT,), "latent", "multi-head latent attention: RoPE acts on a qk_rope_head_dim slice of each "
+                   "head, computed after the latent projections, so there is no projection output to rotate")
     for name in PACKED:
         if name in children:
             width, expected = _out_features(children[name]), (heads + 2 * kv_heads) * head_dim
-            if width != expected:
-                return (name,), "packed", False, (f"{name} emits {width} features, not (heads + 2*kv_heads)*head_dim="
-                                                   f"{expected} (multi-query or another packing)")
             layout = packed_layout(model_type, attention)
+            if width != expected:
+                return tap((name,), "packed", f"{name} emits {width} features, not (heads + 2*kv_heads)*head_dim="
+                           f"{expected} (multi-query or another packing)", layout=layout)
             if layout == "grouped" and heads == kv_heads:
-                return (name,), "packed", False, None
-            return (name,), "packed", False, (
-                f"{name} packs q, k and v in a {layout or 'unknown'} layout"
-                + ("" if layout else " (add a packed-layout data entry)")
-                + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits only [q | k | v] thirds")
-    return (), None, False, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})"
+                return tap((name,), "packed", None, layout=layout)
+            return tap((name,), "packed", f"{name} packs q, k and v in a {layout or 'unknown'} layout"
+                       + ("" if layout else " (add a packed-layout data entry)")
+                       + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits only [q | k | v] "
+                       "thirds", layout=layout)
+    return tap((), None, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})")
 
 
 

@@ -67,7 +67,9 @@ def adapter_from(s: Structure) -> Adapter:
     if s.unexplained:
         raise PosEncError(f"{s.model_type!r}: positions enter where the generic adapter cannot place them: "
                           f"{'; '.join(s.unexplained)}; register a hand-written adapter (hf_posenc.register_adapter)")
-    tap = QKTap(s.taps, packed=s.tap_kind == "packed", per_head=s.tap_per_head) if s.taps and not s.tap_problem else None
+    # taps are kept even when the installer cannot use them yet (the qk_tap gap says why): they are data
+    tap = QKTap(s.taps, packed=s.tap_kind == "packed", per_head=s.tap_per_head, layout=s.tap_layout) \
+        if s.taps and s.tap_kind != "latent" else None
     return Adapter(
         name="generic",
         model_types=(s.model_type,),

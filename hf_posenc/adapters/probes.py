@@ -141,19 +141,20 @@ def name_words(name: str) -> set[str]:
     return {w.lower() for part in name.split("_") for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", part)}
 
 
-def unexplained(owner: nn.Module, placed: list[str], text: Any, has_rotary: bool,
-                 rope_switch: tuple[str, Any] | None) -> tuple[str, ...]:
-    """Position-like modules, buffers and config fields that discovery did not place (paths from
-    the loop owner). Containers of placed modules (a ModuleList of rotaries) are not listed."""
+def unexplained(base: nn.Module, placed: list[str], text: Any, has_rotary: bool,
+                rope_switch: tuple[str, Any] | None) -> tuple[str, ...]:
+    """Position-like modules, buffers and config fields anywhere in the base model (an encoder or a
+    vision tower included) that discovery did not place; paths from the base model. Containers of
+    placed modules (a ModuleList of rotaries) are not listed."""
     def placed_or_container(name: str) -> bool:
         return any(name == p or name.startswith(p + ".") or p.startswith(name + ".") for p in placed)
 
     names: list[str] = []
-    for name, module in owner.named_modules():
+    for name, module in base.named_modules():
         words = name_words(name.rsplit(".", 1)[-1]) | name_words(type(module).__name__)
         if name and not placed_or_container(name) and words & POSITION_WORDS:
             names.append(f"module {name} ({type(module).__name__})")
-    for name, _ in owner.named_buffers():
+    for name, _ in base.named_buffers():
         leaf = name.rsplit(".", 1)[-1]
         if leaf not in INDEX_BUFFERS and not placed_or_container(name) and name_words(leaf) & POSITION_WORDS:
             names.append(f"buffer {name}")
