@@ -9,6 +9,7 @@ rotation; `-m slow` runs every cell.
 
 from __future__ import annotations
 
+import copy
 import json
 import zlib
 from pathlib import Path
@@ -142,3 +143,11 @@ def test_hybrid_models_tap_only_their_attention_layers():
     blocks = list(model.base_model.get_submodule(adapter.layers))
     assert adapter.attention_layers == tuple(i for i, b in enumerate(blocks) if hasattr(b, "self_attn"))
     assert 0 < len(adapter.attention_modules(model)) < len(blocks)
+
+
+def test_a_patched_copy_gets_the_adapter_of_the_stock_model():
+    """Discovery never reads the modules a patch installed: a deepcopy (TRL reference models, EMA)
+    of a patched model is read as its stock structure."""
+    model = hp.patch(zoo.build("mixtral"), "learned", init="normal")
+    stock = hp.registry.adapter_for(zoo.build("mixtral"))
+    assert hp.registry.adapter_for(copy.deepcopy(model)) == stock

@@ -41,7 +41,8 @@ SHRINK: dict[str, Any] = {
     "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "ffn_hidden_size": 128, "decoder_ffn_dim": 128,
     "encoder_ffn_dim": 128, "hidden_dim": 128, "mlp_dim": 128, "d_ff": 128,
     "vocab_size": VOCAB, "max_position_embeddings": 128, "n_positions": 128, "max_sequence_length": 128,
-    "seq_length": 128,
+    "seq_length": 128, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
+    "pronunciation_vocab_size": 32, "shape_vocab_size": 32,
     # mixtures of experts
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2,

@@ -184,8 +184,7 @@ def discover(model: nn.Module) -> Structure:
         latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
         unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []))],
-                                text, bool(rotaries),
-                                 ROPE_SWITCHES.get(config.model_type)),
+                                text, bool(rotaries), ROPE_SWITCHES.get(config.model_type)),
     )
 
 
@@ -289,10 +288,6 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int, head
     return tap((), None, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})")
 
 
-
-
-
-
 def _slot(owner: nn.Module, layers: str, rotaries: list[str],
           token_embeddings: nn.Module) -> tuple[str | None, nn.Module | None]:
     """The absolute position module outside the layers: a known attribute name or a *Position* class."""
@@ -313,20 +308,6 @@ def _slot_offset(slot: nn.Module | None) -> int:
         return slot.offset
     padding = getattr(slot, "padding_idx", None)
     return padding + 1 if isinstance(padding, int) else 0
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _has_buffer(root: nn.Module, path: str) -> bool:
@@ -353,6 +334,3 @@ def _relative(path: str, base: str) -> str:
 
 def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
-
-
-

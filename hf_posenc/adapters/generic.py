@@ -10,8 +10,9 @@ The few facts an instance does not show live in `quirks` as data, by model type.
 
 from __future__ import annotations
 
-import functools
+import copy
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,19 +41,25 @@ def generic_adapter(model_or_config: Any) -> Adapter:
     key = id(config)
     cached = _CACHE.get(key)
     if cached is None or cached[0]() is not config:
-        model = model_or_config if isinstance(model_or_config, nn.Module) else _meta_model(config)
+        model = model_or_config if isinstance(model_or_config, nn.Module) else None
+        if model is None or getattr(config, "posenc", None) is not None:
+            # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
+            model = _meta_model(config, type(model) if model is not None else None)
         adapter = adapter_from(discover(model))
         _CACHE[key] = (weakref.ref(config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
         return adapter
     return cached[1]
 
 
-def _meta_model(config: Any) -> nn.Module:
+def _meta_model(config: Any, model_class: type | None) -> nn.Module:
+    """The stock model of `config` on the meta device (no memory, no weights), built from a copy so
+    the caller's config is left as it was."""
     from transformers import AutoModelForCausalLM
 
+    config = copy.deepcopy(config)
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            return model_class._from_config(config) if model_class else AutoModelForCausalLM.from_config(config)
     except (ValueError, KeyError) as exc:
         raise PosEncError(f"unsupported architecture {config.model_type!r}: no causal LM class to read its "
                           f"structure from ({exc})") from exc
@@ -78,7 +85,7 @@ def adapter_from(s: Structure) -> Adapter:
         layers=s.layers,
         attention=s.attention,
         position_slot=s.slot,
-        position_offset=functools.partial(_constant, s.slot_offset),
+        position_offset=FixedOffset(s.slot_offset),
         token_type_ids=s.token_type_ids,
         other_embeddings=s.other_embeddings,
         rotary=s.rotary[0] if s.rotary else None,
@@ -94,8 +101,14 @@ def adapter_from(s: Structure) -> Adapter:
     )
 
 
-def _constant(value: int, config: Any) -> int:
-    return value
+@dataclass(frozen=True)
+class FixedOffset:
+    """`Adapter.position_offset` read off the slot (OPT's 2, RoBERTa's padding_idx + 1): plain data."""
+
+    rows: int
+
+    def __call__(self, config: Any) -> int:
+        return self.rows
 
 
 def native_scheme(s: Structure) -> str:
@@ -174,5 +187,3 @@ def _rotary_gaps(s: Structure, gap: Any) -> None:
     if s.extra_rope_keys:
         gap(f"rope_parameters carry model-specific keys ({', '.join(s.extra_rope_keys)}) that a new rope_parameters "
             "would drop", "rope_config")
-
-

@@ -30,7 +30,7 @@ def find_rotaries(owner: nn.Module) -> list[str]:
 
 
 def rotary_call(rotary: nn.Module, rope: dict[str, Any] | None,
-                 layer_types: tuple[str, ...] | None) -> tuple[tuple[str, ...], int | None, str | None]:
+                layer_types: tuple[str, ...] | None) -> tuple[tuple[str, ...], int | None, str | None]:
     """(layer types the rotary is called with, width of cos/sin, problem) from one call on 3 positions."""
     params = inspect.signature(rotary.forward).parameters
     kinds: tuple[str, ...] = ()
