@@ -124,10 +124,10 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
         raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
     adapter = adapter_for(model)
     spec = get_scheme(config.scheme)
-    if not adapter.supports(spec):
+    if (reason := adapter.why_not(spec)) is not None:
         raise PosEncError(
-            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r}; "
-            f"supported: {', '.join(supported_schemes(model))}"
+            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
+            f"({reason}); supported: {', '.join(supported_schemes(model)) or 'none'}"
         )
     previous = describe(model)
     unpatch(model)
