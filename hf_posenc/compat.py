@@ -120,7 +120,13 @@ class PositionRecord(DynamicLayer):
     supports_early_init = False
 
 
+def _self_attention(cache: Any) -> Any:
+    """The cache of self-attention keys (an EncoderDecoderCache also holds cross-attention keys)."""
+    return getattr(cache, "self_attention_cache", cache)
+
+
 def _record(cache: Any) -> PositionRecord | None:
+    cache = _self_attention(cache)
     layers = getattr(cache, "layers", None) if isinstance(cache, Cache) else None
     return next((layer for layer in reversed(layers) if isinstance(layer, PositionRecord)), None) if layers else None
 
@@ -145,7 +151,7 @@ def record_positions(cache: Any, positions: torch.Tensor) -> None:
     record = _record(cache)
     if record is None:
         record = PositionRecord()
-        cache.layers.append(record)
+        _self_attention(cache).layers.append(record)
     record.reset()
     stored = positions[:, None, :, None]
     record.update(stored, stored)

@@ -97,13 +97,16 @@ class Adapter:
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
         embeddings = model.get_input_embeddings().weight
+        rope = compat.rope_parameters(config) if self.rotary else None
+        if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
+            rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
         return ModelFacts(
             hidden_size=embeddings.shape[-1],  # where input codes are added (ELECTRA: embedding_size)
             num_heads=heads,
             head_dim=head_dim,
             max_positions=config.max_position_embeddings - self.position_offset(config),
             causal=self.causal,
-            rope_parameters=compat.rope_parameters(config) if self.rotary else None,
+            rope_parameters=rope,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
             token_embeddings=embeddings.detach(),

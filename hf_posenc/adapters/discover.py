@@ -33,6 +33,7 @@ CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
 # layer kinds without softmax attention in `config.layer_types` (hybrid SSM / linear-attention models)
 NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "moe")
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
+STANDARD_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 STANDARD_ROPE_KEYS = {
     "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings",
     "attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "short_factor",
@@ -70,10 +71,12 @@ class Structure:
     rotary_inside_layers: bool
     rotary_layer_types: tuple[str, ...]  # the rotary forward takes a layer type (Gemma 2/3 style)
     rotary_width: int | None  # last dim of (cos, sin)
+    rotary_widths: dict[str, int]  # that width per layer type ("": called without one)
     rotary_problem: str | None
     rebuild_problem: str | None  # the rotary class cannot be rebuilt from a config with new rope_parameters
     rope_parameters: dict[str, Any] | None
     extra_rope_keys: tuple[str, ...]
+    own_rope_types: tuple[str, ...]  # rope_type values transformers' ROPE_INIT_FUNCTIONS does not know
     slot: str | None
     slot_class: str | None
     slot_offset: int
@@ -127,8 +130,8 @@ def discover(model: nn.Module) -> Structure:
     in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
     rotary_modules = [owner.get_submodule(r) for r in rotaries]
     rope = getattr(text, "rope_parameters", None) or None
-    rotary_types, width, rotary_problem = rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
-        ((), None, None)
+    rotary_types, widths, rotary_problem = rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
+        ((), {}, None)
     per_type = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
     own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
 
@@ -158,11 +161,14 @@ def discover(model: nn.Module) -> Structure:
         rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
         rotary_inside_layers=bool(in_layers),
         rotary_layer_types=rotary_types,
-        rotary_width=width,
+        rotary_width=next(iter(widths.values()), None),
+        rotary_widths=widths,
         rotary_problem=rotary_problem,
         rebuild_problem=rebuild_problem(rotary_modules[0], text) if rotaries and not rotary_types else None,
         rope_parameters=dict(rope) if rope else None,
         extra_rope_keys=tuple(sorted(own_keys - STANDARD_ROPE_KEYS)),
+        own_rope_types=tuple(sorted({p.get("rope_type", "default") for p in (rope.values() if per_type else [rope])
+                                     if p} - STANDARD_ROPE_TYPES)) if rope else (),
         slot=_join(owner_to_base, slot) if slot else None,
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
         slot_offset=_slot_offset(slot_module),

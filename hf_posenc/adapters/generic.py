@@ -94,7 +94,7 @@ def adapter_from(s: Structure) -> Adapter:
         loop_owner=s.loop_owner,
         rotaries=s.rotary if len(s.rotary) > 1 else (),
         rotary_layer_types=s.rotary_layer_types,
-        rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width < s.head_dim else None,
+        rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
         slot_call=s.slot_call,
         native_bias=s.native_bias if s.native_bias_kind else None,
         gaps=gaps(s),
@@ -174,14 +174,14 @@ def _rotary_gaps(s: Structure, gap: Any) -> None:
         gap(f"{len(s.rotary)} rotary modules ({', '.join(s.rotary)}); the installers handle one", *both)
     if s.rotary_inside_layers:
         gap(f"the rotary module sits inside each layer ({s.rotary[0]}), not beside the layer loop", *both)
-    if s.rotary_layer_types:
-        gap(f"the rotary module is called per layer type ({', '.join(s.rotary_layer_types)}) with rope_parameters "
-            "keyed by layer type; the installers write one flat rope_parameters", *both)
     if s.rotary_problem:
         gap(s.rotary_problem, *both)
-    if s.rotary_width and s.rotary_width != s.head_dim:
-        gap(f"(cos, sin) are {s.rotary_width} wide, not head_dim={s.head_dim} (partial rotary or a half-width "
-            "layout), and the installers substitute a rotation over the whole head", "rotary_off")
+    if len(set(s.rotary_widths.values())) > 1:
+        gap(f"(cos, sin) widths differ by layer type ({s.rotary_widths}); the substitute rotation has one width",
+            "rotary_off")
+    if s.own_rope_types:
+        gap(f"the model's own rope_type {', '.join(s.own_rope_types)} is not one transformers' ROPE_INIT_FUNCTIONS "
+            "rebuilds", "rope_config")
     if s.rebuild_problem:
         gap(s.rebuild_problem, "rope_config")
     if s.extra_rope_keys:

@@ -30,28 +30,32 @@ def find_rotaries(owner: nn.Module) -> list[str]:
 
 
 def rotary_call(rotary: nn.Module, rope: dict[str, Any] | None,
-                layer_types: tuple[str, ...] | None) -> tuple[tuple[str, ...], int | None, str | None]:
-    """(layer types the rotary is called with, width of cos/sin, problem) from one call on 3 positions."""
+                layer_types: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[str, int], str | None]:
+    """(layer types the rotary is called with, width of cos/sin per layer type ("" if called without one),
+    problem) from one call per layer type on 3 positions."""
     params = inspect.signature(rotary.forward).parameters
     kinds: tuple[str, ...] = ()
-    kwargs: dict[str, Any] = {}
     if "layer_type" in params:
         kinds = tuple(sorted(k for k, v in (rope or {}).items() if isinstance(v, dict)))
         if not kinds:
             kinds = tuple(sorted(set(layer_types or ())))
         if not kinds:
-            return (), None, f"{type(rotary).__name__} takes a layer_type but the config names none"
-        kwargs["layer_type"] = kinds[0]
+            return (), {}, f"{type(rotary).__name__} takes a layer_type but the config names none"
     tensor = next(iter(rotary.buffers()), None)
     device = tensor.device if tensor is not None else torch.device("cpu")
-    try:
-        out = rotary(torch.zeros(1, 3, 1, device=device), torch.arange(3, device=device)[None], **kwargs)
-    except Exception as exc:  # noqa: BLE001 - a rotary we cannot call is reported, not fatal to discovery
-        return kinds, None, f"{type(rotary).__name__}(x, position_ids) failed: {type(exc).__name__}: {exc}"
-    if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
-        return kinds, int(out[0].shape[-1]), None
-    shape = getattr(out, "shape", None)
-    return kinds, None, f"{type(rotary).__name__} returns {type(out).__name__}{tuple(shape) if shape else ''}, not (cos, sin)"
+    widths: dict[str, int] = {}
+    for kind in kinds or ("",):
+        try:
+            out = rotary(torch.zeros(1, 3, 1, device=device), torch.arange(3, device=device)[None],
+                         **({"layer_type": kind} if kind else {}))
+        except Exception as exc:  # noqa: BLE001 - a rotary we cannot call is reported, not fatal to discovery
+            return kinds, widths, f"{type(rotary).__name__}(x, position_ids) failed: {type(exc).__name__}: {exc}"
+        if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+            shape = getattr(out, "shape", None)
+            return kinds, widths, (f"{type(rotary).__name__} returns {type(out).__name__}"
+                                   f"{tuple(shape) if shape else ''}, not (cos, sin)")
+        widths[kind] = int(out[0].shape[-1])
+    return kinds, widths, None
 
 
 def rebuild_problem(rotary: nn.Module, text: Any) -> str | None:

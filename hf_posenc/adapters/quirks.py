@@ -30,10 +30,11 @@ PACKED_LAYOUTS: dict[str, str | dict[str, str]] = {
 KNOWN_GAPS: dict[str, dict[str, str]] = {
     "doge": {"score": "Doge adds its own dynamic mask of shape (B, kv_heads, q, k) to the attention mask, which a "
                       "(B, heads, q, k) bias does not broadcast with"},
-    "qwen4_exp": {"rotary_off": "positions reach the rotary module as 3-D (multimodal RoPE) ids, which the "
-                                "substituted rotation does not take"},
-    "qwen4_exp_text": {"rotary_off": "positions reach the rotary module as 3-D (multimodal RoPE) ids, which the "
-                                     "substituted rotation does not take"},
+    "lfm3": {"rotary_off": "the model reads `rotary_emb.layer_types`, which a substitute rotation does not have"},
+    "zaya": {m: "ZAYA's CCA attention does not take its rotation from rotary_emb: replacing it changes nothing "
+                "(the zoo sweep: `nope` had no effect)" for m in ("rope_config", "rotary_off")},
+    "laguna": {"score": "heads are set per layer (num_attention_heads_per_layer); biases are built for "
+                        "config.num_attention_heads"},
 }
 # Configs that carry default rope_parameters but rotate only when this field has this value.
 ROPE_SWITCHES = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2": ("use_mem_rope", True)}

@@ -138,12 +138,13 @@ class PassModule:
 
 def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
                             keep_slot: bool = False, keep_rotary: bool = False) -> None:
-    """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module."""
+    """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
+    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim)."""
     base = model.base_model
     if adapter.position_slot and not keep_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:
-        state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
+        state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
 
 
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
