@@ -36,7 +36,8 @@ def rotary_call(rotary: nn.Module, rope: dict[str, Any] | None,
     params = inspect.signature(rotary.forward).parameters
     kinds: tuple[str, ...] = ()
     if "layer_type" in params:
-        kinds = tuple(sorted(k for k, v in (rope or {}).items() if isinstance(v, dict)))
+        kinds = tuple(sorted(k for k, v in (rope or {}).items()  # the types its layers use (it builds only those)
+                             if isinstance(v, dict) and (not layer_types or k in layer_types)))
         if not kinds:
             kinds = tuple(sorted(set(layer_types or ())))
         if not kinds:
