@@ -4,7 +4,8 @@ schemes, or why not) and the outcome of every zoo cell.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/zoo_catalog.py [model_type ...]
 
-writes benchmarks/results/zoo_catalog.json; tests/test_zoo.py checks it is still what the code does.
+writes benchmarks/results/zoo_catalog.json, the table zoo_support.md and hf_posenc/model_types.json (what
+`hf-posenc list` prints); tests/test_zoo.py checks they are still what the code does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 OUT = ROOT / "benchmarks" / "results" / "zoo_catalog.json"
 TABLE = ROOT / "benchmarks" / "results" / "zoo_support.md"
+MODEL_TYPES = ROOT / "hf_posenc" / "model_types.json"  # what `hf-posenc list` prints
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -51,34 +53,6 @@ def entry(model_type: str) -> dict[str, Any]:
     return row
 
 
-def reason(row: dict[str, Any]) -> str:
-    """Why a type is not fully supported: the build error, the refusal, or the first reason per site."""
-    if not row["forward"]:
-        return row["error"].splitlines()[0]
-    if "refused" in row:
-        return row["refused"]
-    failed = [f"{c}: {r['outcome']}" for c, r in row.get("cells", {}).items() if r["outcome"].startswith("fail")]
-    sites = row["sites"]
-    why = {}
-    for site, ok in sites.items():
-        if not ok:
-            scheme = zoo.SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotary"] else "rope"
-            why.setdefault(row["unsupported"][scheme], []).append(site)
-    return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
-
-
-def table(catalog: dict[str, dict[str, Any]]) -> str:
-    """Markdown: model type x site, yes/no, and the reason for every no."""
-    lines = ["| model type | status | native | input | q/k | score | none | why not |", "|---|---|---|---|---|---|---|---|"]
-    for model_type, row in catalog.items():
-        sites = row.get("sites", {})
-        marks = [("yes" if sites.get(s) else "no") for s in ("input", "qk", "score", "none")]
-        why = reason(row) if zoo.status(row) != "full" else ""
-        lines.append(f"| {model_type} | {zoo.status(row)} | {row.get('native', '')} | {' | '.join(marks)} | "
-                     f"{why.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -94,7 +68,8 @@ def main() -> None:
               f"{'  failed: ' + ', '.join(failed) if failed else ''}", flush=True)
     catalog = dict(sorted(catalog.items()))
     OUT.write_text(json.dumps(catalog, indent=1, default=str) + "\n")
-    TABLE.write_text(table(catalog))
+    TABLE.write_text(zoo.table(catalog))
+    MODEL_TYPES.write_text(json.dumps(zoo.shipped(catalog), indent=1) + "\n")
     summary = zoo.summary(catalog)
     print(json.dumps(summary["counts"], indent=1), f"\n{time.perf_counter() - start:.0f} s")
 

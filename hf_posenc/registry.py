@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 # What `hf-posenc list` prints, written by `write_snapshot()`: the registry imports torch, the list must not.
 SNAPSHOT = Path(__file__).with_name("support.json")
+# The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
+MODEL_TYPES = Path(__file__).with_name("model_types.json")
 SCHEMES: dict[str, "Scheme"] = {}
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 

@@ -3,8 +3,9 @@
 
 benchmarks/results/zoo_catalog.json records what the sweep found (`benchmarks/zoo_catalog.py`
 writes it); these tests fail when the code no longer does what the catalog says, so the support
-table generated from it stays true. The fast run checks every type's adapter and one of its cells in
-rotation; `-m slow` runs every cell.
+table generated from it stays true. The fast run checks every type's adapter, `native` (its own scheme
+== stock), yarn against transformers' own and one row per supported site in rotation; `-m slow` runs
+every cell.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import hf_posenc as hp
 import zoo
@@ -38,15 +40,29 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def _sampled(model_type: str, names: list[str]) -> set[str]:
+    """The fast run's cells of one type: those of no site (`native`, the scaling against transformers')
+    and, per site, one of its rows (patch/unpatch, cache, left padding) in rotation over the types."""
+    by_site: dict[str, list[str]] = {}
+    for name in names:
+        row, _, site = name.partition("-")
+        by_site.setdefault(site, []).append(name)
+    keep = set(by_site.pop("", []))
+    for site, rows in by_site.items():
+        keep.add(rows[zlib.crc32(f"{model_type}-{site}".encode()) % len(rows)])
+    return keep
+
+
 def _cell_params() -> list:
+    """Every cell of every type; outside the sample (or slower than SLOW_CELL_S) only under -m slow."""
     params = []
     for model_type, row in sorted(CATALOG.items()):
         names = sorted(row.get("cells", {}))
-        rotating = names[zlib.crc32(model_type.encode()) % len(names)] if names else None
+        sample = _sampled(model_type, names)
         for name in names:
             outcome, seconds = row["cells"][name]["outcome"], row["cells"][name]["seconds"]
             marks = []
-            if name != rotating or seconds > SLOW_CELL_S:
+            if name not in sample or seconds > SLOW_CELL_S:
                 marks.append(pytest.mark.slow)
             if outcome.startswith("n/a"):
                 marks.append(pytest.mark.skip(reason=outcome))
@@ -121,10 +137,10 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
 
 @pytest.mark.parametrize("model_type,scheme,options,reason", [
     ("bloom", "rope", {}, "own ALiBi through the `alibi` block argument"),
-    ("gemma3_text", "yarn", {"factor": 2.0}, "called per layer type"),
-    ("phi", "nope", {}, "not head_dim"),  # partial rotary: the substituted identity rotation has the wrong width
+    ("lfm3", "nope", {}, "reads `rotary_emb.layer_types`"),  # data: quirks.KNOWN_GAPS
+    ("laguna", "alibi", {}, "num_attention_heads_per_layer"),
     ("opt", "learned", {}, "layer loop runs in base_model.decoder"),
-    ("phi3", "xpos", {}, "qkv_proj packs q, k and v"),
+    ("gpt_bigcode", "rope", {}, "multi-query or another packing"),
 ])
 def test_unsupported_cells_say_why_and_refuse_cleanly(model_type, scheme, options, reason):
     model = zoo.build(model_type)
@@ -134,6 +150,18 @@ def test_unsupported_cells_say_why_and_refuse_cleanly(model_type, scheme, option
         hp.patch(model, scheme, **options)
     assert hp.describe(model) is None
     assert torch.equal(zoo.logits(model, zoo.inputs()), before)
+
+
+def test_per_layer_type_rotation_keeps_each_types_theta():
+    """Gemma 3 rotates sliding layers with theta 10k and full layers with 1M: `yarn` scales both, each
+    keeping its own theta unless `theta` is given; NoPE layer types (BEAM's full layers) stay unrotated."""
+    model = hp.patch(zoo.build("gemma3_text"), "yarn", factor=2.0)
+    params = model.config.rope_parameters
+    assert {k: (v["rope_type"], v["rope_theta"]) for k, v in params.items()} == {
+        "full_attention": ("yarn", 1e6), "sliding_attention": ("yarn", 1e4)}
+    hp.patch(model, "yarn", factor=2.0, theta=5e5)
+    assert {v["rope_theta"] for v in model.config.rope_parameters.values()} == {5e5}
+    assert hp.patch(zoo.build("beam"), "yarn", factor=2.0).config.rope_parameters["full_attention"] is None
 
 
 def test_hybrid_models_tap_only_their_attention_layers():
@@ -151,3 +179,14 @@ def test_a_patched_copy_gets_the_adapter_of_the_stock_model():
     model = hp.patch(zoo.build("mixtral"), "learned", init="normal")
     stock = hp.registry.adapter_for(zoo.build("mixtral"))
     assert hp.registry.adapter_for(copy.deepcopy(model)) == stock
+
+
+def test_support_table_list_and_readme_are_the_catalog():
+    """benchmarks/results/zoo_support.md, what `hf-posenc list` ships and the README's summary are
+    generated from the catalog, which the tests above keep equal to what the code does."""
+    root = Path(__file__).parents[1]
+    assert (root / "benchmarks" / "results" / "zoo_support.md").read_text() == zoo.table(CATALOG)
+    shipped = json.loads(hp.registry.MODEL_TYPES.read_text())
+    assert shipped == {**zoo.shipped(CATALOG), "transformers": shipped["transformers"]}
+    assert shipped["transformers"] == transformers.__version__, "catalog written on another transformers"
+    assert zoo.readme_block(CATALOG) in (root / "README.md").read_text(), "rerun benchmarks/zoo_catalog.py"

@@ -259,7 +259,9 @@ def check_scaling_matches_transformers(model_type: str) -> None:
     del config.posenc
     reference = type(model)(config).eval()
     reference.load_state_dict(weights)
-    assert reference.config.rope_parameters["rope_type"] == "yarn"
+    params = reference.config.rope_parameters
+    per_type = adapter_of(model).rotary_layer_types  # Gemma 3: every rotating layer type takes the scaling
+    assert {p["rope_type"] for p in (params.values() if per_type else [params]) if p} == {"yarn"}
     torch.testing.assert_close(ours, logits(reference, x), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(ours, stock, atol=1e-3), "yarn x2 had no effect"
 
@@ -405,3 +407,54 @@ def summary(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for model_type, row in catalog.items():
         by_status.setdefault(status(row), []).append(model_type)
     return {"counts": {k: len(v) for k, v in sorted(by_status.items())}, "types": by_status}
+
+
+def reason(row: dict[str, Any]) -> str:
+    """Why a type is not fully supported: the build error, the refusal, or the first reason per site."""
+    if not row["forward"]:
+        return row["error"].splitlines()[0]
+    if "refused" in row:
+        return row["refused"]
+    failed = [f"{c}: {r['outcome']}" for c, r in row.get("cells", {}).items() if r["outcome"].startswith("fail")]
+    sites = row["sites"]
+    why = {}
+    for site, ok in sites.items():
+        if not ok:
+            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotary"] else "rope"
+            why.setdefault(row["unsupported"][scheme], []).append(site)
+    return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
+
+
+def table(catalog: dict[str, dict[str, Any]]) -> str:
+    """Markdown: model type x site, yes/no, and the reason for every no."""
+    lines = ["| model type | status | native | input | q/k | score | none | why not |", "|---|---|---|---|---|---|---|---|"]
+    for model_type, row in catalog.items():
+        sites = row.get("sites", {})
+        marks = [("yes" if sites.get(s) else "no") for s in ("input", "qk", "score", "none")]
+        why = reason(row) if status(row) != "full" else ""
+        lines.append(f"| {model_type} | {status(row)} | {row.get('native', '')} | {' | '.join(marks)} | "
+                     f"{why.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def shipped(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """hf_posenc/model_types.json: status, native scheme, sites and the reason per model type, for `list`."""
+    return {"transformers": transformers.__version__,
+            "types": {t: {"status": status(row), "native": row.get("native", ""),
+                          "sites": {s: bool(row.get("sites", {}).get(s)) for s in SITES},
+                          "why": reason(row).replace("|", "/") if status(row) != "full" else ""}
+                      for t, row in catalog.items()}}
+
+
+# The model types issue 11 names; the README says where each stands.
+NAMED = ("gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt_neox", "opt", "bloom", "falcon", "mixtral", "qwen2_moe",
+         "qwen3_moe", "olmo2", "granite", "stablelm", "starcoder2", "cohere")
+
+
+def readme_block(catalog: dict[str, dict[str, Any]]) -> str:
+    """The README's summary of the catalog (tests/test_zoo.py checks the README holds it)."""
+    counts = summary(catalog)["counts"]
+    named = ", ".join(f"{t} {status(catalog[t])}" for t in NAMED if t in catalog)
+    return (f"Of the {len(catalog)} causal-LM model types of transformers {transformers.__version__}, the zoo sweep "
+            f"finds: {', '.join(f'{n} {s}' for s, n in counts.items())} (*full*: every site, each cell passing; "
+            f"*partial*: the sites marked yes). Named in issue 11: {named}.\n")
