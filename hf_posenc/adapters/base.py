@@ -62,6 +62,7 @@ class Adapter:
     rotary_dim: int | None = None  # width of (cos, sin) when only part of each head rotates
     slot_call: str | None = None  # how the model calls `position_slot` when not with position ids alone
     native_bias: str | None = None  # block argument carrying the model's own score bias (BLOOM's `alibi`)
+    relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
 
     def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
@@ -114,10 +115,13 @@ class Adapter:
             device=embeddings.device,
         )
 
-    def attention_modules(self, model: nn.Module) -> list[nn.Module]:
+    def attention_blocks(self, model: nn.Module) -> list[nn.Module]:
         blocks = list(get_module(model.base_model, self.layers))
         keep = range(len(blocks)) if self.attention_layers is None else self.attention_layers
-        return [get_module(blocks[i], self.attention) for i in keep]
+        return [blocks[i] for i in keep]
+
+    def attention_modules(self, model: nn.Module) -> list[nn.Module]:
+        return [get_module(block, self.attention) for block in self.attention_blocks(model)]
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
+                     relays_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
 from .quirks import ROPE_SWITCHES, packed_layout
 
@@ -89,6 +90,7 @@ class Structure:
     attention_interface: bool  # attention goes through ALL_ATTENTION_FUNCTIONS
     mask_interface: bool  # the mask comes from masking_utils (AttentionMaskInterface)
     private_kwargs: bool  # loop owner -> block -> attention pass **kwargs through
+    relay_kwargs: bool  # all but the block do, which takes **kwargs: a block pre-hook can hand them over
     loop_takes: tuple[str, ...]  # position_ids / inputs_embeds accepted by the loop owner's forward
     causal: bool
     layer_types: tuple[str, ...] | None
@@ -139,6 +141,8 @@ def discover(model: nn.Module) -> Structure:
     owner_to_base = _relative(names[id(owner)], names[id(base)])
     bias = native_bias(blocks[0] if blocks else None)
     loop_params = inspect.signature(type(owner).forward).parameters
+    first_block = blocks[attention_layers[0]] if attention_layers else None
+    links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
     return Structure(
         model_type=config.model_type,
         composite=text is not config,
@@ -181,8 +185,9 @@ def discover(model: nn.Module) -> Structure:
         native_bias_kind=native_bias_kind(text, bias),
         attention_interface=attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
         mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
-        private_kwargs=attention is not None and all(
-            passes_kwargs(m) for m in chain(owner, layers_path, blocks[attention_layers[0]], found[attention_layers[0]])),
+        private_kwargs=bool(links) and all(passes_kwargs(m) for m in links),
+        relay_kwargs=bool(links) and not all(passes_kwargs(m) for m in links) and relays_kwargs(links, first_block)
+        and sum(map(_holds_qk, first_block.modules())) == 1,  # the relay feeds one attention module per block
         loop_takes=tuple(p for p in ("position_ids", "inputs_embeds") if p in loop_params),
         causal=causal(text, owner),
         layer_types=layer_types,

@@ -97,6 +97,7 @@ def adapter_from(s: Structure) -> Adapter:
         rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
         slot_call=s.slot_call,
         native_bias=s.native_bias if s.native_bias_kind else None,
+        relay_kwargs=s.relay_kwargs,
         gaps=gaps(s),
     )
 
@@ -157,7 +158,7 @@ def gaps(s: Structure) -> dict[str, str]:
             f"{', ...' if len(s.attention_outside) > 3 else ''})", "qk_tap")
     if len(s.attention_paths) > 1:
         gap(f"self-attention sits at different paths in different blocks ({', '.join(s.attention_paths)})", "qk_tap")
-    if not s.private_kwargs:
+    if not s.private_kwargs and not s.relay_kwargs:
         gap("the layer loop does not pass **kwargs through the blocks to the attention modules", "kwargs")
     if not s.attention_interface:
         gap(f"{s.attention_class} does not call attention through transformers' ALL_ATTENTION_FUNCTIONS", "score")

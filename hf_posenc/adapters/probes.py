@@ -131,6 +131,17 @@ def chain(owner: nn.Module, layers: str, block: nn.Module, attention: str) -> li
     return [owner, *inner, block, *along(block, attention)]
 
 
+def takes_kwargs(module: nn.Module) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(type(module).forward).parameters.values())
+
+
+def relays_kwargs(links: list[nn.Module], block: nn.Module) -> bool:
+    """Private kwargs reach the attention module if a pre-hook on the block hands them over: everything
+    above the block passes **kwargs on, the block takes them (and drops them), the attention passes them on."""
+    above = links[:links.index(block)]
+    return all(passes_kwargs(m) for m in above) and takes_kwargs(block) and passes_kwargs(links[-1])
+
+
 def passes_kwargs(module: nn.Module) -> bool:
     """forward takes **kwargs and hands them on (the name appears again after the signature)."""
     forward = type(module).forward

@@ -126,6 +126,36 @@ class RecordPositions(PatchHook):
         compat.record_positions(cache if cache is not None else kwargs.get("past_key_values"), positions.keys)
 
 
+class RelayKwargs(PatchHook):
+    """Forward pre-hook on a block that takes **kwargs but does not hand them to its attention module
+    (StableLM, Nemotron): the patch's private kwargs go to the attention module's `InjectKwargs` instead."""
+
+    def __init__(self, attention: str) -> None:
+        self.attention = attention
+
+    def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        private = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith(PREFIX)]}
+        attention = block.get_submodule(self.attention)
+        hook = next((h for h in attention._forward_pre_hooks.values() if isinstance(h, InjectKwargs)), None)
+        if hook is None:  # first call, or a wrapper put a new module there
+            hook = InjectKwargs()
+            attention.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+        hook.pending = private
+        return args, kwargs
+
+
+class InjectKwargs(PatchHook):
+    """Forward pre-hook on an attention module: adds the private kwargs its block's `RelayKwargs` left here
+    for this call (before any other patch hook reads them)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Any] = {}
+
+    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        pending, self.pending = self.pending, {}
+        return args, {**kwargs, **pending}
+
+
 class PassModule:
     """Contribution: hands the module at `path` (whatever wraps it now) to attention under `kwarg`."""
 
