@@ -164,6 +164,19 @@ def test_per_layer_type_rotation_keeps_each_types_theta():
     assert hp.patch(zoo.build("beam"), "yarn", factor=2.0).config.rope_parameters["full_attention"] is None
 
 
+def test_blocks_that_drop_kwargs_get_them_relayed():
+    """StableLM's decoder layer takes **kwargs but calls attention without them: a block pre-hook hands
+    the bias and positions over (alibi differs from nope), and unpatch leaves no hook behind."""
+    model, x = zoo.build("stablelm"), zoo.inputs()
+    before = zoo.logits(model, x)
+    assert hp.registry.adapter_for(model).relay_kwargs
+    alibi = zoo.logits(hp.patch(model, "alibi"), x)
+    assert not torch.allclose(alibi, zoo.logits(hp.patch(model, "nope"), x), atol=1e-3)
+    hp.unpatch(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+    assert torch.equal(zoo.logits(model, x), before)
+
+
 def test_hybrid_models_tap_only_their_attention_layers():
     """Jamba's mamba blocks have no attention: q/k taps go on the attention blocks alone."""
     model = zoo.build("jamba")
