@@ -48,6 +48,14 @@ def rotary_module_class() -> type[torch.nn.Module]:
     return LlamaRotaryEmbedding
 
 
+# The rope_parameters keys of transformers' common RoPE types; any other key is a model's own (GPT-OSS's
+# `truncate`, Ministral 3's `llama_4_scaling_beta`) and stays when a patch writes new rope_parameters
+# (`type` is the legacy name of `rope_type`).
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+             "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "low_freq_factor",
+             "high_freq_factor", "short_factor", "long_factor"}
+
+
 def rope_parameters(config: PretrainedConfig) -> dict[str, Any] | None:
     """The model's own RoPE parameters (v5 `rope_parameters`), or None if it does not rotate."""
     params = getattr(config, "rope_parameters", None)

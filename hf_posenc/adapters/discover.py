@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import compat
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
                      relays_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
@@ -35,11 +36,6 @@ CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
 NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "moe")
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
 STANDARD_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
-STANDARD_ROPE_KEYS = {
-    "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings",
-    "attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "short_factor",
-    "long_factor",
-}
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ class Structure:
     rotary_problem: str | None
     rebuild_problem: str | None  # the rotary class cannot be rebuilt from a config with new rope_parameters
     rope_parameters: dict[str, Any] | None
-    extra_rope_keys: tuple[str, ...]
+    extra_rope_keys: tuple[str, ...]  # the model's own, which a new rope_parameters keeps
     own_rope_types: tuple[str, ...]  # rope_type values transformers' ROPE_INIT_FUNCTIONS does not know
     slot: str | None
     slot_class: str | None
@@ -170,7 +166,7 @@ def discover(model: nn.Module) -> Structure:
         rotary_problem=rotary_problem,
         rebuild_problem=rebuild_problem(rotary_modules[0], text) if rotaries and not rotary_types else None,
         rope_parameters=dict(rope) if rope else None,
-        extra_rope_keys=tuple(sorted(own_keys - STANDARD_ROPE_KEYS)),
+        extra_rope_keys=tuple(sorted(own_keys - compat.ROPE_KEYS)),
         own_rope_types=tuple(sorted({p.get("rope_type", "default") for p in (rope.values() if per_type else [rope])
                                      if p} - STANDARD_ROPE_TYPES)) if rope else (),
         slot=_join(owner_to_base, slot) if slot else None,

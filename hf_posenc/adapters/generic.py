@@ -185,6 +185,3 @@ def _rotary_gaps(s: Structure, gap: Any) -> None:
             "rebuilds", "rope_config")
     if s.rebuild_problem:
         gap(s.rebuild_problem, "rope_config")
-    if s.extra_rope_keys:
-        gap(f"rope_parameters carry model-specific keys ({', '.join(s.extra_rope_keys)}) that a new rope_parameters "
-            "would drop", "rope_config")

@@ -91,13 +91,13 @@ class QKRotation(PatchHook):
 
 
 def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, own: dict[str, Any]) -> dict[str, Any]:
-    """The scheme's rope_parameters for layers whose own are `own`. Models with a rotation per layer type
-    (Gemma 3: theta 10k on sliding, 1M on full layers) keep each type's theta unless `theta` was set."""
+    """The scheme's rope_parameters for layers whose own are `own`, keeping the rotating fraction and the
+    model's own keys. Models with a rotation per layer type (Gemma 3: theta 10k on sliding, 1M on full
+    layers) keep each type's theta unless `theta` was set."""
     if "rope_theta" in own and options["theta"] == native_theta(facts):
         options = {**options, "theta": own["rope_theta"]}
     params = spec.rope_parameters(options, facts)
-    if "partial_rotary_factor" in own:
-        params["partial_rotary_factor"] = own["partial_rotary_factor"]
+    params.update({k: v for k, v in own.items() if k == "partial_rotary_factor" or k not in compat.ROPE_KEYS})
     return params
 
 
