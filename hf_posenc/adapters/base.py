@@ -105,7 +105,8 @@ class Adapter:
             hidden_size=embeddings.shape[-1],  # where input codes are added (ELECTRA: embedding_size)
             num_heads=heads,
             head_dim=head_dim,
-            max_positions=config.max_position_embeddings - self.position_offset(config),
+            # ALiBi models (BLOOM, MPT) name no length: 0, which only the input site would need (a gap there)
+            max_positions=getattr(config, "max_position_embeddings", 0) - self.position_offset(config),
             causal=self.causal,
             rope_parameters=rope,
             position_table=table.detach() if table is not None else None,

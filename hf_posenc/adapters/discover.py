@@ -91,6 +91,7 @@ class Structure:
     causal: bool
     layer_types: tuple[str, ...] | None
     sliding_window: int | None
+    max_positions: int | None  # config.max_position_embeddings (ALiBi models have none)
     latent_attention: bool
     hybrid: bool
     unexplained: tuple[str, ...] = field(default=())
@@ -188,6 +189,7 @@ def discover(model: nn.Module) -> Structure:
         causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
+        max_positions=getattr(text, "max_position_embeddings", None),
         latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
         unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []))],

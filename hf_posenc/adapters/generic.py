@@ -140,10 +140,8 @@ def gaps(s: Structure) -> dict[str, str]:
     if s.loop_owner:
         gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
             "positions in", *NEEDS_LOOP_HOOK)
-    if s.native_bias_kind:
-        kind = "ALiBi" if s.native_bias_kind == "alibi" else "relative position bias"
-        gap(f"the model adds its own {kind} through the `{s.native_bias}` block argument, which no installer "
-            "switches off yet", "native_bias")
+    if s.max_positions is None:
+        gap("the config names no max_position_embeddings to size an input-site table by", "input")
     _rotary_gaps(s, gap)
     if s.slot_call:
         gap(f"the model calls {s.slot} as {s.slot_call}; a replacement must take the same arguments", "slot")

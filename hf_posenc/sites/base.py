@@ -156,6 +156,21 @@ class InjectKwargs(PatchHook):
         return args, {**kwargs, **pending}
 
 
+class ZeroBias(PatchHook):
+    """Forward pre-hook on a block: the model's own score bias, handed to each block as the keyword argument
+    `argument` (BLOOM's `alibi`, MPT's `position_bias`), becomes zeros."""
+
+    def __init__(self, argument: str) -> None:
+        self.argument = argument
+
+    def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        bias = kwargs.get(self.argument)
+        if not isinstance(bias, torch.Tensor):
+            raise PosEncError(f"{type(block).__name__} was called without `{self.argument}` as a keyword tensor; "
+                              "its own position bias cannot be switched off")
+        return args, {**kwargs, self.argument: torch.zeros_like(bias)}
+
+
 class PassModule:
     """Contribution: hands the module at `path` (whatever wraps it now) to attention under `kwarg`."""
 
@@ -169,8 +184,11 @@ class PassModule:
 def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
                             keep_slot: bool = False, keep_rotary: bool = False) -> None:
     """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
-    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim)."""
+    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias."""
     base = model.base_model
+    if adapter.native_bias:
+        for block in adapter.attention_blocks(model):
+            block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
     if adapter.position_slot and not keep_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:
