@@ -54,13 +54,10 @@ class Adapter:
     other_embeddings: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
     rotary: str | None = None  # native rotary module returning (cos, sin)
     qk: QKTap | None = None
-    # Found by the generic adapter; data for the site installers (see `gaps` for what they cannot use yet).
+    # Found by the generic adapter (what the installers cannot do with it is in `gaps`).
     attention_layers: tuple[int, ...] | None = None  # blocks with self-attention (hybrid SSM models); None: all
-    loop_owner: str = ""  # the module running the layer loop, from base_model ("": base_model itself)
-    rotaries: tuple[str, ...] = ()  # every rotary module, when there is more than one
     rotary_layer_types: tuple[str, ...] = ()  # rotary called per layer type, rope_parameters keyed by it
     rotary_dim: int | None = None  # width of (cos, sin) when only part of each head rotates
-    slot_call: str | None = None  # how the model calls `position_slot` when not with position ids alone
     native_bias: str | None = None  # block argument carrying the model's own score bias (BLOOM's `alibi`)
     relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
