@@ -52,6 +52,6 @@ def main(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for row in model_types["types"].values():
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    print(f"\nother model types (generic adapter, transformers {model_types['transformers']}): "
+    print(f"\ncausal-LM model types (zoo sweep, transformers {model_types['transformers']}): "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "; `hf-posenc list --model-types` shows each")
     return 0
