@@ -56,6 +56,11 @@ ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor
              "high_freq_factor", "short_factor", "long_factor"}
 
 
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config holding the text decoder's settings: a sub-config in multimodal wrappers (Fuyu, GOT-OCR2)."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def rope_parameters(config: PretrainedConfig) -> dict[str, Any] | None:
     """The model's own RoPE parameters (v5 `rope_parameters`), or None if it does not rotate."""
     params = getattr(config, "rope_parameters", None)

@@ -157,14 +157,14 @@ def unpatch(model: nn.Module) -> nn.Module:
 def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
     """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
     base, config = model.base_model, model.config
-    offset = adapter.position_offset(config)
+    offset = adapter.position_offset(compat.text_config(config))
     state.undo.append(RemoveHooks(base))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
     # the folders it saves load back patched, never as the stock model (saving.py)
     model.save_pretrained = functools.partial(saving.save_pretrained, model)
     state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(config, "max_position_embeddings", max_positions + offset)
+        state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
     loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),
                      adapter.token_type_ids)
     INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)

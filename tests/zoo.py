@@ -21,6 +21,8 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from hf_posenc import compat
+
 OVERRIDES: dict[str, dict[str, Any]] = json.loads((Path(__file__).with_name("zoo_overrides.json")).read_text())
 
 VOCAB = 128
@@ -216,7 +218,7 @@ def native_options(adapter, config: Any) -> dict[str, Any]:
         return {}
     from hf_posenc.registry import get_scheme
 
-    params = dict(config.rope_parameters)
+    params = dict(compat.text_config(config).rope_parameters)
     names = {f.name for f in dataclasses.fields(get_scheme(adapter.native).Options)}
     return {**{k: v for k, v in params.items() if k in names}, "theta": params["rope_theta"]}
 
@@ -259,7 +261,7 @@ def check_scaling_matches_transformers(model_type: str) -> None:
     del config.posenc
     reference = type(model)(config).eval()
     reference.load_state_dict(weights)
-    params = reference.config.rope_parameters
+    params = compat.text_config(reference.config).rope_parameters
     per_type = adapter_of(model).rotary_layer_types  # Gemma 3: every rotating layer type takes the scaling
     assert {p["rope_type"] for p in (params.values() if per_type else [params]) if p} == {"yarn"}
     torch.testing.assert_close(ours, logits(reference, x), atol=1e-5, rtol=1e-4)

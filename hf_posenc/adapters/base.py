@@ -88,7 +88,7 @@ class Adapter:
         return self.why_not(scheme) is None
 
     def facts(self, model: nn.Module) -> ModelFacts:
-        config = model.config
+        config = compat.text_config(model.config)
         base = model.base_model
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -101,8 +101,7 @@ class Structure:
 
 
 def text_config(model: nn.Module) -> Any:
-    config = model.config
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return compat.text_config(model.config)
 
 
 def discover(model: nn.Module) -> Structure:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import PosEncError
-from .base import MECHANISMS, Adapter, QKTap
+from .base import Adapter, QKTap
 from .discover import Structure, discover
 from .quirks import KNOWN_GAPS
 
@@ -131,9 +131,6 @@ def gaps(s: Structure) -> dict[str, str]:
         for m in mechanisms:
             found.setdefault(m, reason)
 
-    if s.composite:
-        gap("the text model's settings are in a sub-config (config.get_text_config()); the installers read "
-            "model.config", *MECHANISMS)
     if s.loop_owner:
         gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
             "positions in", *NEEDS_LOOP_HOOK)

@@ -103,7 +103,7 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
 
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
-    base, config, options = model.base_model, model.config, state.config.options
+    base, config, options = model.base_model, compat.text_config(model.config), state.config.options
     if adapter.rotary and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
         own = compat.rope_parameters(config) or {}
