@@ -48,6 +48,19 @@ def rotary_module_class() -> type[torch.nn.Module]:
     return LlamaRotaryEmbedding
 
 
+# The rope_parameters keys of transformers' common RoPE types; any other key is a model's own (GPT-OSS's
+# `truncate`, Ministral 3's `llama_4_scaling_beta`) and stays when a patch writes new rope_parameters
+# (`type` is the legacy name of `rope_type`).
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+             "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "low_freq_factor",
+             "high_freq_factor", "short_factor", "long_factor"}
+
+
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config holding the text decoder's settings: a sub-config in multimodal wrappers (Fuyu, GOT-OCR2)."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def rope_parameters(config: PretrainedConfig) -> dict[str, Any] | None:
     """The model's own RoPE parameters (v5 `rope_parameters`), or None if it does not rotate."""
     params = getattr(config, "rope_parameters", None)
@@ -120,7 +133,13 @@ class PositionRecord(DynamicLayer):
     supports_early_init = False
 
 
+def _self_attention(cache: Any) -> Any:
+    """The cache of self-attention keys (an EncoderDecoderCache also holds cross-attention keys)."""
+    return getattr(cache, "self_attention_cache", cache)
+
+
 def _record(cache: Any) -> PositionRecord | None:
+    cache = _self_attention(cache)
     layers = getattr(cache, "layers", None) if isinstance(cache, Cache) else None
     return next((layer for layer in reversed(layers) if isinstance(layer, PositionRecord)), None) if layers else None
 
@@ -145,7 +164,7 @@ def record_positions(cache: Any, positions: torch.Tensor) -> None:
     record = _record(cache)
     if record is None:
         record = PositionRecord()
-        cache.layers.append(record)
+        _self_attention(cache).layers.append(record)
     record.reset()
     stored = positions[:, None, :, None]
     record.update(stored, stored)

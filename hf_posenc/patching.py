@@ -23,7 +23,7 @@ from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
-from .sites import INSTALLERS, LayerLoop, RecordPositions, remove_hooks
+from .sites import INSTALLERS, LayerLoop, RecordPositions, RelayKwargs, remove_hooks
 from .sites.qk import ROTARY_MODULE
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch"]
@@ -124,10 +124,10 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
         raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
     adapter = adapter_for(model)
     spec = get_scheme(config.scheme)
-    if not adapter.supports(spec):
+    if (reason := adapter.why_not(spec)) is not None:
         raise PosEncError(
-            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r}; "
-            f"supported: {', '.join(supported_schemes(model))}"
+            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
+            f"({reason}); supported: {', '.join(supported_schemes(model)) or 'none'}"
         )
     previous = describe(model)
     unpatch(model)
@@ -157,19 +157,22 @@ def unpatch(model: nn.Module) -> nn.Module:
 def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
     """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
     base, config = model.base_model, model.config
-    offset = adapter.position_offset(config)
+    offset = adapter.position_offset(compat.text_config(config))
     state.undo.append(RemoveHooks(base))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
     # the folders it saves load back patched, never as the stock model (saving.py)
     model.save_pretrained = functools.partial(saving.save_pretrained, model)
     state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(config, "max_position_embeddings", max_positions + offset)
+        state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
     loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),
                      adapter.token_type_ids)
     INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
     if loop.needed:
         base.register_forward_pre_hook(loop, with_kwargs=True)
+        if adapter.relay_kwargs:
+            for block in adapter.attention_blocks(model):
+                block.register_forward_pre_hook(RelayKwargs(adapter.attention), with_kwargs=True)
     if loop.key_positions:
         base.register_forward_hook(RecordPositions(), with_kwargs=True)
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 # What `hf-posenc list` prints, written by `write_snapshot()`: the registry imports torch, the list must not.
 SNAPSHOT = Path(__file__).with_name("support.json")
+# The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
+MODEL_TYPES = Path(__file__).with_name("model_types.json")
 SCHEMES: dict[str, "Scheme"] = {}
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 
@@ -66,18 +68,25 @@ def model_type_of(model_or_config: Any) -> str:
 
 
 def adapter_for(model_or_config: Any) -> "Adapter":
+    """The hand-written adapter of the model type, else the generic one read from the model itself
+    (a PosEncError says what it could not place)."""
     _load()
     model_type = model_type_of(model_or_config)
-    if model_type not in ADAPTERS:
-        raise PosEncError(
-            f"unsupported architecture {model_type!r}; supported model types: {', '.join(sorted(ADAPTERS))}"
-        )
-    return ADAPTERS[model_type]
+    if model_type in ADAPTERS:
+        return ADAPTERS[model_type]
+    from .adapters.generic import generic_adapter
+
+    return generic_adapter(model_or_config)
 
 
 def supported_schemes(model_or_config: Any) -> list[str]:
     adapter = adapter_for(model_or_config)
     return sorted(name for name, scheme in SCHEMES.items() if adapter.supports(scheme))
+
+
+def why_not(model_or_config: Any, scheme: str) -> str | None:
+    """None if `scheme` can be patched into this model (or config), else the reason it cannot."""
+    return adapter_for(model_or_config).why_not(get_scheme(scheme))
 
 
 def supports(model_or_config: Any, scheme: str) -> bool:

@@ -26,6 +26,9 @@ def test_list_prints_the_registry_matrix():
     data = json.loads(out.stdout)
     assert data["architectures"] == hp.list_architectures()
     assert data["matrix"]["bert"]["xpos"] is False and data["matrix"]["llama"]["yarn"] is True
+    assert data["model_types"]["types"]["gemma3_text"]["sites"] == {"input": True, "qk": True, "score": True, "none": True}
+    table = run("list", "--model-types").stdout
+    assert "| bloom | partial | alibi | - | - | - | yes | input: input: the config names no max_position_embeddings" in table
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ or to one block (attention) or to the attention module (q/k projections).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
@@ -22,6 +22,21 @@ class QKTap:
     projections: tuple[str, ...]  # ("c_attn",) when packed, else (query, key)
     packed: bool = False  # one projection emitting [q | k | v]
     per_head: bool = False  # outputs are already (B, L, H, D), e.g. Qwen3's q_norm / k_norm
+    layout: str | None = None  # packed order of q, k, v: "grouped" [q | k | v], "per_head" [q_h k_h v_h]...
+
+
+# What a site installer does to a model, by name; an adapter's `gaps` name the ones it cannot do
+# for that model yet, and why. A scheme is supported when none of the mechanisms it needs is a gap.
+MECHANISMS = {
+    "rope_config": "set config.rope_parameters and rebuild the model's rotary module",
+    "rotary_off": "replace the model's rotary module by one that does not rotate (or by a new rotation)",
+    "qk_tap": "rotate q and k as they leave their projections",
+    "slot": "replace the absolute position module",
+    "input": "add a position code to the token embeddings in the layer-loop pre-hook",
+    "score": "run attention under a biased implementation (attention + mask interface)",
+    "kwargs": "hand positions from the layer loop to the attention modules as private kwargs",
+    "native_bias": "switch off the model's own score bias",
+}
 
 
 @dataclass(frozen=True)
@@ -39,30 +54,58 @@ class Adapter:
     other_embeddings: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
     rotary: str | None = None  # native rotary module returning (cos, sin)
     qk: QKTap | None = None
+    # Found by the generic adapter (what the installers cannot do with it is in `gaps`).
+    attention_layers: tuple[int, ...] | None = None  # blocks with self-attention (hybrid SSM models); None: all
+    rotary_layer_types: tuple[str, ...] = ()  # rotary called per layer type, rope_parameters keyed by it
+    rotary_dim: int | None = None  # width of (cos, sin) when only part of each head rotates
+    native_bias: str | None = None  # block argument carrying the model's own score bias (BLOOM's `alibi`)
+    relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
+    gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
+
+    def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
+        """What the site installers (hf_posenc.sites) must do to this model to patch `scheme` (keys of
+        MECHANISMS): a q/k scheme on a rotating model is config, elsewhere hooks on the q/k taps; every
+        other site switches the model's own positions off; biases reach attention as private kwargs."""
+        needs = ["native_bias"] if self.native_bias else []
+        needs += ["slot"] if self.position_slot else ["input"] if scheme.site == "input" else []
+        if scheme.site == "qk":
+            needs += ["rope_config"] if self.rotary else ["qk_tap", "kwargs"]
+        elif self.rotary:
+            needs += ["rotary_off"]
+        if scheme.site in ("score", "attention"):
+            needs += ["score", "kwargs"]
+        return tuple(needs)
+
+    def why_not(self, scheme: Scheme) -> str | None:
+        """None if `scheme` can be patched into this family, else the reason."""
+        if scheme.causal_only and not self.causal:
+            return f"{scheme.name!r} needs a causal model"
+        needs = self.mechanisms(scheme)
+        gap = next((f"{m}: {self.gaps[m]}" for m in needs if m in self.gaps), None)
+        return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in needs and self.qk is None else None)
 
     def supports(self, scheme: Scheme) -> bool:
-        if scheme.causal_only and not self.causal:
-            return False
-        if scheme.site == "qk":
-            return self.rotary is not None or self.qk is not None
-        # input: a slot or the token embeddings; score and attention: the attention interface
-        return True
+        return self.why_not(scheme) is None
 
     def facts(self, model: nn.Module) -> ModelFacts:
-        config = model.config
+        config = compat.text_config(model.config)
         base = model.base_model
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
         embeddings = model.get_input_embeddings().weight
+        rope = compat.rope_parameters(config) if self.rotary else None
+        if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
+            rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
         return ModelFacts(
-            hidden_size=config.hidden_size,
+            hidden_size=embeddings.shape[-1],  # where input codes are added (ELECTRA: embedding_size)
             num_heads=heads,
             head_dim=head_dim,
-            max_positions=config.max_position_embeddings - self.position_offset(config),
+            # ALiBi models (BLOOM, MPT) name no length: 0, which only the input site would need (a gap there)
+            max_positions=getattr(config, "max_position_embeddings", 0) - self.position_offset(config),
             causal=self.causal,
-            rope_parameters=compat.rope_parameters(config) if self.rotary else None,
+            rope_parameters=rope,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
             token_embeddings=embeddings.detach(),
@@ -70,8 +113,13 @@ class Adapter:
             device=embeddings.device,
         )
 
+    def attention_blocks(self, model: nn.Module) -> list[nn.Module]:
+        blocks = list(get_module(model.base_model, self.layers))
+        keep = range(len(blocks)) if self.attention_layers is None else self.attention_layers
+        return [blocks[i] for i in keep]
+
     def attention_modules(self, model: nn.Module) -> list[nn.Module]:
-        return [get_module(block, self.attention) for block in get_module(model.base_model, self.layers)]
+        return [get_module(block, self.attention) for block in self.attention_blocks(model)]
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:

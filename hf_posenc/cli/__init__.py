@@ -160,12 +160,12 @@ def scheme_config(scheme: str | None, options: dict[str, Any]) -> Any:
 def check_model_takes(model: str, scheme: str | None) -> None:
     """The model exists and its architecture takes `scheme`: read from its config alone (no weights)."""
     from ..loading import load_config
-    from ..registry import supported_schemes, supports
+    from ..registry import supported_schemes, why_not
 
     config = load_config(model)
-    if scheme is not None and not supports(config, scheme):
+    if scheme is not None and (reason := why_not(config, scheme)) is not None:
         raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {scheme!r}; "
-                          f"it takes: {', '.join(supported_schemes(config))}")
+                          f"it takes: {', '.join(supported_schemes(config))} ({reason})")
 
 
 # Files that mark a folder as hf-posenc output, which --overwrite may replace.

@@ -1,7 +1,10 @@
 """`hf-posenc list`: schemes, architectures and which cells of the support matrix work.
 
 Read from `hf_posenc/support.json`, the registry's snapshot (`registry.snapshot()`; a test keeps it
-equal to the live registry), so that `list` starts without importing torch.
+equal to the live registry), so that `list` starts without importing torch. Model types without a
+hand-written adapter come from `hf_posenc/model_types.json`: the generic adapter's verdict for every
+causal-LM type of the transformers version named there, each *yes* checked on a tiny model by the zoo
+sweep (`benchmarks/zoo_catalog.py` writes it, tests/test_zoo.py keeps it equal to what the code does).
 """
 
 from __future__ import annotations
@@ -9,20 +12,33 @@ from __future__ import annotations
 import argparse
 import json
 
+SITES = ("input", "qk", "score", "none")
+
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = "Schemes, architectures and which cells of the matrix work."
-    parser.epilog = "examples:\n  hf-posenc list\n  hf-posenc list --json"
-    parser.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    parser.epilog = "examples:\n  hf-posenc list\n  hf-posenc list --model-types\n  hf-posenc list --json"
+    parser.add_argument("--json", action="store_true", help="print the matrix and the model types as JSON")
+    parser.add_argument("--model-types", action="store_true",
+                        help="print every causal-LM model type: supported sites, or why not")
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..registry import SNAPSHOT
+    from ..registry import MODEL_TYPES, SNAPSHOT
 
     snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    model_types = json.loads(MODEL_TYPES.read_text(encoding="utf-8"))
     matrix = snapshot["matrix"]
     if args.json:
-        print(json.dumps({"architectures": snapshot["architectures"], "matrix": matrix}, indent=2))
+        print(json.dumps({"architectures": snapshot["architectures"], "matrix": matrix,
+                          "model_types": model_types}, indent=2))
+        return 0
+    if args.model_types:
+        print(f"| model type | status | native | {' | '.join(SITES)} | why not |")
+        print("|---" * (len(SITES) + 4) + "|")
+        for name, row in model_types["types"].items():
+            marks = " | ".join("yes" if row["sites"].get(s) else "-" for s in SITES)
+            print(f"| {name} | {row['status']} | {row['native']} | {marks} | {row['why']} |")
         return 0
     schemes = sorted(snapshot["schemes"])
     print("| adapter | " + " | ".join(schemes) + " |")
@@ -33,4 +49,9 @@ def main(args: argparse.Namespace) -> int:
     for name in schemes:
         site, citation = snapshot["schemes"][name]
         print(f"{name:11s} {site:6s} {citation}")
+    counts: dict[str, int] = {}
+    for row in model_types["types"].values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    print(f"\ncausal-LM model types (zoo sweep, transformers {model_types['transformers']}): "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "; `hf-posenc list --model-types` shows each")
     return 0

@@ -28,6 +28,7 @@ from lm_eval.models.huggingface import HFLM
 import hf_posenc
 
 from ..models import model_source
+from ..registry import why_not
 from ..saving import load_config
 
 __all__ = ["LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "TASKS", "main"]
@@ -91,13 +92,14 @@ class PosEncLM(HFLM):
         if self.posenc is None:
             return
         model_type = getattr(self._config, "model_type", None)
-        if model_type not in hf_posenc.list_architectures():
-            raise hf_posenc.PosEncError(f"{pretrained}: hf-posenc cannot patch {model_type!r} models; supported "
-                                        f"model types: {', '.join(hf_posenc.list_architectures())}")
-        if not hf_posenc.supports(self._config, self.posenc.scheme):
+        try:  # the hand-written adapter, else the generic one read from a meta-device model of the config
+            reason = why_not(self._config, self.posenc.scheme)
+        except hf_posenc.PosEncError as exc:
+            raise hf_posenc.PosEncError(f"{pretrained}: hf-posenc cannot patch {model_type!r} models: {exc}") from exc
+        if reason is not None:
             allowed = [s for s in hf_posenc.list_schemes() if hf_posenc.supports(self._config, s)]
             raise hf_posenc.PosEncError(f"{pretrained}: {model_type!r} models cannot take scheme "
-                                        f"{self.posenc.scheme!r}; supported: {', '.join(allowed)}")
+                                        f"{self.posenc.scheme!r}; supported: {', '.join(allowed)} ({reason})")
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
         auto_class = self.AUTO_MODEL_CLASS

@@ -54,7 +54,11 @@ class Rotary(nn.Module):
             )
             self.inner = compat.rotary_module_class()(config)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`layer_type` is taken (and ignored) where a model asks per layer type (Gemma 3): one rotation for all.
+        Multimodal RoPE hands (3, B, L) ids; text positions are the same in all three."""
+        position_ids = position_ids[0] if position_ids.dim() == 3 else position_ids
         shape = (*position_ids.shape, self.head_dim // 2 - self.rotated_pairs)
         scale = self.inner.attention_scaling if self.inner is not None else 1.0
         cos = torch.full(shape, scale, dtype=torch.float32, device=position_ids.device)

@@ -126,6 +126,51 @@ class RecordPositions(PatchHook):
         compat.record_positions(cache if cache is not None else kwargs.get("past_key_values"), positions.keys)
 
 
+class RelayKwargs(PatchHook):
+    """Forward pre-hook on a block that takes **kwargs but does not hand them to its attention module
+    (StableLM, Nemotron): the patch's private kwargs go to the attention module's `InjectKwargs` instead."""
+
+    def __init__(self, attention: str) -> None:
+        self.attention = attention
+
+    def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        private = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith(PREFIX)]}
+        attention = block.get_submodule(self.attention)
+        hook = next((h for h in attention._forward_pre_hooks.values() if isinstance(h, InjectKwargs)), None)
+        if hook is None:  # first call, or a wrapper put a new module there
+            hook = InjectKwargs()
+            attention.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+        hook.pending = private
+        return args, kwargs
+
+
+class InjectKwargs(PatchHook):
+    """Forward pre-hook on an attention module: adds the private kwargs its block's `RelayKwargs` left here
+    for this call (before any other patch hook reads them)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Any] = {}
+
+    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        pending, self.pending = self.pending, {}
+        return args, {**kwargs, **pending}
+
+
+class ZeroBias(PatchHook):
+    """Forward pre-hook on a block: the model's own score bias, handed to each block as the keyword argument
+    `argument` (BLOOM's `alibi`, MPT's `position_bias`), becomes zeros."""
+
+    def __init__(self, argument: str) -> None:
+        self.argument = argument
+
+    def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        bias = kwargs.get(self.argument)
+        if not isinstance(bias, torch.Tensor):
+            raise PosEncError(f"{type(block).__name__} was called without `{self.argument}` as a keyword tensor; "
+                              "its own position bias cannot be switched off")
+        return args, {**kwargs, self.argument: torch.zeros_like(bias)}
+
+
 class PassModule:
     """Contribution: hands the module at `path` (whatever wraps it now) to attention under `kwarg`."""
 
@@ -138,12 +183,16 @@ class PassModule:
 
 def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
                             keep_slot: bool = False, keep_rotary: bool = False) -> None:
-    """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module."""
+    """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
+    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias."""
     base = model.base_model
+    if adapter.native_bias:
+        for block in adapter.attention_blocks(model):
+            block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
     if adapter.position_slot and not keep_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:
-        state.replace(base, adapter.rotary, Rotary(facts.head_dim, {}, 0.0, facts.max_positions))
+        state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
 
 
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,

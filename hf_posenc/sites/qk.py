@@ -19,7 +19,7 @@ from ..adapters.base import QKTap
 from ..attention import Positions
 from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
-from ..schemes.rope import native_partial, rotate
+from ..schemes.rope import native_partial, native_theta, rotate
 from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:
@@ -90,15 +90,28 @@ class QKRotation(PatchHook):
         return args, kwargs
 
 
+def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, own: dict[str, Any]) -> dict[str, Any]:
+    """The scheme's rope_parameters for layers whose own are `own`, keeping the rotating fraction and the
+    model's own keys. Models with a rotation per layer type (Gemma 3: theta 10k on sliding, 1M on full
+    layers) keep each type's theta unless `theta` was set."""
+    if "rope_theta" in own and options["theta"] == native_theta(facts):
+        options = {**options, "theta": own["rope_theta"]}
+    params = spec.rope_parameters(options, facts)
+    params.update({k: v for k, v in own.items() if k == "partial_rotary_factor" or k not in compat.ROPE_KEYS})
+    return params
+
+
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
-    base, config, options = model.base_model, model.config, state.config.options
+    base, config, options = model.base_model, compat.text_config(model.config), state.config.options
     if adapter.rotary and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
-        params = spec.rope_parameters(options, facts)
         own = compat.rope_parameters(config) or {}
-        if "partial_rotary_factor" in own:
-            params["partial_rotary_factor"] = own["partial_rotary_factor"]
+        if adapter.rotary_layer_types:
+            # layer types without a rotation (NoPE layers: None) stay without one
+            params = {kind: layer_parameters(spec, options, facts, own[kind]) if own[kind] else None for kind in own}
+        else:
+            params = layer_parameters(spec, options, facts, own)
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
         state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))

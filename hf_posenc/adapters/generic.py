@@ -1,0 +1,179 @@
+"""The generic decoder adapter: for a model type without a hand-written adapter, an `Adapter` built
+from what `discover` reads off the instance (or off a meta-device model built from its config).
+
+What the site installers cannot do for this model yet becomes a named gap (`Adapter.gaps`), so a
+scheme that would need it is refused with the reason; a model whose positions cannot all be placed
+is refused as a whole. Never a partial patch.
+
+The few facts an instance does not show live in `quirks` as data, by model type.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PosEncError
+from .base import Adapter, QKTap
+from .discover import Structure, discover
+from .quirks import KNOWN_GAPS
+
+ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+                "longrope": "longrope"}
+NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
+
+# id(config) -> (weak reference to the config, its adapter): discovery runs once per model; configs
+# are unhashable dataclasses, so they are keyed by identity.
+_CACHE: dict[int, tuple[weakref.ref, Adapter]] = {}
+
+
+def generic_adapter(model_or_config: Any) -> Adapter:
+    """The adapter for a model (or config) whose model_type has no hand-written adapter.
+
+    Raises PosEncError naming what is missing when positions enter the model somewhere it cannot place.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    key = id(config)
+    cached = _CACHE.get(key)
+    if cached is None or cached[0]() is not config:
+        model = model_or_config if isinstance(model_or_config, nn.Module) else None
+        if model is None or getattr(config, "posenc", None) is not None:
+            # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
+            model = _meta_model(config, type(model) if model is not None else None)
+        adapter = adapter_from(discover(model))
+        _CACHE[key] = (weakref.ref(config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
+        return adapter
+    return cached[1]
+
+
+def _meta_model(config: Any, model_class: type | None) -> nn.Module:
+    """The stock model of `config` on the meta device (no memory, no weights), built from a copy so
+    the caller's config is left as it was."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    try:
+        with torch.device("meta"):
+            return model_class._from_config(config) if model_class else AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError) as exc:
+        raise PosEncError(f"unsupported architecture {config.model_type!r}: no causal LM class to read its "
+                          f"structure from ({exc})") from exc
+
+
+def adapter_from(s: Structure) -> Adapter:
+    """Turn a discovered structure into an Adapter, or refuse the model with the reason."""
+    if not s.attention_layers:
+        raise PosEncError(f"{s.model_type!r} has no self-attention layers with q/k projections (a state-space or "
+                          "recurrent model, or an attention module discovery does not recognise): no position "
+                          "scheme to swap")
+    if s.unexplained:
+        raise PosEncError(f"{s.model_type!r}: positions enter where the generic adapter cannot place them: "
+                          f"{'; '.join(s.unexplained)}; register a hand-written adapter (hf_posenc.register_adapter)")
+    # taps are kept even when the installer cannot use them yet (the qk_tap gap says why): they are data
+    tap = QKTap(s.taps, packed=s.tap_kind == "packed", per_head=s.tap_per_head, layout=s.tap_layout) \
+        if s.taps and s.tap_kind != "latent" else None
+    return Adapter(
+        name="generic",
+        model_types=(s.model_type,),
+        native=native_scheme(s),
+        causal=s.causal,
+        layers=s.layers,
+        attention=s.attention,
+        position_slot=s.slot,
+        position_offset=FixedOffset(s.slot_offset),
+        token_type_ids=s.token_type_ids,
+        other_embeddings=s.other_embeddings,
+        rotary=s.rotary[0] if s.rotary else None,
+        qk=tap,
+        attention_layers=None if len(s.attention_layers) == s.num_layers else s.attention_layers,
+        rotary_layer_types=s.rotary_layer_types,
+        rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
+        native_bias=s.native_bias if s.native_bias_kind else None,
+        relay_kwargs=s.relay_kwargs,
+        gaps=gaps(s),
+    )
+
+
+@dataclass(frozen=True)
+class FixedOffset:
+    """`Adapter.position_offset` read off the slot (OPT's 2, RoBERTa's padding_idx + 1): plain data."""
+
+    rows: int
+
+    def __call__(self, config: Any) -> int:
+        return self.rows
+
+
+def native_scheme(s: Structure) -> str:
+    """The scheme the model was trained with, as a scheme name."""
+    if s.native_bias_kind:
+        return "alibi" if s.native_bias_kind == "alibi" else "t5"
+    if s.rotary:
+        params = s.rope_parameters or {}
+        if s.rotary_layer_types:
+            params = next((v for v in params.values() if isinstance(v, dict)), {})
+        return ROPE_SCHEMES.get(params.get("rope_type", "default"), params.get("rope_type", "rope"))
+    if s.slot:
+        return "learned" if s.slot_learned else "sinusoidal"
+    return "nope"
+
+
+def gaps(s: Structure) -> dict[str, str]:
+    """Mechanism -> why the current installers cannot do it on this model."""
+    found: dict[str, str] = dict(KNOWN_GAPS.get(s.model_type, {}))
+
+    def gap(reason: str, *mechanisms: str) -> None:
+        for m in mechanisms:
+            found.setdefault(m, reason)
+
+    if s.loop_owner:
+        gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
+            "positions in", *NEEDS_LOOP_HOOK)
+    if s.max_positions is None:
+        gap("the config names no max_position_embeddings to size an input-site table by", "input")
+    _rotary_gaps(s, gap)
+    if s.slot_call:
+        gap(f"the model calls {s.slot} as {s.slot_call}; a replacement must take the same arguments", "slot")
+    if "position_ids" not in s.loop_takes:
+        gap("the layer loop's forward takes no position_ids", "slot")
+    if "inputs_embeds" not in s.loop_takes:
+        gap("the layer loop's forward takes no inputs_embeds", "input")
+    if s.tap_problem:
+        gap(s.tap_problem, "qk_tap")
+    if s.attention_outside:
+        gap(f"q/k projections also outside the layer list ({', '.join(s.attention_outside[:3])}"
+            f"{', ...' if len(s.attention_outside) > 3 else ''})", "qk_tap")
+    if len(s.attention_paths) > 1:
+        gap(f"self-attention sits at different paths in different blocks ({', '.join(s.attention_paths)})", "qk_tap")
+    if not s.private_kwargs and not s.relay_kwargs:
+        gap("the layer loop does not pass **kwargs through the blocks to the attention modules", "kwargs")
+    if not s.attention_interface:
+        gap(f"{s.attention_class} does not call attention through transformers' ALL_ATTENTION_FUNCTIONS", "score")
+    elif not s.mask_interface:
+        gap("the attention mask is not built by transformers.masking_utils (AttentionMaskInterface)", "score")
+    return found
+
+
+def _rotary_gaps(s: Structure, gap: Any) -> None:
+    if not s.rotary:
+        return
+    both = ("rope_config", "rotary_off")
+    if len(s.rotary) > 1:
+        gap(f"{len(s.rotary)} rotary modules ({', '.join(s.rotary)}); the installers handle one", *both)
+    if s.rotary_inside_layers:
+        gap(f"the rotary module sits inside each layer ({s.rotary[0]}), not beside the layer loop", *both)
+    if s.rotary_problem:
+        gap(s.rotary_problem, *both)
+    if len(set(s.rotary_widths.values())) > 1:
+        gap(f"(cos, sin) widths differ by layer type ({s.rotary_widths}); the substitute rotation has one width",
+            "rotary_off")
+    if s.own_rope_types:
+        gap(f"the model's own rope_type {', '.join(s.own_rope_types)} is not one transformers' ROPE_INIT_FUNCTIONS "
+            "rebuilds", "rope_config")
+    if s.rebuild_problem:
+        gap(s.rebuild_problem, "rope_config")

@@ -1,0 +1,48 @@
+"""What the generic adapter cannot read from a model instance, as data by model type (found by
+the zoo sweep, checked by tests/test_zoo.py). Everything else is discovered."""
+
+from __future__ import annotations
+
+from torch import nn
+
+# How a packed projection orders q, k, v (from each modeling file): "grouped" is [q | k | v] with
+# q = heads*head_dim and k, v = kv_heads*head_dim wide; "per_head" is [q_h | k_h | v_h] per head
+# (GPT-NeoX, BLOOM); "kv_groups" is per key-value group [q_1..q_g | k | v] (Falcon's new decoder).
+# A config flag can select the layout (first flag set wins, "" is the default).
+PACKED_LAYOUTS: dict[str, str | dict[str, str]] = {
+    "gpt2": "grouped",
+    "gpt-sw3": "grouped",
+    "openai-gpt": "grouped",
+    "gpt_bigcode": "grouped",
+    "phi3": "grouped",
+    "phi4_multimodal": "grouped",
+    "dbrx": "grouped",
+    "mpt": "grouped",
+    "gpt_neox": "per_head",
+    "gpt_neox_japanese": "per_head",
+    "persimmon": "per_head",
+    "fuyu": "per_head",
+    "bloom": "per_head",
+    "falcon": {"new_decoder_architecture": "kv_groups", "multi_query": "grouped", "": "per_head"},
+    "codegen": "codegen_blocks",  # q, v, k interleaved in mp_num blocks
+}
+# Gaps no structure shows (found by the zoo sweep), by model type.
+KNOWN_GAPS: dict[str, dict[str, str]] = {
+    "doge": {"score": "Doge adds its own dynamic mask of shape (B, kv_heads, q, k) to the attention mask, which a "
+                      "(B, heads, q, k) bias does not broadcast with"},
+    "lfm3": {"rotary_off": "the model reads `rotary_emb.layer_types`, which a substitute rotation does not have"},
+    "zaya": {m: "ZAYA's CCA attention does not take its rotation from rotary_emb: replacing it changes nothing "
+                "(the zoo sweep: `nope` had no effect)" for m in ("rope_config", "rotary_off")},
+    "laguna": {"score": "heads are set per layer (num_attention_heads_per_layer); biases are built for "
+                        "config.num_attention_heads"},
+}
+# Configs that carry default rope_parameters but rotate only when this field has this value.
+ROPE_SWITCHES = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2": ("use_mem_rope", True)}
+
+
+def packed_layout(model_type: str, attention: nn.Module) -> str | None:
+    layout = PACKED_LAYOUTS.get(model_type)
+    if isinstance(layout, dict):
+        config = getattr(attention, "config", None)
+        return next((v for flag, v in layout.items() if flag and getattr(config, flag, False)), layout.get(""))
+    return layout

@@ -1,0 +1,462 @@
+"""A tiny random model of every causal-LM model type registered in the installed transformers.
+
+One generic shrink of the default config (hidden 64, 2 layers, 4 heads, ...) applied only to the
+keys a config actually has, recursively through its sub-configs, plus per-model-type overrides kept
+as data in `zoo_overrides.json`. Weights are drawn with `initializer_range` >= 0.2 so that attention
+is peaky and a wrong position changes logits by O(1).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from hf_posenc import compat
+
+OVERRIDES: dict[str, dict[str, Any]] = json.loads((Path(__file__).with_name("zoo_overrides.json")).read_text())
+
+VOCAB = 128
+SPECIAL_IDS = 3  # 0 pad, 1 bos, 2 eos; other special tokens (images, audio, ...) live at the top
+FIRST_EXTRA_TOKEN = 120  # test inputs use ids in [SPECIAL_IDS, FIRST_EXTRA_TOKEN)
+INIT_STD = 0.2
+
+# key -> tiny value, applied wherever a (sub-)config has the key
+SHRINK: dict[str, Any] = {
+    # width and depth
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embed_dim": 64, "model_dim": 64,
+    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
+    "encoder_layers": 2,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "num_key_value_heads": 2, "n_kv_heads": 2, "num_kv_heads": 2, "multi_query_group_num": 2,
+    "head_dim": 16, "kv_channels": 16, "attention_head_dim": 16,
+    "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "ffn_hidden_size": 128, "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128, "hidden_dim": 128, "mlp_dim": 128, "d_ff": 128,
+    "vocab_size": VOCAB, "max_position_embeddings": 128, "n_positions": 128, "max_sequence_length": 128,
+    "seq_length": 128, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
+    "pronunciation_vocab_size": 32, "shape_vocab_size": 32,
+    # mixtures of experts
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
+    "num_shared_experts": 1, "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32,
+    "n_group": 1, "topk_group": 1,
+    # multi-head latent attention
+    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    # state-space and linear-attention mixers of hybrid models
+    "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_ssm": 128, "mamba_d_state": 16, "mamba_chunk_size": 16,
+    "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "chunk_size": 16,
+    "linear_num_heads": 4, "linear_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    # BERT-style models are causal LMs only as decoders
+    "is_decoder": True,
+    # local attention
+    "sliding_window": 16, "attention_window_size": 16,
+    # partial rotary given as a width
+    "rotary_dim": 8,
+}
+# fields holding vocabulary ids that must stay inside the tiny vocabulary
+LOW_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
+              "sep_token_id": 2, "cls_token_id": 1, "mask_token_id": FIRST_EXTRA_TOKEN}
+
+
+def model_types() -> list[str]:
+    """Every causal-LM model type of the installed transformers."""
+    return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _is_token_field(key: str) -> bool:
+    return key.endswith(("_token_id", "_token_index", "_token_ids"))
+
+
+LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+LAYER_PATTERN_KEYS = ("layer_types", "layers_block_type", "block_types", "attention_layers")
+
+
+def _shrink_layer_lists(values: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """One layer of each distinct layer type (attention kinds, mamba/attention hybrids), in the
+    order they first appear; other per-layer lists keep their first entries."""
+    depth = next((values[k] for k in LAYER_COUNT_KEYS if isinstance(values.get(k), int)), None)
+    kinds = {k: list(dict.fromkeys(map(str, values[k]))) for k in LAYER_PATTERN_KEYS
+             if isinstance(values.get(k), list) and values[k]}
+    layers = max([2, *map(len, kinds.values())])
+    for key in LAYER_COUNT_KEYS:
+        if key in kwargs:
+            kwargs[key] = layers
+    for key, names in kinds.items():
+        kwargs[key] = (names * layers)[:layers]
+    for key, value in values.items():
+        if key not in kinds and key not in kwargs and isinstance(value, list) and depth and len(value) == depth:
+            kwargs[key] = value[:layers]
+
+
+def _shrunk(default: transformers.PretrainedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments that build a tiny version of `default`'s config class."""
+    values = default.to_dict()
+    known = set(values) | set(getattr(default, "attribute_map", {}))
+    kwargs: dict[str, Any] = {k: v for k, v in SHRINK.items() if k in known}
+    if "qk_rope_head_dim" in known:  # multi-head latent attention: head_dim is the rotary part, no GQA
+        kwargs["head_dim"] = SHRINK["qk_rope_head_dim"]
+        kwargs["num_key_value_heads"] = SHRINK["num_attention_heads"]
+    if "initializer_range" in known:
+        kwargs["initializer_range"] = max(INIT_STD, values.get("initializer_range") or 0.0)
+    extra = iter(range(FIRST_EXTRA_TOKEN + 1, VOCAB))
+    for key, value in values.items():
+        if _is_token_field(key) and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[key] = LOW_TOKENS.get(key, value if value < SPECIAL_IDS else next(extra, VOCAB - 1))
+        elif _is_token_field(key) and isinstance(value, list):
+            kwargs[key] = [LOW_TOKENS.get(key, 2)]
+    _shrink_layer_lists(values, kwargs)
+    for name, sub in (getattr(default, "sub_configs", None) or {}).items():
+        sub_default = getattr(default, name, None)
+        if isinstance(sub_default, transformers.PretrainedConfig):
+            kwargs[name] = {**_shrunk(sub_default, overrides.get(name, {})), "model_type": sub_default.model_type}
+    kwargs.update({k: v for k, v in overrides.items() if not isinstance(v, dict) or k not in kwargs})
+    return kwargs
+
+
+def tiny_config(model_type: str) -> transformers.PretrainedConfig:
+    overrides = {k: v for k, v in OVERRIDES.get(model_type, {}).items() if not k.startswith("_")}
+    try:
+        default = AutoConfig.for_model(model_type)
+    except ValueError:  # a few default configs do not validate as they are; their overrides fix them
+        default = AutoConfig.for_model(model_type, **overrides)
+    return AutoConfig.for_model(model_type, **_shrunk(default, overrides))
+
+
+def build(model_type: str, seed: int = 0, attn: str | None = None) -> torch.nn.Module:
+    """A fresh tiny random causal LM of `model_type`, in eval mode."""
+    config = tiny_config(model_type)
+    torch.manual_seed(seed)
+    kwargs = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_config(config, **kwargs).eval()
+    for method, *args in OVERRIDES.get(model_type, {}).get("_call", []):  # e.g. X-MOD's default language
+        getattr(model, method)(*args)
+    return model
+
+
+def inputs(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(SPECIAL_IDS, FIRST_EXTRA_TOKEN, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@dataclasses.dataclass
+class Entry:
+    model_type: str
+    built: bool
+    forward: bool
+    build_s: float
+    forward_s: float
+    error: str | None = None
+
+
+def survey(model_type: str) -> tuple[Entry, torch.nn.Module | None]:
+    start = time.perf_counter()
+    try:
+        model = build(model_type)
+    except Exception as exc:  # noqa: BLE001 - the survey records why a type does not build
+        return Entry(model_type, False, False, time.perf_counter() - start, 0.0, f"build: {type(exc).__name__}: {exc}"), None
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            logits = model(inputs()).logits
+        if not torch.isfinite(logits).all():
+            raise ValueError("non-finite logits")
+    except Exception as exc:  # noqa: BLE001
+        return Entry(model_type, True, False, built, time.perf_counter() - start, f"forward: {type(exc).__name__}: {exc}"), model
+    return Entry(model_type, True, True, built, time.perf_counter() - start), model
+
+
+@functools.lru_cache(maxsize=None)
+def cached(model_type: str) -> tuple[Entry, torch.nn.Module | None]:
+    return survey(model_type)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells: one check of one model type, each on a fresh model. A check raises on failure; a check
+# the unpatched model fails too raises NotApplicable (it would say nothing about the patch).
+
+SITES = ("input", "qk", "score", "none")
+SITE_SCHEMES = {"input": ("learned", {"init": "normal"}), "score": ("alibi", {}), "none": ("nope", {})}
+SCALINGS = {"linear", "dynamic", "yarn", "llama3", "longrope"}
+# Shifted positions round differently in fp32 (~1e-6 per angle); deep or recurrent stacks (HRM)
+# amplify that to ~2e-4. A wrong position costs O(1) with these weights.
+SHIFTED_ATOL = 1e-3
+
+
+class NotApplicable(Exception):
+    """The stock model fails the same check, so the check cannot judge the patch."""
+
+
+def adapter_of(model: torch.nn.Module):
+    from hf_posenc.registry import adapter_for
+
+    return adapter_for(model)
+
+
+def site_scheme(adapter, site: str) -> tuple[str, dict[str, Any]]:
+    """The scheme a site's cells use: for q/k, a YaRN scaling where the model rotates natively,
+    else plain RoPE through the q/k taps."""
+    if site == "qk":
+        return ("yarn", {"factor": 2.0}) if adapter.rotary else ("rope", {"theta": 100.0})
+    return SITE_SCHEMES[site]
+
+
+def native_options(adapter, config: Any) -> dict[str, Any]:
+    """Options restating the model's own scheme: scalings need their factor and friends."""
+    if adapter.native not in SCALINGS:
+        return {}
+    from hf_posenc.registry import get_scheme
+
+    params = dict(compat.text_config(config).rope_parameters)
+    names = {f.name for f in dataclasses.fields(get_scheme(adapter.native).Options)}
+    return {**{k: v for k, v in params.items() if k in names}, "theta": params["rope_theta"]}
+
+
+def logits(model: torch.nn.Module, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x, **kwargs).logits.float()
+
+
+def patched(model_type: str, site: str | None) -> torch.nn.Module:
+    """A fresh model with the site's scheme patched in (`site=None`: the stock model)."""
+    import hf_posenc as hp
+
+    model = build(model_type)
+    if site is not None:
+        name, options = site_scheme(adapter_of(model), site)
+        hp.patch(model, name, **options)
+    return model
+
+
+def check_native(model_type: str) -> None:
+    """patch(model, its own scheme) with default options leaves the logits as they were."""
+    import hf_posenc as hp
+
+    model, x = build(model_type), inputs()
+    before = logits(model, x)
+    adapter = adapter_of(model)
+    hp.patch(model, adapter.native, **native_options(adapter, model.config))
+    torch.testing.assert_close(logits(model, x), before, atol=1e-5, rtol=1e-4)
+
+
+def check_scaling_matches_transformers(model_type: str) -> None:
+    """`yarn` x2 through hf_posenc == a stock model built from the same rope_parameters."""
+    model, x = build(model_type), inputs()
+    stock = logits(model, x)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    model = patched(model_type, "qk")
+    ours = logits(model, x)
+    config = copy.deepcopy(model.config)
+    del config.posenc
+    reference = type(model)(config).eval()
+    reference.load_state_dict(weights)
+    params = compat.text_config(reference.config).rope_parameters
+    per_type = adapter_of(model).rotary_layer_types  # Gemma 3: every rotating layer type takes the scaling
+    assert {p["rope_type"] for p in (params.values() if per_type else [params]) if p} == {"yarn"}
+    torch.testing.assert_close(ours, logits(reference, x), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(ours, stock, atol=1e-3), "yarn x2 had no effect"
+
+
+def check_patch_unpatch(model_type: str, site: str) -> None:
+    """Patching changes the logits (and `alibi` differs from `nope`: its bias is really applied);
+    unpatch restores them bit for bit."""
+    import hf_posenc as hp
+
+    model, x = build(model_type), inputs()
+    before = logits(model, x)
+    adapter = adapter_of(model)
+    name, options = site_scheme(adapter, site)
+    hp.patch(model, name, **options)
+    changed = logits(model, x)
+    if name != adapter.native:
+        assert not torch.allclose(changed, before, atol=1e-3), f"{name} had no effect"
+    if name == "alibi" and hp.supports(model, "nope"):
+        hp.patch(model, "nope")
+        assert not torch.allclose(logits(model, x), changed, atol=1e-3), "alibi == nope: the bias was not applied"
+    hp.unpatch(model)
+    assert torch.equal(logits(model, x), before)
+
+
+def check_relative(model_type: str) -> None:
+    """RoPE through the q/k taps is relative: shifting every position changes nothing."""
+    model, x = patched(model_type, "qk"), inputs(batch=1)
+    positions = torch.arange(x.shape[1])[None]
+    torch.testing.assert_close(logits(model, x, position_ids=positions + 5), logits(model, x, position_ids=positions),
+                               atol=SHIFTED_ATOL, rtol=SHIFTED_ATOL)
+
+
+def check_cache(model_type: str, site: str | None) -> None:
+    """Prefill then token-by-token decoding == one uncached forward."""
+    from transformers import DynamicCache
+
+    model, x = patched(model_type, site), inputs(length=10)
+    full = logits(model, x)
+    cache = DynamicCache(config=model.config)
+    steps = [logits(model, x[:, :6], past_key_values=cache, use_cache=True)]
+    for t in range(6, 10):
+        steps.append(logits(model, x[:, t : t + 1], past_key_values=cache, use_cache=True))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+def check_left_padding(model_type: str, site: str | None) -> None:
+    """A left-padded row of a batch == the same prompt alone. A patched model counts positions over
+    the mask itself; the stock model (`site=None`) gets them the way `generate` passes them, so that
+    absolute-position models are not blamed for transformers' default of counting padding."""
+    model, x, pad = patched(model_type, site), inputs(batch=1, length=9), 3
+    batch = torch.cat((torch.cat((torch.zeros(1, pad, dtype=torch.long), x), dim=1), inputs(batch=1, length=12, seed=5)))
+    mask = torch.ones_like(batch)
+    mask[0, :pad] = 0
+    positions: dict[str, dict[str, torch.Tensor]] = {"alone": {}, "batch": {}}
+    if site is None:
+        offset = adapter_of(model).position_offset(model.config)
+        positions = {"alone": {"position_ids": torch.arange(x.shape[1])[None] + offset},
+                     "batch": {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0) + offset}}
+    alone = logits(model, x, attention_mask=torch.ones_like(x), **positions["alone"])
+    torch.testing.assert_close(logits(model, batch, attention_mask=mask, **positions["batch"])[0, pad:], alone[0],
+                               atol=SHIFTED_ATOL, rtol=SHIFTED_ATOL)
+
+
+def against_stock(check: Callable[[str, str | None], None], model_type: str, site: str) -> None:
+    """Run `check` on the patched model, after making sure the stock model passes it."""
+    try:
+        check(model_type, None)
+    except Exception as exc:  # noqa: BLE001 - whatever the stock model does wrong
+        raise NotApplicable(f"the unpatched model fails it too ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    check(model_type, site)
+
+
+def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[str], None]]:
+    """name -> check(model_type), for the cells the adapter of `model` claims to support. With
+    `baseline`, cache and padding cells first run on the stock model (NotApplicable if it fails)."""
+    from hf_posenc.registry import get_scheme
+
+    adapter = adapter_of(model)
+    supported = {s: adapter.supports(get_scheme(site_scheme(adapter, s)[0])) for s in SITES}
+    out: dict[str, Callable[[str], None]] = {}
+    slot = model.base_model.get_submodule(adapter.position_slot) if adapter.position_slot else None
+    table_less = adapter.native == "learned" and not isinstance(getattr(slot, "weight", None), torch.Tensor)
+    if adapter.supports(get_scheme(adapter.native)) and not table_less:
+        out["native"] = check_native
+    if supported["qk"]:
+        out["yarn_vs_transformers" if adapter.rotary else "rope_relative"] = (
+            check_scaling_matches_transformers if adapter.rotary else check_relative)
+    def compared(check: Callable[[str, str | None], None], site: str) -> Callable[[str], None]:
+        return functools.partial(against_stock, check, site=site) if baseline else functools.partial(check, site=site)
+
+    for site in (s for s in SITES if supported[s]):
+        out[f"patch_unpatch-{site}"] = functools.partial(check_patch_unpatch, site=site)
+        if adapter.causal:
+            out[f"cache-{site}"] = compared(check_cache, site)
+        out[f"left_padding-{site}"] = compared(check_left_padding, site)
+    return out
+
+
+def run(check: Callable[[str], None], model_type: str) -> str:
+    """'pass', 'n/a: reason' or 'fail: error' (the catalog's record of one cell)."""
+    try:
+        check(model_type)
+    except NotApplicable as exc:
+        return f"n/a: {exc}"[:300]
+    except Exception as exc:  # noqa: BLE001 - the catalog records every failure with its message
+        return f"fail: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return "pass"
+
+
+def verdict(model: torch.nn.Module) -> dict[str, Any]:
+    """The adapter's answer for this model: which schemes it takes and why not the others."""
+    from hf_posenc.errors import PosEncError
+    from hf_posenc.registry import get_scheme, list_schemes
+
+    try:
+        adapter = adapter_of(model)
+    except PosEncError as exc:
+        return {"refused": str(exc)}
+    why = {name: adapter.why_not(get_scheme(name)) for name in list_schemes()}
+    return {"adapter": adapter.name, "native": adapter.native,
+            "sites": {site: why[site_scheme(adapter, site)[0]] is None for site in SITES},
+            "supported": sorted(n for n, w in why.items() if w is None),
+            "unsupported": {n: w for n, w in why.items() if w}, "gaps": dict(adapter.gaps)}
+
+
+def status(row: dict[str, Any]) -> str:
+    """full: every site supported and every cell passes; partial: some sites, all their cells pass."""
+    if not row.get("builds"):
+        return "no-build"
+    if not row.get("forward"):
+        return "no-forward"
+    if "refused" in row:
+        return "refused"
+    if any(c["outcome"].startswith("fail") for c in row.get("cells", {}).values()):
+        return "fails"
+    sites = row.get("sites", {})
+    return "full" if all(sites.values()) else "partial" if any(sites.values()) else "none"
+
+
+def summary(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    by_status: dict[str, list[str]] = {}
+    for model_type, row in catalog.items():
+        by_status.setdefault(status(row), []).append(model_type)
+    return {"counts": {k: len(v) for k, v in sorted(by_status.items())}, "types": by_status}
+
+
+def reason(row: dict[str, Any]) -> str:
+    """Why a type is not fully supported: the build error, the refusal, or the first reason per site."""
+    if not row["forward"]:
+        return row["error"].splitlines()[0]
+    if "refused" in row:
+        return row["refused"]
+    failed = [f"{c}: {r['outcome']}" for c, r in row.get("cells", {}).items() if r["outcome"].startswith("fail")]
+    sites = row["sites"]
+    why = {}
+    for site, ok in sites.items():
+        if not ok:
+            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotary"] else "rope"
+            why.setdefault(row["unsupported"][scheme], []).append(site)
+    return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
+
+
+def table(catalog: dict[str, dict[str, Any]]) -> str:
+    """Markdown: model type x site, yes/no, and the reason for every no."""
+    lines = ["| model type | status | native | input | q/k | score | none | why not |", "|---|---|---|---|---|---|---|---|"]
+    for model_type, row in catalog.items():
+        sites = row.get("sites", {})
+        marks = [("yes" if sites.get(s) else "no") for s in ("input", "qk", "score", "none")]
+        why = reason(row) if status(row) != "full" else ""
+        lines.append(f"| {model_type} | {status(row)} | {row.get('native', '')} | {' | '.join(marks)} | "
+                     f"{why.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def shipped(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """hf_posenc/model_types.json: status, native scheme, sites and the reason per model type, for `list`."""
+    return {"transformers": transformers.__version__,
+            "types": {t: {"status": status(row), "native": row.get("native", ""),
+                          "sites": {s: bool(row.get("sites", {}).get(s)) for s in SITES},
+                          "why": reason(row).replace("|", "/") if status(row) != "full" else ""}
+                      for t, row in catalog.items()}}
+
+
+# The model types issue 11 names; the README says where each stands.
+NAMED = ("gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt_neox", "opt", "bloom", "falcon", "mixtral", "qwen2_moe",
+         "qwen3_moe", "olmo2", "granite", "stablelm", "starcoder2", "cohere")
+
+
+def readme_block(catalog: dict[str, dict[str, Any]]) -> str:
+    """The README's summary of the catalog (tests/test_zoo.py checks the README holds it)."""
+    counts = summary(catalog)["counts"]
+    named = ", ".join(f"{t} {status(catalog[t])}" for t in NAMED if t in catalog)
+    return (f"Of the {len(catalog)} causal-LM model types of transformers {transformers.__version__}, the zoo sweep "
+            f"finds: {', '.join(f'{n} {s}' for s, n in counts.items())} (*full*: every site, each cell passing; "
+            f"*partial*: the sites marked yes). Named in issue 11: {named}.\n")
