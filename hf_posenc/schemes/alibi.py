@@ -14,7 +14,8 @@ import torch
 
 from ..config import check, option
 from ..registry import register_scheme
-from .base import BiasScheme
+from .base import BiasScheme, ModelFacts
+from .relative import RelativeBias
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -27,6 +28,19 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
     closest = 2 ** math.floor(math.log2(num_heads))
     slopes = geometric(closest) + geometric(2 * closest)[0::2][: num_heads - closest]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AlibiBias(RelativeBias):
+    """The slopes as a module (a buffer, not saved), so ALiBi has the same elementwise contract as
+    the learned biases: -m_h |i - j| for any broadcastable head / position tensors."""
+
+    def __init__(self, num_heads: int, max_bias: float) -> None:
+        super().__init__()
+        self.heads = num_heads
+        self.register_buffer("slopes", alibi_slopes(num_heads, max_bias), persistent=False)
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return -self.slopes[head] * (q_pos - k_pos).abs().float()
 
 
 @dataclass(frozen=True)
@@ -46,9 +60,11 @@ class Alibi(BiasScheme):
     def bias(
         self, options: dict[str, Any], num_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
     ) -> torch.Tensor:
-        slopes = alibi_slopes(num_heads, options["max_bias"]).to(q_pos.device)
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()
-        return -slopes[:, None, None] * distance
+        return AlibiBias(num_heads, options["max_bias"]).to(q_pos.device)(q_pos[None], k_pos[None], len(k_pos))[0]
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> AlibiBias:
+        """The bias as a module, as the learned schemes give theirs: what fused attention paths evaluate."""
+        return AlibiBias(facts.num_heads, options["max_bias"])
 
 
 register_scheme(Alibi())
