@@ -193,6 +193,16 @@ def test_flex_equals_the_reference(term):
         assert_matches(bias, make_case(case), "flex")
 
 
+def test_flex_takes_one_row_batches_and_view_positions():
+    """A batch of one and positions as a view (arange()[None]) once broke the CPU flex kernel."""
+    query, key, value = (torch.randn(1, H, L, D) * 1.5 for _ in range(3))
+    pos = torch.arange(L)[None]
+    with torch.no_grad():
+        got, _ = biased_attention(query, key, value, q_pos=pos, k_pos=pos, mask=MaskSpec(), backend="flex")
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("term", ["alibi", "t5"])
 def test_flex_bidirectional_equals_the_reference(term):

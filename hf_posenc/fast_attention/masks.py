@@ -51,6 +51,12 @@ class MaskSpec:
         return SpecMask(self, batch, q_len, k_len, device, padded_to)
 
 
+def plain(x: torch.Tensor) -> torch.Tensor:
+    """A fresh, standard-strided copy. Tensors a flex kernel captures must be: the CPU template fails
+    to lower an expanded (stride-0) view, even of size 1."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 def _ranges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block (min, max) along the last dim of (B, n); the tail block repeats the last value."""
     pad = -x.shape[-1] % BLOCK
@@ -118,8 +124,7 @@ class SpecMask(Mask):
         self.spec = spec
         offset = k_len - q_len if spec.q_offset is None else spec.q_offset
         q_size, k_size = padded_to or (q_len, k_len)
-        # Captured tensors must be plain (no expanded views): the flex kernel reads them as inputs.
-        self.offset = torch.as_tensor(offset, device=device).to(torch.long).expand(batch).contiguous()
+        self.offset = plain(torch.as_tensor(offset, device=device).to(torch.long).expand(batch))
         self.window = torch.tensor(spec.sliding_window or NO_WINDOW, device=device)
         padding, docs = spec.key_padding, spec.documents
         for name, tensor in (("key_padding", padding), ("documents", docs)):
@@ -128,8 +133,8 @@ class SpecMask(Mask):
         padding = torch.ones(batch, k_len, dtype=torch.bool, device=device) if padding is None else padding
         docs = torch.zeros(batch, k_len, dtype=torch.long, device=device) if docs is None else docs
         # Slots past the real keys (a kernel's padded length) hold nothing.
-        self.padding = F.pad(padding.to(device, torch.bool).expand(batch, -1), (0, k_size - k_len), value=False)
-        self.docs = F.pad(docs.to(device, torch.long).expand(batch, -1), (0, k_size - k_len), value=-1)
+        self.padding = plain(F.pad(padding.to(device, torch.bool).expand(batch, -1), (0, k_size - k_len), value=False))
+        self.docs = plain(F.pad(docs.to(device, torch.long).expand(batch, -1), (0, k_size - k_len), value=-1))
         self.last_slot = torch.tensor(k_size - 1, device=device)
         self._offset_bounds: tuple[int, int] | None = None
         mask_mod = self._causal_mod if spec.causal else self._bidirectional_mod

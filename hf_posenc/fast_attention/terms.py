@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PosEncError
-from .masks import BLOCK, Mask, _ranges, _tails_partial, resolve
+from .masks import BLOCK, Mask, _ranges, _tails_partial, plain, resolve
 
 BiasMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -55,8 +55,9 @@ class Call:
         dq, dk = q_len - self.query.shape[2], k_len - self.key.shape[2]
         rows, slots = (lambda x: F.pad(x, (0, 0, 0, dq))), (lambda x: F.pad(x, (0, 0, 0, dk)))
         return dataclasses.replace(
-            self, query=rows(self.query), key=slots(self.key), value=slots(self.value), q_pos=F.pad(self.q_pos, (0, dq)),
-            k_pos=F.pad(self.k_pos, (0, dk)), lengths=self.lengths or (self.query.shape[2], self.key.shape[2]))
+            self, query=rows(self.query), key=slots(self.key), value=slots(self.value),
+            q_pos=plain(F.pad(self.q_pos, (0, dq))), k_pos=plain(F.pad(self.k_pos, (0, dk))),
+            lengths=self.lengths or (self.query.shape[2], self.key.shape[2]))
 
     def problem(self) -> Problem:
         return prepare(self.bias, self.query, self.key, self.value, self.q_pos, self.k_pos, self.resolved_mask(),
