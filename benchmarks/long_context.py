@@ -8,9 +8,10 @@ backend, each configuration in a fresh process.
   options) and a `MaskSpec` from its mask function; rotation switched off as `patch` does. (The patch
   itself does not route through fast_attention yet: that is issue 12 phase B.)
 
-A child builds its inputs, runs one warm-up forward (FlexAttention compiles there; its time is reported
-as `warmup_s`), resets the RSS high-water mark (/proc/self/clear_refs), runs the timed forward and reads
-`resource.getrusage(...).ru_maxrss`. Dense runs stop at 8k (their (L, L) tensors would not fit), and a
+A child runs one warm-up forward (at the measured length for flex, which compiles there: `warmup_s`;
+2k for the others), resets the RSS high-water mark (/proc/self/clear_refs), runs the timed forward and
+reads `resource.getrusage(...).ru_maxrss` (`peak_mb`; `forward_mb` is the part above the RSS just before
+the forward; large tensors are mmapped so freed memory leaves RSS). One torch thread per child. Dense runs stop at 8k (their (L, L) tensors would not fit), and a
 run whose 16k time predicts more than `--max-seconds` at 32k is skipped; both are recorded with the reason.
 
 Run: `.venv/bin/python benchmarks/long_context.py` (about an hour on 2 CPU cores); results in
@@ -38,6 +39,7 @@ SCHEMES = ["alibi", "t5", "fire", "kerple", "untied", "self_extend"]
 BACKENDS = ["flex", "chunked", "dense"]
 LENGTHS = [2048, 8192, 16384, 32768]
 DENSE_LIMIT = 8192
+WARMUP_LENGTH = 2048
 HEADS, HEAD_DIM, HIDDEN = 4, 64, 256
 
 
@@ -78,8 +80,8 @@ def use_fast_attention(model: torch.nn.Module, bias: torch.nn.Module, backend: s
     model.rotary_emb = Rotary(HEAD_DIM, {}, 0.0, max(LENGTHS))  # cos=1, sin=0: the scheme carries positions
 
 
-def build(level: str, scheme: str, backend: str, length: int):
-    """A zero-argument forward for one configuration."""
+def build(level: str, scheme: str, backend: str):
+    """`make(length)` -> a zero-argument forward on fresh inputs of that length."""
     from hf_posenc.fast_attention import MaskSpec, biased_attention
 
     model = tiny_llama()
@@ -87,29 +89,42 @@ def build(level: str, scheme: str, backend: str, length: int):
     if level == "model":
         if bias is not None:
             use_fast_attention(model, bias, backend)
-        ids = torch.randint(0, 1024, (1, length))
-        return lambda: model(ids, use_cache=False).last_hidden_state
-    q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM) for _ in range(3))
-    if bias is None:
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    positions = torch.arange(length)[None]
-    return lambda: biased_attention(q, k, v, q_pos=positions, k_pos=positions, bias=bias, mask=MaskSpec(),
-                                    backend=backend)[0]
+
+        def make_model(length: int):
+            ids = torch.randint(0, 1024, (1, length))
+            return lambda: model(ids, use_cache=False).last_hidden_state
+
+        return make_model
+
+    def make_layer(length: int):
+        q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM) for _ in range(3))
+        positions = torch.arange(length)[None]
+        if bias is None:  # as transformers' sdpa attention function returns it
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous()
+        return lambda: biased_attention(q, k, v, q_pos=positions, k_pos=positions, bias=bias, mask=MaskSpec(),
+                                        backend=backend)[0]
+
+    return make_layer
 
 
 def child(level: str, scheme: str, backend: str, length: int) -> dict[str, float]:
+    """Warm-up forward (at the same length for flex, which compiles a kernel per padded length), then
+    the measured one; the RSS high-water mark is reset in between."""
     with torch.no_grad():
-        forward = build(level, scheme, backend, length)
+        make = build(level, scheme, backend)
+        warmup = make(length if backend == "flex" else min(length, WARMUP_LENGTH))
         t0 = time.perf_counter()
-        forward()
-        warmup = time.perf_counter() - t0
+        warmup()
+        warmup_s = time.perf_counter() - t0
+        del warmup
+        forward = make(length)
         before = rss_mb()
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark now starts here
         t0 = time.perf_counter()
         forward()
         seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": round(seconds, 3), "warmup_s": round(warmup, 3), "peak_mb": round(peak, 1),
+    return {"seconds": round(seconds, 3), "warmup_s": round(warmup_s, 3), "peak_mb": round(peak, 1),
             "forward_mb": round(peak - before, 1)}
 
 
@@ -119,7 +134,9 @@ def rss_mb() -> float:
 
 def run_child(config: dict[str, Any], timeout: float, threads: int) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", json.dumps(config)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # Tensors above 64 kB mmapped and unmapped on free: RSS then follows live memory instead of what
+    # malloc keeps from earlier forwards, so the reset high-water mark is this forward's peak.
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MALLOC_MMAP_THRESHOLD_": "65536"}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

@@ -227,6 +227,17 @@ def test_chunked_gradients_equal_dense(term, monkeypatch):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("backend,term", [("chunked", t) for t in TERMS] + [  # flex: one elementwise, one low-rank
+    pytest.param("flex", t, marks=pytest.mark.slow) for t in ("alibi", "untied")])
+def test_bfloat16_stays_close_to_float32(backend, term):
+    bias, case = make_bias(term), make_case("window")
+    query, key, value = inputs(case)
+    with torch.no_grad():
+        got = run(bias, case, backend, query.bfloat16(), key.bfloat16(), value.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference(bias, case, query, key, value), atol=6e-2, rtol=0)
+
+
 def test_auto_picks_flex_for_long_inference_and_chunked_otherwise():
     case = make_case("causal")
     query, key, value = inputs(case)

@@ -73,7 +73,7 @@ def biased_attention(
         raise PosEncError(f"unknown attention backend {backend!r}; choose 'auto' or one of {', '.join(BACKENDS)}")
     if name == "flex" and dropout:
         raise PosEncError("FlexAttention has no attention dropout; use backend='chunked' or dropout=0")
-    if name == "flex" and _training(call) and query.device.type == "cpu":
+    if name == "flex" and call.needs_grad and query.device.type == "cpu":
         raise PosEncError("torch has no FlexAttention backward on CPU; use backend='chunked' (or 'auto') to train")
     if name == "flash_alibi" and not backends.flash_alibi_applies(call):
         raise PosEncError("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal "
@@ -92,16 +92,11 @@ def choose_backend(call: Call) -> str:
     return "flex" if _flex_runs(call) else "chunked"
 
 
-def _training(call: Call) -> bool:
-    params = call.bias.parameters() if isinstance(call.bias, torch.nn.Module) else ()
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (call.query, call.key, call.value, *params))
-
-
 def _flex_runs(call: Call) -> bool:
     device = call.query.device.type
     return (
         device in FLEX_DEVICES
-        and not (_training(call) and device == "cpu")  # torch has no CPU FlexAttention backward
+        and not (call.needs_grad and device == "cpu")  # torch has no CPU FlexAttention backward
         and not call.dropout
         and call.query.shape[2] >= BLOCK  # shorter: one chunk does it without a compile
         and (device, type(call.bias).__name__) not in _flex_failed

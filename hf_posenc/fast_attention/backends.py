@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from .masks import BLOCK, Mask, MaskSpec, index_grid
 from .terms import Call, Problem, dense_logits, pad_value
 
-CHUNK_ELEMENTS = 2**24  # scores per query block (B * H * rows * keys): 64 MB of fp32
+CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
 MIN_CHUNK = 16
 RECOMPILE_LIMIT = 64  # flex compiles one kernel per (bias, mask) code and bucketed shape
 
@@ -69,7 +69,7 @@ def chunked(call: Call) -> torch.Tensor:
     query, key, mask = problem.query, problem.key, problem.mask
     batch, heads, q_len, _ = query.shape
     rows = chunk_rows(batch, heads, key.shape[2])
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    grad = call.needs_grad
     outs = []
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)

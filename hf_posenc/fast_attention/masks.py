@@ -10,6 +10,7 @@ other mask is evaluated row block by row block.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -57,14 +58,14 @@ def plain(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def _ranges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_ranges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block (min, max) along the last dim of (B, n); the tail block repeats the last value."""
     pad = -x.shape[-1] % BLOCK
     x = torch.cat((x, x[:, -1:].expand(-1, pad)), dim=-1).unflatten(-1, (-1, BLOCK))
     return x.amin(-1), x.amax(-1)
 
 
-def _tails_partial(full: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+def tails_partial(full: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
     """Blocks that overhang the sequence are never 'full' (as in torch's create_block_mask)."""
     full = full.clone()
     if q_len % BLOCK:
@@ -81,12 +82,13 @@ def index_grid(batch: int, rows: torch.Tensor, keys: torch.Tensor) -> tuple[torc
 
 
 class Mask:
-    """A resolved mask for one (B, q, k) problem."""
+    """A resolved mask for one (B, q, k) problem. Its BlockMask is kept in `cache` (the MaskSpec's, or
+    one per mask function) under `key`, so the layers of one forward build it once."""
 
     def __init__(self, mask_mod: MaskMod, batch: int, q_len: int, k_len: int, device: torch.device,
-                 block_mask: BlockMask | None = None) -> None:
+                 cache: dict[Any, BlockMask] | None = None, key: Any = None) -> None:
         self.mask_mod, self.batch, self.q_len, self.k_len, self.device = mask_mod, batch, q_len, k_len, device
-        self._given = block_mask
+        self._cache, self._key = ({} if cache is None else cache), (key, batch, q_len, k_len, str(device))
 
     def dense(self, r0: int, r1: int, k0: int = 0, k1: int | None = None) -> torch.Tensor:
         """(B, 1, r1 - r0, k1 - k0) bool for query rows [r0, r1) and key slots [k0, k1)."""
@@ -100,19 +102,19 @@ class Mask:
         full, empty = [], []
         for r0 in range(0, self.q_len, BLOCK):
             allowed = self.dense(r0, min(r0 + BLOCK, self.q_len))[:, 0]
-            allowed = torch.nn.functional.pad(allowed, (0, -self.k_len % BLOCK)).unflatten(-1, (-1, BLOCK))
+            allowed = F.pad(allowed, (0, -self.k_len % BLOCK)).unflatten(-1, (-1, BLOCK))
             full.append(allowed.all(-1).all(-2))
             empty.append(~allowed.any(-1).any(-2))
-        return _tails_partial(torch.stack(full, 1), self.q_len, self.k_len), torch.stack(empty, 1)
+        return tails_partial(torch.stack(full, 1), self.q_len, self.k_len), torch.stack(empty, 1)
 
     def key_span(self, r0: int, r1: int) -> tuple[int, int]:
         """Key slots [lo, hi) outside which rows [r0, r1) see nothing."""
         return 0, self.k_len
 
     def block_mask(self) -> BlockMask:
-        if self._given is None:
-            self._given = to_block_mask(*self.blocks(), self.mask_mod, self.q_len, self.k_len)
-        return self._given
+        if self._key not in self._cache:
+            self._cache[self._key] = to_block_mask(*self.blocks(), self.mask_mod, self.q_len, self.k_len)
+        return self._cache[self._key]
 
 
 class SpecMask(Mask):
@@ -138,7 +140,7 @@ class SpecMask(Mask):
         self.last_slot = torch.tensor(k_size - 1, device=device)
         self._offset_bounds: tuple[int, int] | None = None
         mask_mod = self._causal_mod if spec.causal else self._bidirectional_mod
-        super().__init__(mask_mod, batch, q_size, k_size, device)
+        super().__init__(mask_mod, batch, q_size, k_size, device, cache=spec._block_masks, key=(q_len, k_len))
 
     def _shared(self, b: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         slot = q + self.offset[b]
@@ -155,22 +157,22 @@ class SpecMask(Mask):
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         slots = torch.arange(self.q_len, device=self.device)[None] + self.offset[:, None]
-        slot_lo, slot_hi = _ranges(slots)
-        kv_lo, kv_hi = _ranges(torch.arange(self.k_len, device=self.device)[None])
+        slot_lo, slot_hi = block_ranges(slots)
+        kv_lo, kv_hi = block_ranges(torch.arange(self.k_len, device=self.device)[None])
         d_min = slot_lo[:, :, None] - kv_hi[:, None, :]
         d_max = slot_hi[:, :, None] - kv_lo[:, None, :]
         if self.spec.causal:
             full, empty = (d_min >= 0) & (d_max < self.window), (d_max < 0) | (d_min >= self.window)
         else:
             full, empty = (d_min >= -self.window) & (d_max <= self.window), (d_min > self.window) | (d_max < -self.window)
-        pad_lo, pad_hi = _ranges(self.padding.to(torch.int8))
-        q_docs = _ranges(self.docs.gather(1, slots.clamp(max=self.k_len - 1)))
-        k_docs = _ranges(self.docs)
+        pad_lo, pad_hi = block_ranges(self.padding.to(torch.int8))
+        q_docs = block_ranges(self.docs.gather(1, slots.clamp(max=self.k_len - 1)))
+        k_docs = block_ranges(self.docs)
         one_doc = (q_docs[0] == q_docs[1])[:, :, None] & (k_docs[0] == k_docs[1])[:, None, :]
         full = full & (pad_lo == 1)[:, None, :] & one_doc & (q_docs[0][:, :, None] == k_docs[0][:, None, :])
         empty = empty | (pad_hi == 0)[:, None, :]
         empty = empty | (q_docs[1][:, :, None] < k_docs[0][:, None, :]) | (k_docs[1][:, None, :] < q_docs[0][:, :, None])
-        return _tails_partial(full, self.q_len, self.k_len), empty
+        return tails_partial(full, self.q_len, self.k_len), empty
 
     def key_span(self, r0: int, r1: int) -> tuple[int, int]:
         if torch.compiler.is_compiling():  # the bounds need the offsets as Python ints
@@ -186,13 +188,6 @@ class SpecMask(Mask):
             lo, hi = (0, self.k_len) if window is None else (low + r0 - window, high + r1 + window)
         return max(lo, 0), min(hi, self.k_len)
 
-    def block_mask(self) -> BlockMask:
-        key = (self.batch, self.q_len, self.k_len, self.device)
-        if key not in self.spec._block_masks:  # one per forward, shared by the layers
-            self.spec._block_masks[key] = super().block_mask()
-        return self.spec._block_masks[key]
-
-
 def to_block_mask(full: torch.Tensor, empty: torch.Tensor, mask_mod: MaskMod, q_len: int, k_len: int) -> BlockMask:
     """FlexAttention's BlockMask from (B, q blocks, k blocks) full/empty classifications."""
 
@@ -206,6 +201,10 @@ def to_block_mask(full: torch.Tensor, empty: torch.Tensor, mask_mod: MaskMod, q_
                                     seq_lengths=(q_len, k_len))
 
 
+# A mask function's BlockMask, kept while the function lives (transformers makes one per forward).
+_FUNCTION_BLOCK_MASKS: weakref.WeakKeyDictionary[Callable, dict[Any, BlockMask]] = weakref.WeakKeyDictionary()
+
+
 def resolve(mask: Any, batch: int, q_len: int, k_len: int, device: torch.device,
             padded_to: tuple[int, int] | None = None) -> Mask:
     """Any accepted mask as a `Mask`: a MaskSpec, an index-space mask_mod, a BlockMask, a 4-D bool
@@ -215,25 +214,27 @@ def resolve(mask: Any, batch: int, q_len: int, k_len: int, device: torch.device,
         mask = MaskSpec(causal=False)
     if isinstance(mask, MaskSpec):
         return mask.resolve(batch, q_len, k_len, device, padded_to)
+    cache: dict[Any, BlockMask] = {}
     if isinstance(mask, BlockMask):
         if tuple(mask.seq_lengths) != (q_len, k_len):
             raise PosEncError(f"BlockMask is for {tuple(mask.seq_lengths)} (queries, keys), the inputs are {(q_len, k_len)}")
-        mask_mod, given = mask.mask_mod, mask
+        mask_mod = mask.mask_mod
+        cache[((q_len, k_len), batch, q_len, k_len, str(device))] = mask
     elif isinstance(mask, torch.Tensor):
-        mask_mod, given = _tensor_mod(mask, batch, q_len, k_len), None
+        mask_mod = _tensor_mod(mask, batch, q_len, k_len)
     elif callable(mask):
-        mask_mod, given = mask, None
+        mask_mod, cache = mask, _FUNCTION_BLOCK_MASKS.setdefault(mask, {})
     else:
         raise PosEncError(f"mask must be a MaskSpec, a mask_mod, a BlockMask, a 4-D tensor or None, got {type(mask).__name__}")
     if padded_to is None or padded_to == (q_len, k_len):
-        return Mask(mask_mod, batch, q_len, k_len, device, block_mask=given)
+        return Mask(mask_mod, batch, q_len, k_len, device, cache, key=(q_len, k_len))
     last_row, last_slot = torch.tensor(q_len - 1, device=device), torch.tensor(k_len - 1, device=device)
 
     def padded_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         inside = (q <= last_row) & (kv <= last_slot)
         return inside & mask_mod(b, h, torch.minimum(q, last_row), torch.minimum(kv, last_slot))
 
-    return Mask(padded_mod, batch, *padded_to, device)
+    return Mask(padded_mod, batch, *padded_to, device, cache, key=(q_len, k_len))
 
 
 def _tensor_mod(mask: torch.Tensor, batch: int, q_len: int, k_len: int) -> MaskMod:

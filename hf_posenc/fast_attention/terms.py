@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PosEncError
-from .masks import BLOCK, Mask, _ranges, _tails_partial, plain, resolve
+from .masks import BLOCK, Mask, block_ranges, tails_partial, plain, resolve
 
 BiasMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -45,18 +45,29 @@ class Call:
     dropout: float
     lengths: tuple[int, int] | None = None  # real (q, k) lengths when the tensors are padded past them
 
+    @property
+    def needs_grad(self) -> bool:
+        """Whether autograd will differentiate this call (q, k, v or the term's parameters)."""
+        params = self.bias.parameters() if isinstance(self.bias, torch.nn.Module) else ()
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.query, self.key, self.value, *params))
+
     def resolved_mask(self) -> Mask:
         sizes = (self.query.shape[2], self.key.shape[2])
         real = self.lengths or sizes
         return resolve(self.mask, self.query.shape[0], *real, self.query.device, padded_to=sizes)
 
     def padded(self, q_len: int, k_len: int) -> Call:
-        """The same call on inputs padded to (q_len, k_len); padded rows and key slots are masked."""
+        """The same call on inputs padded to (q_len, k_len); padded rows and key slots are masked.
+        Positions become fresh copies (a flex kernel cannot capture views); q, k, v are copied only
+        when they grow."""
+
+        def grow(x: torch.Tensor, extra: int, dim: int) -> torch.Tensor:
+            return F.pad(x, (0, 0) * (x.dim() - 1 - dim) + (0, extra)) if extra else x
+
         dq, dk = q_len - self.query.shape[2], k_len - self.key.shape[2]
-        rows, slots = (lambda x: F.pad(x, (0, 0, 0, dq))), (lambda x: F.pad(x, (0, 0, 0, dk)))
         return dataclasses.replace(
-            self, query=rows(self.query), key=slots(self.key), value=slots(self.value),
-            q_pos=plain(F.pad(self.q_pos, (0, dq))), k_pos=plain(F.pad(self.k_pos, (0, dk))),
+            self, query=grow(self.query, dq, 2), key=grow(self.key, dk, 2), value=grow(self.value, dk, 2),
+            q_pos=plain(grow(self.q_pos, dq, 1)), k_pos=plain(grow(self.k_pos, dk, 1)),
             lengths=self.lengths or (self.query.shape[2], self.key.shape[2]))
 
     def problem(self) -> Problem:
@@ -66,8 +77,8 @@ class Call:
 
 @dataclass
 class Problem:
-    """What a fused backend runs: (possibly extended) q, k, v, an index-space mask over the key axis,
-    an optional index-space fp32 bias, and how many value dims of the output to keep."""
+    """What a fused backend runs: (possibly extended) q, k, v, an index-space mask over their key axis
+    and an optional index-space fp32 bias `bias_mod(b, h, q_row, key_slot)`."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -76,11 +87,11 @@ class Problem:
     bias_mod: BiasMod | None = None
 
 
-def _plain(bias: Any, query, key, value, q_pos, k_pos, mask: Mask) -> Problem:
+def _no_term(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
     return Problem(query, key, value, mask)
 
 
-def _elementwise(bias: Any, query, key, value, q_pos, k_pos, mask: Mask) -> Problem:
+def _elementwise(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
     def bias_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return bias.score(h, q_pos[b, q], k_pos[b, kv])
 
@@ -96,7 +107,7 @@ def _low_rank(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: f
     return Problem(query, torch.cat((key, k_f.to(key.dtype)), dim=-1), value, mask)
 
 
-def _two_rotations(bias: Any, query, key, value, q_pos, k_pos, mask: Mask) -> Problem:
+def _two_rotations(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
     (q_near, k_near), (q_far, k_far) = bias.rotated_pair(query, key, q_pos, k_pos)
     k_len, dim = key.shape[2], key.shape[-1]
     half = k_len + (-k_len % BLOCK)  # the second copy starts on a block edge: no block mixes copies
@@ -130,34 +141,33 @@ class TwoCopyMask(Mask):
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         full, empty = self.base.blocks()
-        q_lo, q_hi = _ranges(self.q_pos)
-        k_lo, k_hi = _ranges(self.k_pos)
+        q_lo, q_hi = block_ranges(self.q_pos)
+        k_lo, k_hi = block_ranges(self.k_pos)
         all_near = self.bias.near(q_hi[:, :, None], k_lo[:, None, :])
         none_near = ~self.bias.near(q_lo[:, :, None], k_hi[:, None, :])
         full = torch.cat((full & all_near, full & none_near), -1)
         empty = torch.cat((empty | none_near, empty | all_near), -1)
-        return _tails_partial(full, self.q_len, self.k_len), empty
+        return tails_partial(full, self.q_len, self.k_len), empty
 
 
-KINDS: dict[str, Callable[..., Problem]] = {"score": _elementwise, "factors": _low_rank, "rotated_pair": _two_rotations}
+# kind (the method a term's module offers; None: no term) -> how to lay it out for a fused kernel
+KINDS: dict[str | None, Callable[..., Problem]] = {
+    None: _no_term, "score": _elementwise, "factors": _low_rank, "rotated_pair": _two_rotations}
 
 
 def kind_of(bias: Any) -> str | None:
     if bias is None:
         return None
     for name in KINDS:
-        if hasattr(bias, name):
+        if name is not None and hasattr(bias, name):
             return name
-    raise PosEncError(f"{type(bias).__name__} offers none of {', '.join(KINDS)}: not a position term fused attention can run")
+    offered = ", ".join(name for name in KINDS if name)
+    raise PosEncError(f"{type(bias).__name__} offers none of {offered}: not a position term fused attention can run")
 
 
 def prepare(bias: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_pos: torch.Tensor,
             k_pos: torch.Tensor, mask: Mask, scaling: float) -> Problem:
-    kind = kind_of(bias)
-    if kind is None:
-        return _plain(bias, query, key, value, q_pos, k_pos, mask)
-    extra = {"scaling": scaling} if kind == "factors" else {}
-    return KINDS[kind](bias, query, key, value, q_pos, k_pos, mask, **extra)
+    return KINDS[kind_of(bias)](bias, query, key, value, q_pos, k_pos, mask, scaling)
 
 
 def dense_logits(bias: Any, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
