@@ -145,7 +145,7 @@ def reference(bias: torch.nn.Module | None, case: Case, query, key, value) -> to
     else:
         logits = query.double() @ key.double().transpose(-1, -2)
         if bias is not None:
-            logits = logits + bias(case.q_pos, case.k_pos, case.k).double() * math.sqrt(D)
+            logits = logits + bias(case.q_pos, case.k_pos).double() * math.sqrt(D)
     ok = allowed(case)
     weights = (logits / math.sqrt(D)).masked_fill(~ok, float("-inf")).softmax(-1).nan_to_num()
     return (weights @ value.double()).float().transpose(1, 2)

@@ -177,7 +177,7 @@ def dense_logits(bias: Any, query: torch.Tensor, key: torch.Tensor, q_pos: torch
     if kind_of(bias) == "rotated_pair":
         return bias(query, key, q_pos, k_pos).float() * scaling
     logits = (query.float() @ key.float().transpose(-1, -2)) * scaling
-    return logits if bias is None else logits + bias(q_pos, k_pos, key.shape[2])
+    return logits if bias is None else logits + bias(q_pos, k_pos)
 
 
 def pad_value(problem: Problem) -> tuple[torch.Tensor, int]:
