@@ -6,6 +6,8 @@
   (Chi et al. 2022, KERPLE, sec. 4)
 
 Each starts at zero bias unless asked otherwise, so a fresh patch is NoPE and training learns the bias.
+Each is a `RelativeBias`: one elementwise formula `score(head, q_pos, k_pos)` serves the materialised
+(B, H, q, k) tensor and the fused kernels of `hf_posenc.fast_attention`, which evaluate it score by score.
 """
 
 from __future__ import annotations
@@ -23,25 +25,36 @@ from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
 
 
-def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """(B, q, k) query position minus key position."""
-    return q_pos[:, :, None] - k_pos[:, None, :]
+class RelativeBias(nn.Module):
+    """A logit bias given element by element: `score(head, q_pos, k_pos)` takes broadcastable tensors
+    (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it."""
+
+    heads: int
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(B, H, q, k) fp32 bias for (B, q) query and (B, k) key positions."""
+        head = torch.arange(self.heads, device=q_pos.device)[None, :, None, None]
+        return self.score(head, q_pos[:, None, :, None], k_pos[:, None, None, :])
 
 
 def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
     """Half the buckets are exact small distances, the rest grow logarithmically up to max_distance;
-    bidirectional models spend half of them on keys after the query."""
-    bucket = torch.zeros_like(distance)
+    bidirectional models spend half of them on keys after the query. Float arithmetic until the end
+    (exact for integers): the CPU flex kernel miscompiles an int64 `where`."""
+    n, offset = distance.float(), 0.0
     if causal:
-        n = distance.clamp(min=0)
+        n = n.clamp(min=0)
     else:
         num_buckets //= 2
-        bucket = bucket + (distance < 0).long() * num_buckets  # key after query
-        n = distance.abs()
+        offset = (n < 0).float() * num_buckets  # key after query
+        n = n.abs()
     exact = num_buckets // 2
-    log_ratio = torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
-    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
-    return bucket + torch.where(n < exact, n, large)
+    log_ratio = torch.log(n.clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + torch.floor(log_ratio * (num_buckets - exact))).clamp(max=num_buckets - 1)
+    return (offset + torch.where(n < exact, n, large)).long()
 
 
 @dataclass(frozen=True)
@@ -57,19 +70,19 @@ class T5Options:
         check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
 
 
-class T5Bias(nn.Module):
+class T5Bias(RelativeBias):
     def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float) -> None:
         super().__init__()
-        self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
+        self.heads, self.causal, self.num_buckets, self.max_distance = heads, causal, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, heads)
         if init_std:
             nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
         else:
             nn.init.zeros_(self.relative_attention_bias.weight)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        buckets = t5_bucket(relative_distance(q_pos, k_pos), self.causal, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        bucket = t5_bucket(q_pos - k_pos, self.causal, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias.weight[bucket, head].float()
 
 
 class T5(BiasScheme):
@@ -94,11 +107,12 @@ class FireOptions:
         check(self.init in ("zeros", "random"), f"init must be 'zeros' or 'random', got {self.init!r}")
 
 
-class FireBias(nn.Module):
+class FireBias(RelativeBias):
     """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1); c, L learned (kept > 0)."""
 
     def __init__(self, heads: int, hidden: int, c: float, threshold: float, zero_init: bool) -> None:
         super().__init__()
+        self.heads = heads
         self.log_c = nn.Parameter(torch.tensor(math.log(c)))
         self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
@@ -106,14 +120,17 @@ class FireBias(nn.Module):
             nn.init.zeros_(self.mlp[2].weight)
             nn.init.zeros_(self.mlp[2].bias)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         c = self.log_c.float().exp()
-        distance = relative_distance(q_pos, k_pos).abs().float()
-        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())[:, :, None]
-        x = torch.log1p(c * distance) / torch.log1p(c * scale)
+        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())
+        x = torch.log1p(c * (q_pos - k_pos).abs().float()) / torch.log1p(c * scale)
         first, last = self.mlp[0], self.mlp[2]
-        hidden = F.relu(F.linear(x[..., None], first.weight.float(), first.bias.float()))  # fp32 whatever the model dtype
-        return F.linear(hidden, last.weight.float(), last.bias.float()).permute(0, 3, 1, 2)
+        # The one-input MLP unit by unit: a sum over hidden units would be a reduction, which a
+        # score_mod cannot hold; this way the bias stays pointwise (and no (..., hidden) tensor exists).
+        out = last.bias[head].float()
+        for unit in range(first.out_features):
+            out = out + F.relu(x * first.weight[unit, 0].float() + first.bias[unit].float()) * last.weight[head, unit].float()
+        return out
 
 
 class Fire(BiasScheme):
@@ -137,19 +154,18 @@ class KerpleOptions:
         check(self.variant == "log" or self.r2 <= 2, f"power variant needs r2 <= 2, got {self.r2!r}")
 
 
-class KerpleBias(nn.Module):
+class KerpleBias(RelativeBias):
     """Per-head r1, r2 kept positive through a log parametrisation."""
 
     def __init__(self, heads: int, variant: str, r1: float, r2: float) -> None:
         super().__init__()
-        self.variant = variant
+        self.heads, self.variant = heads, variant
         self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
         self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        distance = relative_distance(q_pos, k_pos).abs().float()[:, None]  # (B, 1, q, k)
-        r1 = self.log_r1.float().exp()[:, None, None]
-        r2 = self.log_r2.float().exp()[:, None, None]
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        distance = (q_pos - k_pos).abs().float()
+        r1, r2 = self.log_r1[head].float().exp(), self.log_r2[head].float().exp()
         if self.variant == "log":
             return -r1 * torch.log1p(r2 * distance)
         return -r1 * distance.pow(r2.clamp(max=2.0))
