@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
 
+from hf_posenc import fast_attention
 from hf_posenc.errors import PosEncError
 from hf_posenc.fast_attention import MaskSpec, backends, biased_attention, choose_backend
 from hf_posenc.fast_attention.masks import Mask, resolve
@@ -238,7 +239,15 @@ def test_bfloat16_stays_close_to_float32(backend, term):
     torch.testing.assert_close(got.float(), reference(bias, case, query, key, value), atol=6e-2, rtol=0)
 
 
-def test_auto_picks_flex_for_long_inference_and_chunked_otherwise():
+def test_auto_picks_chunked_on_cpu():
+    case = make_case("causal")
+    with torch.no_grad():
+        assert choose_backend(Call(*inputs(case), case.q_pos, case.k_pos, AlibiBias(H, 8.0), case.spec, 0.25, 0.0)) == "chunked"
+
+
+def test_auto_picks_flex_for_long_inference_where_it_runs_and_chunked_otherwise(monkeypatch):
+    """On a device where auto takes flex (CUDA; CPU stands in for it here)."""
+    monkeypatch.setattr(fast_attention, "FLEX_DEVICES", ("cpu",))
     case = make_case("causal")
     query, key, value = inputs(case)
 
@@ -254,7 +263,7 @@ def test_auto_picks_flex_for_long_inference_and_chunked_otherwise():
     assert pick(query.requires_grad_()) == "chunked"
 
 
-def test_auto_falls_back_to_chunked_when_flex_cannot_compile():
+def test_auto_falls_back_to_chunked_when_flex_cannot_compile(monkeypatch):
     """A bias flex cannot lower (a reduction inside score_mod) is reported once and run chunked."""
 
     class Reduced(AlibiBias):
@@ -266,6 +275,7 @@ def test_auto_falls_back_to_chunked_when_flex_cannot_compile():
             distance = (q_pos - k_pos).abs().float()[..., None]
             return -(torch.relu(distance * self.weights - 3) * self.slopes[head][..., None]).sum(-1)
 
+    monkeypatch.setattr(fast_attention, "FLEX_DEVICES", ("cpu",))
     case = make_case("causal")
     with torch.no_grad(), pytest.warns(UserWarning, match="FlexAttention failed to compile"):
         got = run(Reduced(), case, "auto")
@@ -361,3 +371,147 @@ def test_bad_calls_raise_clear_errors():
     with pytest.raises(PosEncError, match="key_padding covers 5 key slots"):
         biased_attention(query, key, value, q_pos=case.q_pos, k_pos=case.k_pos,
                          mask=MaskSpec(key_padding=torch.ones(B, 5, dtype=torch.bool)))
+
+
+# ------------------------------------------------------------------ wired in: patched models, fused vs dense
+
+from transformers import DynamicCache  # noqa: E402
+
+import hf_posenc as hp  # noqa: E402
+from hf_posenc import attention  # noqa: E402
+from matrix import ATOL, ids, patched  # noqa: E402
+
+FUSED_LABELS = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend"]  # every score / attention scheme
+MODEL_GREEDY = dict(do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0,
+                    eos_token_id=None, max_new_tokens=4)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Query blocks of 4 rows: short inputs cross several blocks, each with its own key span."""
+    monkeypatch.setattr(backends, "CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr(backends, "MIN_CHUNK", 4)
+
+
+def on(backend: str, run):
+    with attention.attention_backend(backend):
+        return run()
+
+
+def assert_fused_equals_dense(run, atol: float = ATOL) -> None:
+    dense, fused = on("dense", run), on("chunked", run)
+    for got, expected in zip(fused if isinstance(fused, tuple) else (fused,),
+                             dense if isinstance(dense, tuple) else (dense,), strict=True):
+        torch.testing.assert_close(got, expected, atol=atol, rtol=1e-4)
+
+
+def counted_chunked_calls(monkeypatch) -> list:
+    calls, original = [], fast_attention.BACKENDS["chunked"]
+    monkeypatch.setitem(fast_attention.BACKENDS, "chunked", lambda call: calls.append(call) or original(call))
+    return calls
+
+
+def left_padded() -> tuple[torch.Tensor, torch.Tensor]:
+    batch = ids(batch=2, length=14, seed=3)
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    return batch, mask
+
+
+@pytest.mark.parametrize("label", FUSED_LABELS)
+def test_fused_path_equals_dense_on_a_patched_model(label, small_chunks, monkeypatch):
+    """The rows that matter, forced onto the chunked backend, against the materialised reference:
+    left padding, packed rows with restarting position_ids, a ready 4-D float mask, cached prefill +
+    decode steps, and greedy generate with the dynamic and the static cache on a left-padded batch.
+    Logits at padding positions are left out: those rows see no key (fused: zero output, dense: uniform
+    weights) and nothing reads them."""
+    model = patched("llama", label)
+    batch, mask = left_padded()
+    packed = torch.cat([torch.arange(n) for n in (5, 4, 6)])[None]
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor([5, 4, 6]))
+    allowed = (doc[:, None] == doc[None, :]) & torch.ones(15, 15, dtype=torch.bool).tril()
+    floats = torch.zeros(1, 1, 15, 15).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    tokens = ids(batch=1, length=15, seed=4)
+
+    def cached():
+        cache = DynamicCache(config=model.config)
+        first = model(batch[:, :10], attention_mask=mask[:, :10], past_key_values=cache).logits
+        rest = model(batch[:, 10:], attention_mask=mask, past_key_values=cache).logits
+        return first * mask[:, :10, None], rest
+
+    def generate(kind: str):
+        def run():
+            out = model.generate(batch, attention_mask=mask, cache_implementation=kind, **MODEL_GREEDY)
+            return (out.sequences.float(), *out.scores)
+        return run
+
+    with torch.no_grad():
+        assert_fused_equals_dense(lambda: model(batch, attention_mask=mask).logits * mask[..., None])
+        assert_fused_equals_dense(lambda: model(tokens, position_ids=packed, use_cache=False).logits)
+        assert_fused_equals_dense(lambda: model(tokens, attention_mask=floats).logits)
+        assert_fused_equals_dense(cached)
+        assert_fused_equals_dense(generate("dynamic"), atol=1e-4)
+        assert_fused_equals_dense(generate("static"), atol=1e-4)
+    # The fused run is not the dense one in disguise: the backend really ran.
+    calls = counted_chunked_calls(monkeypatch)
+    with torch.no_grad(), attention.attention_backend("chunked"):
+        model(batch, attention_mask=mask)
+    assert len(calls) == model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("label", ["t5", "fire", "kerple", "untied"])
+def test_fused_gradients_equal_dense(label, small_chunks):
+    """Training a learned bias on the fused path gives the reference gradients (left-padded batch)."""
+    model = patched("llama", label).train()
+    batch, mask = left_padded()
+    params = [p for name, p in model.named_parameters() if "posenc" in name]
+    assert params
+
+    # No loss on padding, nor on the first real token, which the last padding position predicts.
+    after_padding = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=1) == 0
+    labels = batch.masked_fill((mask == 0) | after_padding, -100)
+
+    def grads():
+        model.zero_grad()
+        model(batch, attention_mask=mask, labels=labels).loss.backward()
+        return tuple(p.grad.clone() for p in params)
+
+    assert_fused_equals_dense(grads, atol=1e-5)
+
+
+def test_fused_path_survives_save_and_reload(tmp_path, small_chunks):
+    model = patched("llama", "t5")
+    batch, mask = left_padded()
+    model.save_pretrained(tmp_path)
+    loaded = hp.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        expected = on("dense", lambda: model(batch, attention_mask=mask).logits * mask[..., None])
+        torch.testing.assert_close(on("chunked", lambda: loaded(batch, attention_mask=mask).logits * mask[..., None]), expected,
+                                   atol=ATOL, rtol=1e-4)
+
+
+def test_auto_uses_dense_below_the_threshold_and_fused_above(monkeypatch):
+    model = patched("llama", "alibi")
+    calls = counted_chunked_calls(monkeypatch)
+    with torch.no_grad(), attention.attention_backend("auto"):
+        model(ids(batch=1, length=12))
+        assert not calls
+        monkeypatch.setattr(attention, "DENSE_BELOW", 8)
+        model(ids(batch=1, length=12))
+    assert len(calls) == model.config.num_hidden_layers
+
+
+def test_an_additive_float_mask_stays_dense_under_auto_and_is_refused_when_forced(monkeypatch):
+    model = patched("llama", "alibi")
+    additive = torch.zeros(1, 1, 12, 12).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), -1e9)
+    additive[..., 3] = -2.0  # a soft penalty, not a mask: only the materialised sum keeps it
+    tokens = ids(batch=1, length=12)
+    monkeypatch.setattr(attention, "DENSE_BELOW", 1)
+    with torch.no_grad():
+        expected = on("dense", lambda: model(tokens, attention_mask=additive).logits)
+        torch.testing.assert_close(on("auto", lambda: model(tokens, attention_mask=additive).logits), expected)
+        with pytest.raises(PosEncError, match="needs HF_POSENC_ATTENTION=dense or auto"):
+            on("chunked", lambda: model(tokens, attention_mask=additive))
+    with pytest.raises(PosEncError, match="choose one of auto, dense, chunked"):
+        with attention.attention_backend("fast"):
+            pass

@@ -7,9 +7,12 @@
 `bias` is the scheme's module (`scheme.module(options, facts)`: AlibiBias, T5Bias, FireBias, KerpleBias,
 UntiedBias, SelfExtendAttention) or None; the same maths feeds every backend (see `terms`). Backends:
 `flex` (FlexAttention, compiled once), `chunked` (query blocks + fused sdpa, no compiler), `dense`
-(the materialised reference), `flash_alibi` (flash-attn's native ALiBi on CUDA). `auto` takes
-flash_alibi where it applies, else flex where it can run (on CPU: inference only, torch has no CPU flex
-backward), else chunked; a flex compile failure is reported once and falls back to chunked.
+(the materialised reference), `flash_alibi` (flash-attn's native ALiBi on CUDA, Dao 2023). `auto` takes
+flash_alibi where it applies, else flex on CUDA/XPU, else chunked; a flex compile failure is reported once
+and falls back to chunked. Not flex on CPU by default: there its first call per (term, mask, length
+bucket) compiles for 10-18 s, and it then beats chunked by only ~0.4 s per 8k-token ALiBi call (0.59 s
+against 1.01 s, one thread), so a compile pays off after dozens of same-shaped calls; it has no CPU
+backward either. `backend="flex"` still runs it there.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 from ..errors import PosEncError
 from . import backends
 from .masks import BLOCK, MaskSpec
-from .terms import Call
+from .terms import KINDS, Call
 
-__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend"]
+__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend", "runs"]
 
 BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "flex": backends.flex,
@@ -33,7 +36,7 @@ BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "dense": backends.dense,
     "flash_alibi": backends.flash_alibi,
 }
-FLEX_DEVICES = ("cuda", "cpu", "xpu")
+FLEX_DEVICES = ("cuda", "xpu")  # where `auto` takes flex (see the module docstring for CPU)
 FLEX_ERRORS = (TorchDynamoException, FailOnRecompileLimitHit)
 _flex_failed: set[tuple[str, str]] = set()  # (device type, bias type) whose flex compile failed here
 
@@ -90,6 +93,11 @@ def choose_backend(call: Call) -> str:
     if backends.flash_alibi_applies(call):
         return "flash_alibi"
     return "flex" if _flex_runs(call) else "chunked"
+
+
+def runs(term: Any) -> bool:
+    """Whether a position term (a scheme's module, or None) has a form the fused backends run."""
+    return term is None or any(name is not None and hasattr(term, name) for name in KINDS)
 
 
 def _flex_runs(call: Call) -> bool:

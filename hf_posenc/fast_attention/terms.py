@@ -8,7 +8,9 @@ kind, found by the method the scheme's module offers:
 - `rotated_pair(query, key, q_pos, k_pos)` (self_extend): two rotations of the same q and k. Keys are
   laid out twice, [true-rotated | grouped-rotated], with q = [q_true, q_grouped] and zeros in the other
   half of each key, and the mask lets a query see the first copy of a key inside the window and the
-  second beyond it: one softmax over both copies is exactly Self-Extend (Jin et al. 2024, eq. 3-4).
+  second beyond it: one softmax over both copies is exactly Self-Extend (Jin et al. 2024, eq. 3-4);
+- `transformed(query, key, q_pos, k_pos)` (xpos): q and k rotated and decayed separately, so plain
+  attention on them is the scheme (Sun et al. 2022); kept in fp32, as the decay spans many decades.
 
 `dense_logits` gives each kind's materialised (B, H, q, k) logits from the scheme's own forward, the
 reference the fused forms are tested against.
@@ -150,9 +152,17 @@ class TwoCopyMask(Mask):
         return tails_partial(full, self.q_len, self.k_len), empty
 
 
+def _transformed(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
+    groups = query.shape[1] // key.shape[1]
+    query, key = bias.transformed(query, key.repeat_interleave(groups, dim=1), q_pos, k_pos)
+    return Problem(query, key, value.repeat_interleave(groups, dim=1).float(), mask)
+
+
 # kind (the method a term's module offers; None: no term) -> how to lay it out for a fused kernel
 KINDS: dict[str | None, Callable[..., Problem]] = {
-    None: _no_term, "score": _elementwise, "factors": _low_rank, "rotated_pair": _two_rotations}
+    None: _no_term, "score": _elementwise, "factors": _low_rank, "rotated_pair": _two_rotations,
+    "transformed": _transformed}
+LOGIT_KINDS = ("rotated_pair", "transformed")  # the module's forward gives the q.k logits, not a bias
 
 
 def kind_of(bias: Any) -> str | None:
@@ -174,7 +184,7 @@ def dense_logits(bias: Any, query: torch.Tensor, key: torch.Tensor, q_pos: torch
                  scaling: float) -> torch.Tensor:
     """(B, H, q, k) fp32 logits, materialised the way the scheme's module computes them (keys already
     repeated to the query heads)."""
-    if kind_of(bias) == "rotated_pair":
+    if kind_of(bias) in LOGIT_KINDS:
         return bias(query, key, q_pos, k_pos).float() * scaling
     logits = (query.float() @ key.float().transpose(-1, -2)) * scaling
     return logits if bias is None else logits + bias(q_pos, k_pos)
