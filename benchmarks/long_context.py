@@ -1,21 +1,19 @@
-"""Long inputs with position terms (issue 12): peak memory and time of one forward at 2k-32k tokens,
-stock sdpa (causal, RoPE, no bias) against every bias scheme on every `hf_posenc.fast_attention`
-backend, each configuration in a fresh process.
+"""Long inputs with position terms (issue 12): peak memory and time of one forward, patched / stock sdpa,
+each configuration in a fresh process, through `hp.patch` as a user runs it.
 
-- `layer`: one attention call, B=1, 4 heads of 64;
-- `model`: a tiny Llama (2 layers, d=256, 4 heads, vocab 1024, no LM head) whose attention function
-  calls `biased_attention` with the scheme's own module (`scheme.module(options, facts)`, default
-  options) and a `MaskSpec` from its mask function; rotation switched off as `patch` does. (The patch
-  itself does not route through fast_attention yet: that is issue 12 phase B.)
+- `forward`: the tiny Llama (2 layers, d=256, 4 heads, vocab 1024, base model: no LM head) at 2k-32k
+  tokens and SmolLM2-135M (base model) at 2k/8k; stock (RoPE, sdpa) against every score- and
+  attention-site scheme (default options) on the default backend (`auto`) and, up to 8k, on the
+  materialised reference (`HF_POSENC_ATTENTION=dense`, what every patch ran before issue 12).
+- `throughput`: ALiBi prefill tokens/s of a 2k prompt and decode tokens/s of 32 tokens after it (KV
+  cache), tiny Llama, stock vs patched.
 
-A child runs one warm-up forward (at the measured length for flex, which compiles there: `warmup_s`;
-2k for the others), resets the RSS high-water mark (/proc/self/clear_refs), runs the timed forward and
-reads `resource.getrusage(...).ru_maxrss` (`peak_mb`; `forward_mb` is the part above the RSS just before
-the forward; large tensors are mmapped so freed memory leaves RSS). One torch thread per child. Dense runs stop at 8k (their (L, L) tensors would not fit), and a
-run whose 16k time predicts more than `--max-seconds` at 32k is skipped; both are recorded with the reason.
+A child runs a warm-up forward at 1k, resets the RSS high-water mark (/proc/self/clear_refs), runs the
+timed forward and reads `ru_maxrss` (`peak_mb`). Large tensors are mmapped (MALLOC_MMAP_THRESHOLD_),
+so freed memory leaves RSS and the high-water mark is this forward's. One torch thread per child.
 
-Run: `.venv/bin/python benchmarks/long_context.py` (about an hour on 2 CPU cores); results in
-benchmarks/results/long_context.json and long_context.png.
+Run: `.venv/bin/python benchmarks/long_context.py` (~15 min on 2 shared cores); writes
+benchmarks/results/long_context.{json,png,md}.
 """
 
 from __future__ import annotations
@@ -29,114 +27,87 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 OUT = Path(__file__).parent / "results" / "long_context.json"
-SCHEMES = ["alibi", "t5", "fire", "kerple", "untied", "self_extend"]
-BACKENDS = ["flex", "chunked", "dense"]
-LENGTHS = [2048, 8192, 16384, 32768]
-DENSE_LIMIT = 8192
-WARMUP_LENGTH = 2048
-HEADS, HEAD_DIM, HIDDEN = 4, 64, 256
+SCHEMES = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend"]
+LENGTHS = {"tiny-llama": [2048, 8192, 16384, 32768], "smollm2": [2048, 8192]}
+DENSE_LENGTHS = [2048, 8192]  # the materialised reference: (1, H, L, L) fp32 tensors beyond that
+DENSE_SCHEMES = ["alibi", "t5"]
+WARMUP_LENGTH = 1024
+VOCAB = 1024
 
 
-def tiny_llama() -> torch.nn.Module:
+def tiny_llama(length: int) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                                      num_hidden_layers=2, intermediate_size=4 * HIDDEN, vocab_size=1024,
-                                      max_position_embeddings=max(LENGTHS))
+    config = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4,
+                                      num_hidden_layers=2, intermediate_size=1024, vocab_size=VOCAB,
+                                      max_position_embeddings=max(length, 2048))
     return transformers.AutoModel.from_config(config, attn_implementation="sdpa").eval()
 
 
-def scheme_module(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
-    """The module `patch` would install for `scheme` on this model, with default options."""
-    from hf_posenc.registry import adapter_for, get_scheme
+def smollm2(length: int) -> torch.nn.Module:
+    from hf_posenc.loading import load_model
 
-    spec, facts = get_scheme(scheme), adapter_for(model).facts(model)
-    return spec.module(spec.resolve(spec.validate({}), facts), facts)
+    return load_model("smollm2", task="base", dtype=torch.float32, attn_implementation="sdpa")
 
 
-def use_fast_attention(model: torch.nn.Module, bias: torch.nn.Module, backend: str) -> None:
-    """Route the model's attention through biased_attention (no cache: positions are 0..L-1)."""
-    from hf_posenc import compat
-    from hf_posenc.fast_attention import MaskSpec, biased_attention
-    from hf_posenc.schemes.rope import Rotary
-
-    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        positions = torch.arange(query.shape[2], device=query.device)[None].expand(query.shape[0], -1)
-        return biased_attention(query, key, value, q_pos=positions, k_pos=positions, bias=bias, mask=attention_mask,
-                                scaling=scaling, backend=backend)
-
-    def mask(*args: Any, **kwargs: Any) -> MaskSpec:
-        return MaskSpec(causal=True)
-
-    compat.register_attention("bench_fast_attention", attention, mask)
-    compat.set_attn_implementation(model, "bench_fast_attention")
-    model.rotary_emb = Rotary(HEAD_DIM, {}, 0.0, max(LENGTHS))  # cos=1, sin=0: the scheme carries positions
+MODELS: dict[str, Callable[[int], torch.nn.Module]] = {"tiny-llama": tiny_llama, "smollm2": smollm2}
 
 
-def build(level: str, scheme: str, backend: str):
-    """`make(length)` -> a zero-argument forward on fresh inputs of that length."""
-    from hf_posenc.fast_attention import MaskSpec, biased_attention
+def patched(model_name: str, scheme: str, length: int) -> torch.nn.Module:
+    import hf_posenc as hp
 
-    model = tiny_llama()
-    bias = None if scheme == "stock" else scheme_module(model, scheme)
-    if level == "model":
-        if bias is not None:
-            use_fast_attention(model, bias, backend)
-
-        def make_model(length: int):
-            ids = torch.randint(0, 1024, (1, length))
-            return lambda: model(ids, use_cache=False).last_hidden_state
-
-        return make_model
-
-    def make_layer(length: int):
-        q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM) for _ in range(3))
-        positions = torch.arange(length)[None]
-        if bias is None:  # as transformers' sdpa attention function returns it
-            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous()
-        return lambda: biased_attention(q, k, v, q_pos=positions, k_pos=positions, bias=bias, mask=MaskSpec(),
-                                        backend=backend)[0]
-
-    return make_layer
+    model = MODELS[model_name](length)
+    return model if scheme == "stock" else hp.patch(model, scheme)
 
 
-def child(level: str, scheme: str, backend: str, length: int) -> dict[str, float]:
-    """Warm-up forward (at the same length for flex, which compiles a kernel per padded length), then
-    the measured one; the RSS high-water mark is reset in between."""
+def forward_child(model_name: str, scheme: str, length: int) -> dict[str, float]:
+    model = patched(model_name, scheme, length)
+    vocab = model.config.vocab_size
     with torch.no_grad():
-        make = build(level, scheme, backend)
-        warmup = make(length if backend == "flex" else min(length, WARMUP_LENGTH))
-        t0 = time.perf_counter()
-        warmup()
-        warmup_s = time.perf_counter() - t0
-        del warmup
-        forward = make(length)
-        before = rss_mb()
+        model(torch.randint(0, vocab, (1, WARMUP_LENGTH)), use_cache=False)
+        ids = torch.randint(0, vocab, (1, length))
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark now starts here
         t0 = time.perf_counter()
-        forward()
+        model(ids, use_cache=False)
         seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": round(seconds, 3), "warmup_s": round(warmup_s, 3), "peak_mb": round(peak, 1),
-            "forward_mb": round(peak - before, 1)}
+    return {"seconds": round(seconds, 3), "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def rss_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+def throughput_child(model_name: str, scheme: str, length: int, new: int = 32) -> dict[str, float]:
+    """Prefill tokens/s of a `length` prompt, then decode tokens/s of `new` greedy steps (median of 3)."""
+    from transformers import DynamicCache
+
+    model = patched(model_name, scheme, length)
+    ids = torch.randint(0, model.config.vocab_size, (1, length))
+    prefill, decode = [], []
+    with torch.no_grad():
+        for _ in range(3):
+            cache = DynamicCache(config=model.config)
+            t0 = time.perf_counter()
+            out = model(ids, past_key_values=cache)
+            prefill.append(length / (time.perf_counter() - t0))
+            del out
+            token = ids[:, -1:]  # any token: the cost is what counts
+            t0 = time.perf_counter()
+            for _ in range(new):
+                model(token, past_key_values=cache)
+            decode.append(new / (time.perf_counter() - t0))
+    return {"prefill_tok_s": round(sorted(prefill)[1], 1), "decode_tok_s": round(sorted(decode)[1], 1)}
+
+
+CHILDREN = {"forward": forward_child, "throughput": throughput_child}
 
 
 def run_child(config: dict[str, Any], timeout: float, threads: int) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", json.dumps(config)]
-    # Tensors above 64 kB mmapped and unmapped on free: RSS then follows live memory instead of what
-    # malloc keeps from earlier forwards, so the reset high-water mark is this forward's peak.
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MALLOC_MMAP_THRESHOLD_": "65536",
+           "HF_POSENC_ATTENTION": config["backend"]}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -146,26 +117,57 @@ def run_child(config: dict[str, Any], timeout: float, threads: int) -> dict[str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def skip_reason(config: dict[str, Any], results: list[dict[str, Any]], max_seconds: float) -> str | None:
-    length = config["length"]
-    if config["backend"] == "dense" and length > DENSE_LIMIT:
-        gb = 3 * HEADS * length**2 * 4 / 1e9
-        return f"dense materialises (1, {HEADS}, L, L) fp32 logits, weights and mask: ~{gb:.0f} GB at {length}"
-    same = (config["level"], config["scheme"], config["backend"], length // 2)
-    half = next((r for r in results if (r["level"], r["scheme"], r["backend"], r["length"]) == same and "seconds" in r), None)
-    if length == max(LENGTHS) and half is not None and 4 * half["seconds"] > max_seconds:
-        return f"predicted {4 * half['seconds']:.0f} s per forward (4x the {length // 2} run) > {max_seconds:.0f} s budget"
-    return None
+def configs(models: list[str], schemes: list[str], throughput: bool) -> list[dict[str, Any]]:
+    runs = []
+    for model in models:
+        for length in LENGTHS[model]:
+            runs.append({"kind": "forward", "model": model, "scheme": "stock", "backend": "auto", "length": length})
+            runs += [{"kind": "forward", "model": model, "scheme": s, "backend": "auto", "length": length} for s in schemes]
+            if length in DENSE_LENGTHS:
+                runs += [{"kind": "forward", "model": model, "scheme": s, "backend": "dense", "length": length}
+                         for s in DENSE_SCHEMES if s in schemes]
+    if throughput:
+        runs += [{"kind": "throughput", "model": "tiny-llama", "scheme": s, "backend": "auto", "length": 2048}
+                 for s in ("stock", "alibi")]
+    return runs
 
 
 def with_ratios(results: list[dict[str, Any]]) -> None:
-    stock = {(r["level"], r["length"]): r for r in results if r["scheme"] == "stock" and "seconds" in r}
+    stock = {(r["kind"], r["model"], r["length"]): r for r in results if r["scheme"] == "stock" and "skipped" not in r}
     for r in results:
-        base = stock.get((r["level"], r["length"]))
-        if base is not None and "seconds" in r and r["scheme"] != "stock":
+        base = stock.get((r["kind"], r["model"], r["length"]))
+        if base is None or r["scheme"] == "stock" or "skipped" in r:
+            continue
+        if r["kind"] == "forward":
             r["time_ratio"] = round(r["seconds"] / base["seconds"], 2)
             r["memory_ratio"] = round(r["peak_mb"] / base["peak_mb"], 2)
             r["extra_mb"] = round(r["peak_mb"] - base["peak_mb"], 1)
+        else:
+            r["prefill_ratio"] = round(base["prefill_tok_s"] / r["prefill_tok_s"], 2)  # time per token, patched / stock
+            r["decode_ratio"] = round(base["decode_tok_s"] / r["decode_tok_s"], 2)
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """Memory and time ratios, patched / stock, one row per (model, scheme, backend), a column per length."""
+    forward = [r for r in results if r["kind"] == "forward" and r["scheme"] != "stock"]
+    rows = list(dict.fromkeys((r["model"], r["scheme"], r["backend"]) for r in forward))
+    lengths = sorted({r["length"] for r in forward})
+    head = "| model | scheme | backend | " + " | ".join(f"{n // 1024}k mem / time" for n in lengths) + " |"
+    lines = [head, "|" + "---|" * (3 + len(lengths))]
+    for model, scheme, backend in rows:
+        cells = []
+        for n in lengths:
+            r = next((r for r in forward if (r["model"], r["scheme"], r["backend"], r["length"]) == (model, scheme, backend, n)), None)
+            cells.append("" if r is None else "skipped" if "skipped" in r else f"{r['memory_ratio']}x / {r['time_ratio']}x")
+        lines.append(f"| {model} | {scheme} | {backend} | " + " | ".join(cells) + " |")
+    stock = [r for r in results if r["kind"] == "forward" and r["scheme"] == "stock" and "skipped" not in r]
+    lines.append("\nStock sdpa: " + ", ".join(f"{r['model']} {r['length'] // 1024}k {r['peak_mb']:.0f} MB {r['seconds']:.2f} s"
+                                             for r in stock))
+    for r in results:
+        if r["kind"] == "throughput" and r["scheme"] != "stock" and "skipped" not in r:
+            lines.append(f"\n{r['scheme']} at {r['length'] // 1024}k, {r['model']}: prefill {r['prefill_tok_s']} tok/s "
+                         f"({r['prefill_ratio']}x stock time), decode {r['decode_tok_s']} tok/s ({r['decode_ratio']}x)")
+    return "\n".join(lines) + "\n"
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -174,24 +176,19 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = sorted({r["level"] for r in results})
-    fig, axes = plt.subplots(len(levels), 2, figsize=(12, 4.5 * len(levels)), squeeze=False)
-    styles = {"flex": "-", "chunked": "--", "dense": ":"}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = dict(zip(SCHEMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for row, level in enumerate(levels):
-        for col, (key, label) in enumerate([("memory_ratio", "peak RSS / stock"), ("time_ratio", "time / stock")]):
-            ax = axes[row][col]
-            for scheme in SCHEMES:
-                for backend in BACKENDS:
-                    points = sorted((r["length"], r[key]) for r in results if r["level"] == level
-                                    and r["scheme"] == scheme and r["backend"] == backend and key in r)
-                    if points:
-                        ax.plot(*zip(*points), styles[backend], marker="o", color=colors[scheme],
-                                label=f"{scheme} ({backend})")
-            ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel=label, title=f"{level}: {label}")
-            ax.set_xticks(LENGTHS, [f"{n // 1024}k" for n in LENGTHS])
-    axes[0][1].legend(fontsize=7, ncol=2)
+    for ax, (key, label) in zip(axes, [("memory_ratio", "peak RSS / stock"), ("time_ratio", "time / stock")]):
+        for scheme in SCHEMES:
+            for backend, style in (("auto", "-"), ("dense", ":")):
+                points = sorted((r["length"], r[key]) for r in results if r["kind"] == "forward" and r["model"] == "tiny-llama"
+                                and r["scheme"] == scheme and r["backend"] == backend and key in r)
+                if points:
+                    ax.plot(*zip(*points), style, marker="o", color=colors[scheme], label=f"{scheme} ({backend})")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel=label, title=f"tiny Llama, one forward: {label}")
+        ax.set_xticks(LENGTHS["tiny-llama"], [f"{n // 1024}k" for n in LENGTHS["tiny-llama"]])
+    axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -199,38 +196,30 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--levels", default="layer,model")
+    parser.add_argument("--models", default=",".join(LENGTHS))
     parser.add_argument("--schemes", default=",".join(SCHEMES))
-    parser.add_argument("--backends", default=",".join(BACKENDS))
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    parser.add_argument("--max-seconds", type=float, default=180.0, help="budget of one 32k forward")
+    parser.add_argument("--no-throughput", action="store_true")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per child; 1 because oversubscribed cores make 2 OpenMP threads ~9x slower")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.child:
         config = json.loads(args.child)
-        print(json.dumps(child(config["level"], config["scheme"], config["backend"], config["length"])))
+        print(json.dumps(CHILDREN[config["kind"]](config["model"], config["scheme"], config["length"])))
         return
-    configs = [{"level": level, "scheme": "stock", "backend": "sdpa", "length": n}
-               for level in args.levels.split(",") for n in map(int, args.lengths.split(","))]
-    configs += [{"level": level, "scheme": s, "backend": b, "length": n} for level in args.levels.split(",")
-                for s in args.schemes.split(",") for b in args.backends.split(",") for n in map(int, args.lengths.split(","))]
     results: list[dict[str, Any]] = []
-    for config in configs:
-        reason = skip_reason(config, results, args.max_seconds)
-        outcome = {"skipped": reason} if reason else run_child(config, max(3 * args.max_seconds, 600), args.threads)
-        results.append({**config, **outcome})
+    for config in configs(args.models.split(","), args.schemes.split(","), not args.no_throughput):
+        results.append({**config, **run_child(config, args.timeout, args.threads)})
         print(json.dumps(results[-1]), flush=True)
     with_ratios(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs, {args.threads} torch thread(s)",
-        "torch": torch.__version__,
-        "setup": {"layer": f"B=1, {HEADS} heads x {HEAD_DIM}", "model": f"Llama 2 layers, d={HIDDEN}, {HEADS} heads, vocab 1024"},
-        "results": results}, indent=1))
+        "torch": torch.__version__, "results": results}, indent=1))
+    args.out.with_suffix(".md").write_text(markdown(results))
     plot(results, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    print(markdown(results))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
 - `flex`: torch's FlexAttention, compiled once per process and reused (automatic dynamic shapes: the
   first length compiles a static kernel, the second a dynamic one that serves every later length);
 - `chunked`: no compiler; query blocks of bounded size, each with its bias and mask built for that
-  block only and the keys it can see (memory O(L * chunk)), run by fused sdpa; recomputed in backward;
+  block only and the keys it can see (memory O(L * chunk)), run by fused sdpa; recomputed in backward.
+  Where positions step by one and the mask is a band of slot distances (no padding or packing), a
+  bias of the distance alone (ALiBi, T5, KERPLE) makes each block a Toeplitz matrix: it is built as a
+  strided view of H x (rows + keys) values, with the block's rows reversed so the view's strides are
+  positive -- no (rows, keys) tensor is computed at all. No bias and a plain causal mask: one sdpa call;
 - `dense`: the materialised reference (the scheme's own (B, H, q, k) bias, fp32 softmax);
 - `flash_alibi`: flash-attn's native ALiBi (CUDA, fp16/bf16 only; untested on this CPU-only machine).
 """
@@ -20,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 from torch.utils.checkpoint import checkpoint
 
-from .masks import BLOCK, Mask, MaskSpec, index_grid
+from .masks import BLOCK, NO_WINDOW, Mask, MaskSpec, SpecMask, index_grid
 from .terms import Call, Problem, dense_logits, pad_value
 
 CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
@@ -68,19 +72,63 @@ def chunked(call: Call) -> torch.Tensor:
     value, width = pad_value(problem)
     query, key, mask = problem.query, problem.key, problem.mask
     batch, heads, q_len, _ = query.shape
+    band = distance_band(problem, call)
+    gqa = query.shape[1] != key.shape[1]
+    if problem.bias_mod is None and band is not None and band[1:] == (None, True) and (band[0] == 0 or q_len == 1):
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling, is_causal=q_len > 1,
+                                              enable_gqa=gqa)[..., :width]
     rows = chunk_rows(batch, heads, key.shape[2])
     grad = call.needs_grad
     outs = []
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
-        block = functools.partial(_rows, problem, mask, key, value, scaling, dropout, r0, r1)
+        run = _band_rows if band is not None else _rows
+        block = functools.partial(run, problem, mask, band, key, value, scaling, dropout, r0, r1)
         # Recomputing each block in backward keeps its bias out of the autograd graph: O(L * chunk) there too.
         outs.append(checkpoint(block, query[:, :, r0:r1], use_reentrant=False) if grad else block(query[:, :, r0:r1]))
     return torch.cat(outs, dim=2)[..., :width]
 
 
-def _rows(problem: Problem, mask: Mask, key: torch.Tensor, value: torch.Tensor, scaling: float, dropout: float,
-          r0: int, r1: int, query: torch.Tensor) -> torch.Tensor:
+def distance_band(problem: Problem, call: Call) -> tuple[int, int | None, bool] | None:
+    """The mask's slot band (see `SpecMask.band`) when the position term is a function of the distance
+    alone (or absent) and positions are slots plus a constant per row, so position and slot distances
+    agree; else None."""
+    if problem.bias_mod is not None and problem.by_distance is None:
+        return None
+    band = problem.mask.band() if isinstance(problem.mask, SpecMask) else None
+    if band is None or problem.bias_mod is None:
+        return band
+    q_pos, k_pos = problem.positions
+    start = k_pos[:, :1]
+    steps = torch.arange(k_pos.shape[1], device=k_pos.device)
+    if not bool((k_pos - start == steps).all() and (q_pos - start == band[0] + steps[: q_pos.shape[1]]).all()):
+        return None
+    return band
+
+
+def _band_rows(problem: Problem, mask: Mask, band: tuple[int, int | None, bool], key: torch.Tensor,
+               value: torch.Tensor, scaling: float, dropout: float, r0: int, r1: int, query: torch.Tensor) -> torch.Tensor:
+    """Rows [r0, r1) through the Toeplitz view: row i of the reversed block and key j are at slot
+    distance top - (i + j), so value m of one (H, rows + keys - 1) row serves every (i, j) with i + j = m."""
+    offset, window, causal = band
+    lo, hi = mask.key_span(r0, r1)
+    top = offset + r1 - 1 - lo
+    distance = top - torch.arange(r1 - r0 + hi - lo - 1, device=query.device)
+    allowed = (distance >= 0) & (distance < (window or NO_WINDOW)) if causal else distance.abs() <= (window or NO_WINDOW)
+    if problem.by_distance is None:
+        values = torch.zeros(1, distance.shape[0], dtype=query.dtype, device=query.device)
+    else:
+        heads = torch.arange(query.shape[1], device=query.device)[:, None]
+        values = problem.by_distance(heads, distance[None]).to(query.dtype)
+    values = values.masked_fill(~allowed, torch.finfo(query.dtype).min)
+    out = F.scaled_dot_product_attention(query.flip(2), key[:, :, lo:hi], value[:, :, lo:hi],
+                                         attn_mask=values.unfold(-1, hi - lo, 1)[None], dropout_p=dropout,
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.flip(2)
+
+
+def _rows(problem: Problem, mask: Mask, band: None, key: torch.Tensor, value: torch.Tensor, scaling: float,
+          dropout: float, r0: int, r1: int, query: torch.Tensor) -> torch.Tensor:
     lo, hi = mask.key_span(r0, r1)
     if hi <= lo:
         return query.new_zeros(*query.shape[:3], value.shape[-1])

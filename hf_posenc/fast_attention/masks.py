@@ -138,6 +138,7 @@ class SpecMask(Mask):
         self.padding = plain(F.pad(padding.to(device, torch.bool).expand(batch, -1), (0, k_size - k_len), value=False))
         self.docs = plain(F.pad(docs.to(device, torch.long).expand(batch, -1), (0, k_size - k_len), value=-1))
         self.last_slot = torch.tensor(k_size - 1, device=device)
+        self._grown = (q_size, k_size) != (q_len, k_len)
         self._offset_bounds: tuple[int, int] | None = None
         mask_mod = self._causal_mod if spec.causal else self._bidirectional_mod
         super().__init__(mask_mod, batch, q_size, k_size, device, cache=spec._block_masks, key=(q_len, k_len))
@@ -174,12 +175,27 @@ class SpecMask(Mask):
         empty = empty | (q_docs[1][:, :, None] < k_docs[0][:, None, :]) | (k_docs[1][:, None, :] < q_docs[0][:, :, None])
         return tails_partial(full, self.q_len, self.k_len), empty
 
+    def offset_bounds(self) -> tuple[int, int]:
+        if self._offset_bounds is None:
+            self._offset_bounds = int(self.offset.min()), int(self.offset.max())
+        return self._offset_bounds
+
+    def band(self) -> tuple[int, int | None, bool] | None:
+        """(slot of query row 0, sliding window, causal) when whether a score is allowed depends on the
+        slot distance alone and every row sees its own slot (no padding, documents or padded slots,
+        one offset for the batch); else None."""
+        if (self.spec.key_padding is not None or self.spec.documents is not None or self._grown
+                or torch.compiler.is_compiling()):
+            return None
+        low, high = self.offset_bounds()
+        if low != high or low < 0 or low + self.q_len > self.k_len:
+            return None
+        return low, self.spec.sliding_window, self.spec.causal
+
     def key_span(self, r0: int, r1: int) -> tuple[int, int]:
         if torch.compiler.is_compiling():  # the bounds need the offsets as Python ints
             return 0, self.k_len
-        if self._offset_bounds is None:
-            self._offset_bounds = int(self.offset.min()), int(self.offset.max())
-        low, high = self._offset_bounds
+        low, high = self.offset_bounds()
         window = self.spec.sliding_window
         if self.spec.causal:
             lo = 0 if window is None else low + r0 - window + 1
@@ -187,6 +203,7 @@ class SpecMask(Mask):
         else:
             lo, hi = (0, self.k_len) if window is None else (low + r0 - window, high + r1 + window)
         return max(lo, 0), min(hi, self.k_len)
+
 
 def to_block_mask(full: torch.Tensor, empty: torch.Tensor, mask_mod: MaskMod, q_len: int, k_len: int) -> BlockMask:
     """FlexAttention's BlockMask from (B, q blocks, k blocks) full/empty classifications."""

@@ -39,8 +39,8 @@ class AlibiBias(RelativeBias):
         self.heads = num_heads
         self.register_buffer("slopes", alibi_slopes(num_heads, max_bias), persistent=False)
 
-    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        return -self.slopes[head] * (q_pos - k_pos).abs().float()
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        return -self.slopes[head] * distance.abs().float()
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,14 @@ from .base import BiasScheme, ModelFacts
 
 class RelativeBias(nn.Module):
     """A logit bias given element by element: `score(head, q_pos, k_pos)` takes broadcastable tensors
-    (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it."""
+    (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it.
+    Biases of the distance alone define `by_distance(head, distance)` instead, which lets fused paths
+    build a (q, k) block as a strided view of one row of distances (a Toeplitz matrix)."""
 
     heads: int
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return self.by_distance(head, q_pos - k_pos)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """(B, H, q, k) fp32 bias for (B, q) query and (B, k) key positions."""
@@ -80,8 +82,8 @@ class T5Bias(RelativeBias):
         else:
             nn.init.zeros_(self.relative_attention_bias.weight)
 
-    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        bucket = t5_bucket(q_pos - k_pos, self.causal, self.num_buckets, self.max_distance)
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        bucket = t5_bucket(distance, self.causal, self.num_buckets, self.max_distance)
         return self.relative_attention_bias.weight[bucket, head].float()
 
 
@@ -163,8 +165,8 @@ class KerpleBias(RelativeBias):
         self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
         self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
 
-    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        distance = (q_pos - k_pos).abs().float()
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        distance = distance.abs().float()
         r1, r2 = self.log_r1[head].float().exp(), self.log_r2[head].float().exp()
         if self.variant == "log":
             return -r1 * torch.log1p(r2 * distance)
