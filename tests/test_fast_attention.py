@@ -213,7 +213,8 @@ def test_flex_bidirectional_equals_the_reference(term):
 @pytest.mark.parametrize("term", LEARNED + ["self_extend"])
 def test_chunked_gradients_equal_dense(term, monkeypatch):
     """Training through the chunked path (recomputed per block) gives the reference gradients for
-    the scheme's parameters and for q, k, v."""
+    the scheme's parameters and for q, k, v. FIRE's output bias adds a constant per head, which
+    softmax ignores: its gradient is 0 up to rounding (~2e-4 here), so it gets a wider atol."""
     monkeypatch.setattr(backends, "CHUNK_ELEMENTS", 4096)
     grads = {}
     for backend in ("dense", "chunked"):
@@ -221,11 +222,13 @@ def test_chunked_gradients_equal_dense(term, monkeypatch):
         tensors = [t.requires_grad_() for t in inputs(case)]
         out = run(bias, case, backend, *tensors)
         (out * torch.linspace(-1, 1, D)).sum().backward()
-        params = [p.grad for p in bias.parameters() if p.grad is not None]
-        grads[backend] = [t.grad for t in tensors] + params
+        params = {name: p.grad for name, p in bias.named_parameters() if p.grad is not None}
+        grads[backend] = {**dict(zip("qkv", (t.grad for t in tensors))), **params}
     assert len(grads["dense"]) >= 3 + (term != "self_extend")
-    for got, expected in zip(grads["chunked"], grads["dense"], strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    for name, expected in grads["dense"].items():
+        atol = 1e-3 if name == "mlp.2.bias" else 1e-4
+        torch.testing.assert_close(grads["chunked"][name], expected, atol=atol, rtol=1e-4,
+                                   msg=lambda message, name=name: f"{name}: {message}")
 
 
 @pytest.mark.parametrize("backend,term", [("chunked", t) for t in TERMS] + [  # flex: one elementwise, one low-rank

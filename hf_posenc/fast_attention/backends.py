@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 from torch.utils.checkpoint import checkpoint
 
-from .masks import BLOCK, NO_WINDOW, Mask, MaskSpec, SpecMask, index_grid
+from .masks import BLOCK, NO_WINDOW, Mask, MaskSpec, SpecMask
 from .terms import Call, Problem, dense_logits, pad_value
 
 CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
@@ -134,11 +134,9 @@ def _rows(problem: Problem, mask: Mask, band: None, key: torch.Tensor, value: to
         return query.new_zeros(*query.shape[:3], value.shape[-1])
     allowed = mask.dense(r0, r1, lo, hi)
     bias = torch.zeros((), dtype=query.dtype, device=query.device)
-    if problem.bias_mod is not None:
-        b, _, q_idx, kv_idx = index_grid(mask.batch, torch.arange(r0, r1, device=query.device),
-                                         torch.arange(lo, hi, device=query.device))
-        heads = torch.arange(query.shape[1], device=query.device)[None, :, None, None]
-        bias = problem.bias_mod(b, heads, q_idx, kv_idx).to(query.dtype)
+    if problem.bias_mod is not None:  # the module's own (B, H, rows, keys) form: fewer passes than score by score
+        q_pos, k_pos = problem.positions
+        bias = problem.materialised(q_pos[:, r0:r1], k_pos[:, lo:hi]).to(query.dtype)
     # min, not -inf, where masked: a row with no key gives uniform weights (zeroed below), never NaN.
     attn_mask = bias.masked_fill(~allowed, torch.finfo(query.dtype).min)
     out = F.scaled_dot_product_attention(query, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=attn_mask,

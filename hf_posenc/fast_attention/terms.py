@@ -89,6 +89,7 @@ class Problem:
     bias_mod: BiasMod | None = None
     by_distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # bias(head, q_pos - k_pos)
     positions: tuple[torch.Tensor, torch.Tensor] | None = None  # (q_pos, k_pos) the bias is evaluated at
+    materialised: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # the module's (B, H, q, k) forward
 
 
 def _no_term(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
@@ -99,7 +100,7 @@ def _elementwise(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling
     def bias_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return bias.score(h, q_pos[b, q], k_pos[b, kv])
 
-    return Problem(query, key, value, mask, bias_mod, getattr(bias, "by_distance", None), (q_pos, k_pos))
+    return Problem(query, key, value, mask, bias_mod, getattr(bias, "by_distance", None), (q_pos, k_pos), bias)
 
 
 def _low_rank(bias: Any, query, key, value, q_pos, k_pos, mask: Mask, scaling: float) -> Problem:
