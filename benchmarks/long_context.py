@@ -12,8 +12,10 @@ A child runs a warm-up forward at 1k, resets the RSS high-water mark (/proc/self
 timed forward and reads `ru_maxrss` (`peak_mb`). Large tensors are mmapped (MALLOC_MMAP_THRESHOLD_),
 so freed memory leaves RSS and the high-water mark is this forward's. One torch thread per child.
 
-Run: `.venv/bin/python benchmarks/long_context.py` (~15 min on 2 shared cores); writes
-benchmarks/results/long_context.{json,png,md}.
+Run: `.venv/bin/python benchmarks/long_context.py` (~25 min on 2 shared cores, ~4 of them SmolLM2 at
+8k; `--models tiny-llama` ~15 min); writes benchmarks/results/long_context.{json,png,md}. A forward
+predicted to take more than `--max-seconds` (Self-Extend at 32k) is skipped and says so; run it alone
+with `--models tiny-llama --schemes self_extend --lengths 32768 --timeout 900 --out ...`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 OUT = Path(__file__).parent / "results" / "long_context.json"
 SCHEMES = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend"]
-LENGTHS = {"tiny-llama": [2048, 8192, 16384, 32768], "smollm2": [2048, 8192]}
+LENGTHS = {"tiny-llama": [2048, 8192, 16384, 32768], "smollm2": [2048, 8192]}  # SmolLM2 at 16k: ~10 min a forward here
 SMOLLM2_SCHEMES = ["alibi", "t5"]  # 30 layers: the other schemes would not fit the 20-minute budget
 DENSE_LENGTHS = [2048, 8192]  # the materialised reference: (1, H, L, L) fp32 tensors beyond that
 DENSE_SCHEMES = ["alibi", "t5"]
@@ -118,10 +120,10 @@ def run_child(config: dict[str, Any], timeout: float, threads: int) -> dict[str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def configs(models: list[str], schemes: list[str], throughput: bool) -> list[dict[str, Any]]:
+def configs(models: list[str], schemes: list[str], lengths: list[int] | None, throughput: bool) -> list[dict[str, Any]]:
     runs = []
     for model in models:
-        for length in LENGTHS[model]:
+        for length in [n for n in LENGTHS[model] if lengths is None or n in lengths]:
             runs.append({"kind": "forward", "model": model, "scheme": "stock", "backend": "auto", "length": length})
             runs += [{"kind": "forward", "model": model, "scheme": s, "backend": "auto", "length": length}
                      for s in schemes if model != "smollm2" or s in SMOLLM2_SCHEMES]
@@ -132,6 +134,16 @@ def configs(models: list[str], schemes: list[str], throughput: bool) -> list[dic
         runs += [{"kind": "throughput", "model": "tiny-llama", "scheme": s, "backend": "auto", "length": 2048}
                  for s in ("stock", "alibi")]
     return runs
+
+
+def skip_reason(config: dict[str, Any], results: list[dict[str, Any]], max_seconds: float) -> str | None:
+    """A forward predicted (4x the run at half the length: attention is quadratic) to take longer
+    than `max_seconds` is skipped, with the reason recorded."""
+    half = next((r for r in results if "seconds" in r and r["length"] * 2 == config["length"] and
+                 all(r[key] == config[key] for key in ("kind", "model", "scheme", "backend"))), None)
+    if half is not None and 4 * half["seconds"] > max_seconds:
+        return f"predicted {4 * half['seconds']:.0f} s (4x the {half['length']} run) > {max_seconds:.0f} s budget"
+    return None
 
 
 def with_ratios(results: list[dict[str, Any]]) -> None:
@@ -176,6 +188,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.ticker
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -190,6 +203,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel=label, title=f"tiny Llama, one forward: {label}")
         ax.set_xticks(LENGTHS["tiny-llama"], [f"{n // 1024}k" for n in LENGTHS["tiny-llama"]])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -200,7 +214,9 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--models", default=",".join(LENGTHS))
     parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser.add_argument("--lengths", help="comma-separated subset of the lengths (default: all)")
     parser.add_argument("--no-throughput", action="store_true")
+    parser.add_argument("--max-seconds", type=float, default=200.0, help="skip forwards predicted to take longer")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per child; 1 because oversubscribed cores make 2 OpenMP threads ~9x slower")
@@ -211,8 +227,11 @@ def main() -> None:
         print(json.dumps(CHILDREN[config["kind"]](config["model"], config["scheme"], config["length"])))
         return
     results: list[dict[str, Any]] = []
-    for config in configs(args.models.split(","), args.schemes.split(","), not args.no_throughput):
-        results.append({**config, **run_child(config, args.timeout, args.threads)})
+    lengths = None if args.lengths is None else [int(n) for n in args.lengths.split(",")]
+    for config in configs(args.models.split(","), args.schemes.split(","), lengths, not args.no_throughput):
+        reason = skip_reason(config, results, args.max_seconds)
+        outcome = {"skipped": reason} if reason else run_child(config, args.timeout, args.threads)
+        results.append({**config, **outcome})
         print(json.dumps(results[-1]), flush=True)
     with_ratios(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -274,8 +274,8 @@ def test_auto_falls_back_to_chunked_when_flex_cannot_compile(monkeypatch):
             super().__init__(H, 8.0)
             self.register_buffer("weights", torch.rand(64, generator=torch.Generator().manual_seed(0)))
 
-        def score(self, head, q_pos, k_pos):
-            distance = (q_pos - k_pos).abs().float()[..., None]
+        def by_distance(self, head, distance):
+            distance = distance.abs().float()[..., None]
             return -(torch.relu(distance * self.weights - 3) * self.slopes[head][..., None]).sum(-1)
 
     monkeypatch.setattr(fast_attention, "FLEX_DEVICES", ("cpu",))
