@@ -499,7 +499,7 @@ def test_auto_uses_dense_below_the_threshold_and_fused_above(monkeypatch):
     with torch.no_grad(), attention.attention_backend("auto"):
         model(ids(batch=1, length=12))
         assert not calls
-        monkeypatch.setattr(attention, "DENSE_BELOW", 8)
+        monkeypatch.setattr(attention, "DENSE_SCORES", 12 * 12)
         model(ids(batch=1, length=12))
     assert len(calls) == model.config.num_hidden_layers
 
@@ -509,7 +509,7 @@ def test_an_additive_float_mask_stays_dense_under_auto_and_is_refused_when_force
     additive = torch.zeros(1, 1, 12, 12).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), -1e9)
     additive[..., 3] = -2.0  # a soft penalty, not a mask: only the materialised sum keeps it
     tokens = ids(batch=1, length=12)
-    monkeypatch.setattr(attention, "DENSE_BELOW", 1)
+    monkeypatch.setattr(attention, "DENSE_SCORES", 1)
     with torch.no_grad():
         expected = on("dense", lambda: model(tokens, attention_mask=additive).logits)
         torch.testing.assert_close(on("auto", lambda: model(tokens, attention_mask=additive).logits), expected)
