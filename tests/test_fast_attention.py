@@ -382,6 +382,7 @@ from transformers import DynamicCache  # noqa: E402
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import attention  # noqa: E402
+from conftest import TINY_CONFIGS  # noqa: E402
 from matrix import ATOL, ids, patched  # noqa: E402
 
 FUSED_LABELS = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend"]  # every score / attention scheme
@@ -518,3 +519,17 @@ def test_an_additive_float_mask_stays_dense_under_auto_and_is_refused_when_force
     with pytest.raises(PosEncError, match="choose one of auto, dense, chunked"):
         with attention.attention_backend("fast"):
             pass
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "bert"])  # fused QKV, q/k norms, bidirectional
+def test_fused_path_equals_dense_on_other_architectures(arch, small_chunks):
+    batch, mask = left_padded()
+    if arch == "bert":  # encoders pad on the right
+        mask = mask.flip(-1)
+    labels = [label for label in FUSED_LABELS if hp.supports(TINY_CONFIGS[arch](), label)]
+    assert "alibi" in labels and "t5" in labels
+    for label in labels:
+        model = patched(arch, label)
+        with torch.no_grad():
+            assert_fused_equals_dense(lambda: model(batch, attention_mask=mask).logits * mask[..., None])
+            assert_fused_equals_dense(lambda: model(batch).logits)
