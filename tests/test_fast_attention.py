@@ -533,3 +533,14 @@ def test_fused_path_equals_dense_on_other_architectures(arch, small_chunks):
         with torch.no_grad():
             assert_fused_equals_dense(lambda: model(batch, attention_mask=mask).logits * mask[..., None])
             assert_fused_equals_dense(lambda: model(batch).logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["alibi", "untied"])  # one elementwise term, one low-rank (one compile each)
+def test_flex_on_a_patched_model_equals_dense(label):
+    model = patched("llama", label)
+    batch, mask = left_padded()
+    with torch.no_grad():
+        expected = on("dense", lambda: model(batch, attention_mask=mask).logits * mask[..., None])
+        got = on("flex", lambda: model(batch, attention_mask=mask).logits * mask[..., None])
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-4)
