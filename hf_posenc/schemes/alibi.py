@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..config import check, option
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
+from .relative import RelativeBias
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -30,6 +30,19 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+class AlibiBias(RelativeBias):
+    """The slopes as a module (a buffer, not saved), so ALiBi has the same elementwise contract as
+    the learned biases: -m_h |i - j| for any broadcastable head / position tensors."""
+
+    def __init__(self, num_heads: int, max_bias: float) -> None:
+        super().__init__()
+        self.heads = num_heads
+        self.register_buffer("slopes", alibi_slopes(num_heads, max_bias), persistent=False)
+
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        return -self.slopes[head] * distance.abs().float()
+
+
 @dataclass(frozen=True)
 class AlibiOptions:
     max_bias: float = option(8.0, "slopes are 2^(-max_bias*h/H); 8 in Press et al. 2022")
@@ -39,25 +52,14 @@ class AlibiOptions:
               f"max_bias must be > 0, got {self.max_bias!r}")
 
 
-class AlibiBias(nn.Module):
-    """-m_h |i - j|; the slopes are a buffer that checkpoints do not carry (they follow from the options)."""
-
-    def __init__(self, slopes: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("slopes", slopes, persistent=False)
-
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        distance = (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs().float()
-        return -self.slopes.float()[:, None, None] * distance
-
-
 class Alibi(BiasScheme):
     name = "alibi"
     Options = AlibiOptions
     citation = "Press et al. 2022, Train Short, Test Long: Attention with Linear Biases"
 
-    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        return AlibiBias(alibi_slopes(facts.num_heads, options["max_bias"]))
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> AlibiBias:
+        """The bias as a module, as the learned schemes give theirs: what fused attention paths evaluate."""
+        return AlibiBias(facts.num_heads, options["max_bias"])
 
 
 register_scheme(Alibi())

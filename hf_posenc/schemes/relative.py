@@ -6,6 +6,8 @@
   (Chi et al. 2022, KERPLE, sec. 4)
 
 Each starts at zero bias unless asked otherwise, so a fresh patch is NoPE and training learns the bias.
+Each is a `RelativeBias`: one elementwise formula `score(head, q_pos, k_pos)` serves the materialised
+(B, H, q, k) tensor and the fused kernels of `hf_posenc.fast_attention`, which evaluate it score by score.
 """
 
 from __future__ import annotations
@@ -23,25 +25,38 @@ from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
 
 
-def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """(B, q, k) query position minus key position."""
-    return q_pos[:, :, None] - k_pos[:, None, :]
+class RelativeBias(nn.Module):
+    """A logit bias given element by element: `score(head, q_pos, k_pos)` takes broadcastable tensors
+    (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it.
+    Biases of the distance alone define `by_distance(head, distance)` instead, which lets fused paths
+    build a (q, k) block as a strided view of one row of distances (a Toeplitz matrix)."""
+
+    heads: int
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.by_distance(head, q_pos - k_pos)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(B, H, q, k) fp32 bias for (B, q) query and (B, k) key positions."""
+        head = torch.arange(self.heads, device=q_pos.device)[None, :, None, None]
+        return self.score(head, q_pos[:, None, :, None], k_pos[:, None, None, :])
 
 
 def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
     """Half the buckets are exact small distances, the rest grow logarithmically up to max_distance;
-    bidirectional models spend half of them on keys after the query."""
-    bucket = torch.zeros_like(distance)
+    bidirectional models spend half of them on keys after the query. Float arithmetic until the end
+    (exact for integers): the CPU flex kernel miscompiles an int64 `where`."""
+    n, offset = distance.float(), 0.0
     if causal:
-        n = distance.clamp(min=0)
+        n = n.clamp(min=0)
     else:
         num_buckets //= 2
-        bucket = bucket + (distance < 0).long() * num_buckets  # key after query
-        n = distance.abs()
+        offset = (n < 0).float() * num_buckets  # key after query
+        n = n.abs()
     exact = num_buckets // 2
-    log_ratio = torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
-    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
-    return bucket + torch.where(n < exact, n, large)
+    log_ratio = torch.log(n.clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + torch.floor(log_ratio * (num_buckets - exact))).clamp(max=num_buckets - 1)
+    return (offset + torch.where(n < exact, n, large)).long()
 
 
 @dataclass(frozen=True)
@@ -57,19 +72,19 @@ class T5Options:
         check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
 
 
-class T5Bias(nn.Module):
+class T5Bias(RelativeBias):
     def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float) -> None:
         super().__init__()
-        self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
+        self.heads, self.causal, self.num_buckets, self.max_distance = heads, causal, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, heads)
         if init_std:
             nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
         else:
             nn.init.zeros_(self.relative_attention_bias.weight)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        buckets = t5_bucket(relative_distance(q_pos, k_pos), self.causal, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        bucket = t5_bucket(distance, self.causal, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias.weight[bucket, head].float()
 
 
 class T5(BiasScheme):
@@ -94,11 +109,12 @@ class FireOptions:
         check(self.init in ("zeros", "random"), f"init must be 'zeros' or 'random', got {self.init!r}")
 
 
-class FireBias(nn.Module):
+class FireBias(RelativeBias):
     """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1); c, L learned (kept > 0)."""
 
     def __init__(self, heads: int, hidden: int, c: float, threshold: float, zero_init: bool) -> None:
         super().__init__()
+        self.heads = heads
         self.log_c = nn.Parameter(torch.tensor(math.log(c)))
         self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
@@ -106,14 +122,45 @@ class FireBias(nn.Module):
             nn.init.zeros_(self.mlp[2].weight)
             nn.init.zeros_(self.mlp[2].bias)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         c = self.log_c.float().exp()
-        distance = relative_distance(q_pos, k_pos).abs().float()
-        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())[:, :, None]
-        x = torch.log1p(c * distance) / torch.log1p(c * scale)
+        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())
+        x = torch.log1p(c * (q_pos - k_pos).abs().float()) / torch.log1p(c * scale)
         first, last = self.mlp[0], self.mlp[2]
-        hidden = F.relu(F.linear(x[..., None], first.weight.float(), first.bias.float()))  # fp32 whatever the model dtype
-        return F.linear(hidden, last.weight.float(), last.bias.float()).permute(0, 3, 1, 2)
+        # The one-input MLP unit by unit: a sum over hidden units would be a reduction, which a
+        # score_mod cannot hold; this way the bias stays pointwise (and no (..., hidden) tensor exists).
+        out = last.bias[head].float()
+        for unit in range(first.out_features):
+            out = out + F.relu(x * first.weight[unit, 0].float() + first.bias[unit].float()) * last.weight[head, unit].float()
+        return out
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(B, H, q, k) fp32, as `score` but in a few passes: an MLP of one input with ReLU units is
+        piecewise linear, with a kink where each unit switches on, so each score is slope * x + intercept
+        of the piece x falls in (the pieces' coefficients are differentiable in every weight)."""
+        c = self.log_c.float().exp()
+        scale = torch.maximum(q_pos.float() + 1, self.log_threshold.float().exp())
+        distance = (q_pos[:, :, None] - k_pos[:, None, :]).abs().float()
+        x = torch.log1p(c * distance) / torch.log1p(c * scale)[:, :, None]
+        slope, intercept, kinks = self.pieces()
+        piece = torch.bucketize(x.detach(), kinks)
+        return torch.addcmul(intercept[:, piece], slope[:, piece], x).transpose(0, 1)
+
+    def pieces(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(H, U + 1) slopes and intercepts of the MLP between its U sorted kinks, and the kinks. Piece
+        p holds x in (kinks[p - 1], kinks[p]]; a unit with kink of rank r is on in pieces > r if its
+        weight is positive, <= r if negative; a unit of weight 0 is on everywhere or nowhere."""
+        first, last = self.mlp[0], self.mlp[2]
+        w1, b1, w2 = first.weight[:, 0].float(), first.bias.float(), last.weight.float()
+        with torch.no_grad():  # where the kinks are decides which units are on; no gradient flows there
+            kink = torch.where(w1 != 0, -b1 / torch.where(w1 != 0, w1, 1.0), torch.inf)
+            kinks, order = kink.sort()
+            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+            piece = torch.arange(order.shape[0] + 1, device=order.device)[:, None]
+            on = torch.where(w1 > 0, piece > rank, torch.where(w1 < 0, piece <= rank, b1 > 0)).float()
+        slope = (on * w1) @ w2.T
+        intercept = (on * b1) @ w2.T + last.bias.float()
+        return slope.T, intercept.T, kinks
 
 
 class Fire(BiasScheme):
@@ -137,19 +184,18 @@ class KerpleOptions:
         check(self.variant == "log" or self.r2 <= 2, f"power variant needs r2 <= 2, got {self.r2!r}")
 
 
-class KerpleBias(nn.Module):
+class KerpleBias(RelativeBias):
     """Per-head r1, r2 kept positive through a log parametrisation."""
 
     def __init__(self, heads: int, variant: str, r1: float, r2: float) -> None:
         super().__init__()
-        self.variant = variant
+        self.heads, self.variant = heads, variant
         self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
         self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        distance = relative_distance(q_pos, k_pos).abs().float()[:, None]  # (B, 1, q, k)
-        r1 = self.log_r1.float().exp()[:, None, None]
-        r2 = self.log_r2.float().exp()[:, None, None]
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        distance = distance.abs().float()
+        r1, r2 = self.log_r1[head].float().exp(), self.log_r2[head].float().exp()
         if self.variant == "log":
             return -r1 * torch.log1p(r2 * distance)
         return -r1 * distance.pow(r2.clamp(max=2.0))

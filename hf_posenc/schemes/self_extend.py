@@ -35,25 +35,39 @@ class SelfExtendOptions:
         check_rope_options(self.theta, self.partial)
 
 
-def grouped_scores(query: torch.Tensor, key: torch.Tensor, rotary: Rotary, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                   group: int, window: int) -> torch.Tensor:
-    """(B, H, q, k) fp32 q.k logits: exact positions within the window, grouped ones beyond it."""
-    shift = window - window // group
-    near = rotate_heads(query, rotary, q_pos) @ rotate_heads(key, rotary, k_pos).transpose(-1, -2)
-    far = rotate_heads(query, rotary, q_pos // group + shift) @ rotate_heads(key, rotary, k_pos // group).transpose(-1, -2)
-    distance = (q_pos[:, :, None] - k_pos[:, None, :])[:, None]
-    return torch.where(distance < window, near, far)
+def grouped_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, group: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions beyond the window: floor(p / G), the query's shifted so both regimes meet at W."""
+    return q_pos // group + window - window // group, k_pos // group
 
 
 class SelfExtendAttention(nn.Module):
-    """`forward(query, key, q_pos, k_pos)` -> grouped logits, for the attention function."""
+    """Holds the rotary module; `forward(query, key, q_pos, k_pos)` gives the logits for the attention function, and the
+    two rotations and the region test separately for fused paths (`hf_posenc.fast_attention`)."""
 
     def __init__(self, rotary: Rotary, group: int, window: int) -> None:
         super().__init__()
         self.rotary, self.group, self.window = rotary, group, window
 
+    def rotated(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, D) rotated to (B, L) positions, fp32."""
+        return rotate_heads(x.float(), self.rotary, positions)
+
+    def rotated_pair(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """(q, k) rotated to their true positions, and to their grouped ones (fp32)."""
+        q_far, k_far = grouped_positions(q_pos, k_pos, self.group, self.window)
+        return ((self.rotated(query, q_pos), self.rotated(key, k_pos)),
+                (self.rotated(query, q_far), self.rotated(key, k_far)))
+
+    def near(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Where the true positions apply (elementwise on broadcastable positions)."""
+        return q_pos - k_pos < self.window
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        return grouped_scores(query, key, self.rotary, q_pos, k_pos, self.group, self.window)
+        """(B, H, q, k) fp32 q.k logits: exact positions within the window, grouped ones beyond it."""
+        (q_near, k_near), (q_far, k_far) = self.rotated_pair(query, key, q_pos, k_pos)
+        near = self.near(q_pos[:, None, :, None], k_pos[:, None, None, :])
+        return torch.where(near, q_near @ k_near.transpose(-1, -2), q_far @ k_far.transpose(-1, -2))
 
 
 class SelfExtend(AttentionScheme):

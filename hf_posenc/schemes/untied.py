@@ -37,6 +37,9 @@ class UntiedOptions:
 
 
 class UntiedBias(nn.Module):
+    """The bias is low rank (head_dim per head), so fused paths append its factors to q and k
+    instead of evaluating a (q, k) table: see `factors` and `hf_posenc.fast_attention`."""
+
     def __init__(self, table: torch.Tensor, heads: int, head_dim: int, init_std: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
@@ -44,12 +47,20 @@ class UntiedBias(nn.Module):
         self.query = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
         self.key = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (B, H, q, head_dim) and (B, H, k, head_dim) whose product is the bias: the projected
+        positions p_i U^Q / sqrt(2 d_h) and p_j U^K."""
         check_positions(q_pos, self.positions.shape[0], "untied")
         table = self.positions.float()
-        q = (F.embedding(q_pos, table) @ self.query.float()).unflatten(-1, (self.heads, -1)).transpose(1, 2)
-        k = (F.embedding(k_pos, table) @ self.key.float()).unflatten(-1, (self.heads, -1))
-        return q @ k.permute(0, 2, 3, 1) / math.sqrt(2 * self.head_dim)
+
+        def project(positions: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return (F.embedding(positions, table) @ weight.float()).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+        return project(q_pos, self.query) / math.sqrt(2 * self.head_dim), project(k_pos, self.key)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        q, k = self.factors(q_pos, k_pos)
+        return q @ k.transpose(-1, -2)
 
 
 class Untied(BiasScheme):

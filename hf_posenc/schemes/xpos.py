@@ -37,7 +37,8 @@ class XposOptions:
 
 
 class XposAttention(nn.Module):
-    """`forward(query, key, q_pos, k_pos)` -> fp32 logits of the rotated, decayed q and k."""
+    """`forward(query, key, q_pos, k_pos)` -> fp32 logits of the rotated, decayed q and k; `transformed`
+    gives those q and k themselves, which fused attention paths (`hf_posenc.fast_attention`) run."""
 
     def __init__(self, rotary: Rotary, gamma: float, scale_base: float) -> None:
         super().__init__()
@@ -52,10 +53,17 @@ class XposAttention(nn.Module):
         scale = self.zeta.float() ** (positions.float()[..., None] / self.scale_base)
         return torch.cat((scale, scale), dim=-1)[:, None]
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def transformed(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (q, k) rotated and decayed; positions measured from the middle of the span, so the
+        decays stay within fp32 range (only their ratio zeta^(n - m) reaches the logits)."""
         centre = (k_pos.amin(-1, keepdim=True) + q_pos.amax(-1, keepdim=True) + 1) // 2
         q = rotate_heads(query, self.rotary, q_pos) * self.decay(q_pos - centre)
         k = rotate_heads(key, self.rotary, k_pos) * self.decay(centre - k_pos)
+        return q.float(), k.float()
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        q, k = self.transformed(query, key, q_pos, k_pos)
         return q @ k.transpose(-1, -2)
 
 
