@@ -84,9 +84,12 @@ def test_eval_command_on_two_processes_writes_the_one_process_results(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 process(es)" in proc.stdout
     one, two = results.load(tmp_path / "one" / "results.json"), results.load(tmp_path / "two" / "results.json")
-    assert one.details == {"processes": 1} and two.details == {"processes": 2}
+    assert one.details["processes"] == 1 and two.details["processes"] == 2
     assert two.complete and two.settings == one.settings and two.model == one.model
     (run1,), (run2,) = one.runs, two.runs
+    for record in (one, two):  # the first process's peak, a real number of megabytes
+        assert record.details["peak_memory_mb"].keys() == {run1.label}
+        assert 50 < record.details["peak_memory_mb"][run1.label] < 24 * 2**10
     assert (run2.label, run2.scheme, run2.options, run2.posenc) == (run1.label, run1.scheme, run1.options, run1.posenc)
     assert run2.metrics.keys() == run1.metrics.keys() == {"perplexity", "passkey", "copy"}
     for length, cell in run1.metrics["perplexity"].items():

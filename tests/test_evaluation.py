@@ -356,6 +356,8 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     assert yarn.scheme == "yarn" and yarn.posenc["options"]["factor"] == 2.0 and yarn.posenc["from"] == "rope"
     # the baseline row is the model before the patch, scored with the same settings: the original's numbers
     assert baseline.label == "llama (unpatched)" and baseline.metrics == orig.metrics != yarn.metrics
+    peaks = results.load(runs[1]).details["peak_memory_mb"]  # per run, in MB: a real process's resident peak
+    assert peaks.keys() == {yarn.label, baseline.label} and all(50 < mb < 24 * 2**10 for mb in peaks.values())
     assert set(yarn.metrics) == {"perplexity", "passkey", "copy"}
     assert "too short" in yarn.metrics["passkey"]["64"]["skipped"]
     assert set(yarn.metrics["copy"]["3"]) == {"exact_match"}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .. import data, plots, results
@@ -123,15 +125,36 @@ def run_suites(
                     depths=depths, trials=trials,
                     task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
                     progress=main, distributed=distributed)
+    peaks = record.details.setdefault("peak_memory_mb", {})
+    reset_peak_memory(model.device)
     _score(model, tokenizer, suites, lengths, run, save, settings)
+    peaks[run.label] = peak_memory_mb(model.device)
     if baseline and describe(model) is not None:
         unpatch(model)
         record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        reset_peak_memory(model.device)
         _score(model, tokenizer, suites, lengths, record.runs[-1], save, settings)
+        peaks[record.runs[-1].label] = peak_memory_mb(model.device)
     save(complete=True)
     if main:
         plots.results_by_length(record.runs, out)
     return record
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process's run: the CUDA allocator's peak since `reset_peak_memory`, else the
+    resident set's high-water mark since the process started (the OS keeps no resettable one)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: Sequence[str],
