@@ -82,3 +82,19 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
 @pytest.fixture
 def make_tiny():
     return tiny_model
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--attention-backend", default=None, choices=("dense", "chunked"),
+                     help="run posenc_sdpa on this backend for every call (chunked: 4-row query blocks, so "
+                          "short inputs cross several blocks); test_fast_attention runs the matrix this way")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    backend = config.getoption("--attention-backend")
+    if backend is not None:
+        from hf_posenc import attention
+        from hf_posenc.fast_attention import backends
+
+        attention.SETTINGS["backend"] = attention.check_backend(backend)
+        backends.CHUNK_ELEMENTS, backends.MIN_CHUNK = 64, 4

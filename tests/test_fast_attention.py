@@ -544,3 +544,21 @@ def test_flex_on_a_patched_model_equals_dense(label):
         expected = on("dense", lambda: model(batch, attention_mask=mask).logits * mask[..., None])
         got = on("flex", lambda: model(batch, attention_mask=mask).logits * mask[..., None])
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_invariant_matrix_holds_on_the_chunked_backend():
+    """Every fast row of the invariant matrix (cache, left padding, static cache, shift, packing, 4-D masks,
+    reload, peft, ...) for every score / attention scheme, with posenc_sdpa forced onto 4-row query blocks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_invariants.py", "-m", "not slow",
+         "-k", " or ".join(FUSED_LABELS), "--attention-backend", "chunked"],
+        cwd=root, capture_output=True, text=True, timeout=1800)
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert int(summary.split(" passed")[0].split()[-1]) >= 300 and "failed" not in summary, summary
