@@ -41,10 +41,10 @@ def register_adapter(adapter: "Adapter") -> "Adapter":
     Args:
         adapter: a `hf_posenc.adapters.base.Adapter` naming where positions enter those model types.
     """
-    for model_type in adapter.model_types:
+    for model_type in adapter.model_types:  # all checked before any is taken: no half-registered adapter
         if model_type in ADAPTERS:
             raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
-        ADAPTERS[model_type] = adapter
+    ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
     return adapter
 
 

@@ -3,6 +3,7 @@ an adapter lasts for the process and would leak into the registry that tests/tes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 from transformers import Gemma3Config
 
 import hf_posenc as hp
+from hf_posenc.adapters.llama import LLAMA
+from hf_posenc.registry import ADAPTERS, get_scheme
 from integration_support import doc_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -27,8 +30,13 @@ def test_the_example_runs_and_its_checks_hold(section, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-def test_the_examples_leave_this_process_registry_alone():
-    assert "sandwich" not in hp.list_schemes() and "gemma3" not in hp.list_architectures()
+def test_a_name_is_registered_once_and_a_refused_adapter_takes_none_of_its_types():
+    with pytest.raises(ValueError, match="'alibi' is already registered"):
+        hp.register_scheme(get_scheme("alibi"))
+    clash = dataclasses.replace(LLAMA, name="clash", model_types=("not_a_model_type", "llama"))
+    with pytest.raises(ValueError, match="'llama' already has adapter 'llama'"):
+        hp.register_adapter(clash)
+    assert "not_a_model_type" not in ADAPTERS and ADAPTERS["llama"] is LLAMA
 
 
 def test_the_generic_adapter_still_refuses_gemma3_so_the_override_is_needed():
