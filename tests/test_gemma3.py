@@ -16,7 +16,7 @@ from hf_posenc import data, evaluation, loading
 pytestmark = pytest.mark.slow
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
-# The 262k-word output head costs most of a forward: score the last 100 tokens, which attend to all 600.
+# The output head over a 262k-token vocabulary costs most of a forward: score the last 100 tokens, which attend to all 600.
 KEEP = 100
 
 
