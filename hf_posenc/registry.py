@@ -24,6 +24,11 @@ ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 
 
 def register_scheme(scheme: "Scheme") -> "Scheme":
+    """Make `scheme` patchable by its name (docs/extending.md); a name is taken once per process.
+
+    Args:
+        scheme: an instance of a `hf_posenc.schemes.base` site class (`BiasScheme`, `RotaryScheme`, ...).
+    """
     if scheme.name in SCHEMES:
         raise ValueError(f"scheme {scheme.name!r} is already registered")
     SCHEMES[scheme.name] = scheme
@@ -31,10 +36,15 @@ def register_scheme(scheme: "Scheme") -> "Scheme":
 
 
 def register_adapter(adapter: "Adapter") -> "Adapter":
-    for model_type in adapter.model_types:
+    """Use `adapter` instead of the generic one for its model types (docs/extending.md); once per type.
+
+    Args:
+        adapter: a `hf_posenc.adapters.base.Adapter` naming where positions enter those model types.
+    """
+    for model_type in adapter.model_types:  # all checked before any is taken: no half-registered adapter
         if model_type in ADAPTERS:
             raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
-        ADAPTERS[model_type] = adapter
+    ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
     return adapter
 
 

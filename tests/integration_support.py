@@ -45,11 +45,11 @@ def randomize_scheme_weights(model: torch.nn.Module, seed: int = 1) -> torch.nn.
     return model
 
 
-def doc_blocks(section: str, language: str) -> list[str]:
-    """The fenced `language` blocks of one `## section` of docs/with_other_tools.md."""
-    text = DOC.read_text(encoding="utf-8")
+def doc_blocks(section: str, language: str, doc: Path = DOC) -> list[str]:
+    """The fenced `language` blocks of one `## section` of a docs page (docs/with_other_tools.md by default)."""
+    text = doc.read_text(encoding="utf-8")
     body = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert body, f"{DOC} has no section {section!r}"
+    assert body, f"{doc} has no section {section!r}"
     return re.findall(rf"^```{language}\n(.*?)^```", body.group(1), re.M | re.S)
 
 
