@@ -1,7 +1,7 @@
 """Added, concatenated, rotated, biased or none: small GPT-2-shaped decoders trained from scratch on
 the KJV with one positional scheme each (`arms.py`), everything else equal (`settings.py`).
 
-    python benchmarks/study/run.py                 # the full study (~2 h on 2 CPU cores, estimated)
+    python benchmarks/study/run.py                 # the full study (~85 min on 2 CPU cores)
     python benchmarks/study/run.py --smoke         # 2 arms x 1 seed x 4 steps: checks the pipeline
     python benchmarks/study/run.py --arms learned,rope --seeds 0
 
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     text = data.long_text("kjv")
     tokenizer = train_bpe(text[: int(len(text) * (1 - s.eval_fraction))], s.vocab, out / f"tokenizer-{s.vocab}")
     ids = held_out_ids(tokenizer, text, s.eval_fraction)
-    todo = [(n, seed) for n in names for seed in s.seeds if not any(r["arm"] == n and r["seed"] == seed for r in runs)]
+    todo = [(n, seed) for seed in s.seeds for n in names if  # seed-major: an early stop keeps whole seeds
+            not any(r["arm"] == n and r["seed"] == seed for r in runs)]
     for name, seed in tqdm(todo, desc="study", unit="run"):
         runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / "work"))
         write_json(path, {"runs": runs, "settings": settings})

@@ -64,7 +64,8 @@ def check_lengths(lengths: Sequence[int], what: str = "length") -> list[int]:
 
 
 def skipped(err: BaseException) -> dict[str, str]:
-    return {"skipped": f"{type(err).__name__}: {err}".strip()[:500]}
+    why = " (the input is longer than the model's learned position table)" if isinstance(err, IndexError) else ""
+    return {"skipped": f"{type(err).__name__}: {err}{why}".strip()[:500]}
 
 
 def one_text(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
