@@ -82,11 +82,27 @@ def adapter_for(model_or_config: Any) -> "Adapter":
     (a PosEncError says what it could not place)."""
     _load()
     model_type = model_type_of(model_or_config)
+    refuse_encoder_decoder(model_or_config, model_type)
     if model_type in ADAPTERS:
         return ADAPTERS[model_type]
     from .adapters.generic import generic_adapter
 
     return generic_adapter(model_or_config)
+
+
+def refuse_encoder_decoder(model_or_config: Any, model_type: str) -> None:
+    """Encoder-decoder models (T5, BART, Whisper, ...) are out of scope, said up front rather than as a
+    missing site: they need three position treatments (bidirectional encoder self-attention, causal
+    decoder self-attention over a cache, cross-attention without positions) fed by two position streams,
+    and T5 computes its bucketed bias once per stack and shares it down the layers. The core, its site
+    installers and the invariant matrix cover one stack. Their decoder-only classes (BartForCausalLM, ...)
+    carry is_encoder_decoder=False and go through the adapters as usual."""
+    # a config alone is not refused: BartConfig says True even for the BartForCausalLM it builds
+    if getattr(getattr(model_or_config, "config", None), "is_encoder_decoder", False):
+        raise PosEncError(f"{model_type!r} is an encoder-decoder model; hf_posenc patches decoder-only and "
+                          "encoder-only models (a single attention stack). For a decoder-only variant load its "
+                          "causal-LM class (e.g. BartForCausalLM); `hf-posenc list --model-types` shows what is "
+                          "supported")
 
 
 def supported_schemes(model_or_config: Any) -> list[str]:

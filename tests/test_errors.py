@@ -41,12 +41,26 @@ def test_bad_scheme_or_option(scheme, options, message):
 
 
 def test_unsupported_architecture_names_what_the_generic_adapter_cannot_place():
-    # T5 has no hand-written adapter; the generic one finds its bucketed bias and refuses the model
-    config = transformers.T5Config(d_model=32, num_layers=1, num_heads=2, d_ff=32, vocab_size=64)
-    model = transformers.T5Model(config)
-    with pytest.raises(hp.PosEncError, match=r"'t5': positions enter where .*encoder.*relative_attention_bias"):
+    # GPT-J keeps its rotation table as a buffer inside each attention module, where no site reaches
+    config = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4)
+    model = transformers.GPTJForCausalLM(config)
+    with pytest.raises(hp.PosEncError, match=r"'gptj': positions enter where .*buffer h\.0\.attn\.embed_positions"):
         hp.patch(model, "rope")
     assert not hp.supports(model, "rope")
+
+
+def test_encoder_decoder_models_are_refused_up_front_with_the_reason():
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for scheme in ("t5", "alibi", "rope", "nope"):
+        with pytest.raises(hp.PosEncError, match=r"'t5' is an encoder-decoder model; hf_posenc patches decoder-only "
+                                                 r"and encoder-only models"):
+            hp.patch(model, scheme)
+    assert hp.describe(model) is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(hp.PosEncError, match=r"unsupported architecture 't5': no causal LM class .*AutoModelForCausalLM\.\)$"):
+        hp.registry.supported_schemes(model.config)
 
 
 def test_unsupported_cell_names_the_schemes_this_model_takes():

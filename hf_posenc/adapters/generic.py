@@ -62,7 +62,7 @@ def _meta_model(config: Any, model_class: type | None) -> nn.Module:
             return model_class._from_config(config) if model_class else AutoModelForCausalLM.from_config(config)
     except (ValueError, KeyError) as exc:
         raise PosEncError(f"unsupported architecture {config.model_type!r}: no causal LM class to read its "
-                          f"structure from ({exc})") from exc
+                          f"structure from ({str(exc).splitlines()[0]})") from exc
 
 
 def adapter_from(s: Structure) -> Adapter:
