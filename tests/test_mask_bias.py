@@ -152,6 +152,22 @@ def test_bloom_input_site_takes_its_trained_length_or_an_option():
     assert not hasattr(model.config, "max_position_embeddings")
 
 
+@pytest.mark.parametrize("model_type,scheme", [("bloom", "t5"), ("bloom", "rope"), ("bloom", "learned"),
+                                               ("falcon", "alibi"), ("falcon", "rope")])
+def test_left_padded_generate_with_static_cache_equals_dynamic_and_alone(model_type, scheme):
+    """BLOOM's generate pads the 2-D mask on the right to the static cache's length: positions are
+    counted over this call's columns, not the mask's last ones."""
+    model = hp.patch(zoo.build(model_type), scheme)
+    model.generation_config.update(pad_token_id=0, eos_token_id=None, do_sample=False, max_new_tokens=6)
+    prompt, other = zoo.inputs(1, 5, seed=2), zoo.inputs(1, 8, seed=3)
+    batch = torch.cat((torch.cat((torch.zeros(1, 3, dtype=torch.long), prompt), 1), other))
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    dynamic = model.generate(batch, attention_mask=mask)
+    assert torch.equal(model.generate(batch, attention_mask=mask, cache_implementation="static"), dynamic)
+    assert torch.equal(dynamic[0, 3:], model.generate(prompt, attention_mask=torch.ones_like(prompt))[0])
+
+
 @pytest.mark.parametrize("model_type,scheme", [("bloom", "t5"), ("bloom", "rope"), ("falcon", "kerple")])
 def test_reload_gives_the_same_logits(tmp_path, model_type, scheme):
     model, x = hp.patch(zoo.build(model_type), scheme), zoo.inputs()

@@ -63,14 +63,17 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     if explicit is not None:
         queries = (explicit - offset).expand(batch, -1)
     elif counted is not None:
-        queries = counted[:, -length:]
+        # this call's columns: the mask covers past and new tokens (BLOOM's generate pads it on the right
+        # to a static cache's length, so they are not always the last ones)
+        end = min(past + length, counted.shape[-1])
+        queries = counted[:, end - length:end]
     else:
         queries = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
     if not past:
         return Positions(queries, queries, [])
     earlier = compat.recorded_positions(cache)
     if earlier is None or earlier.shape[0] != batch:
-        if counted is not None and counted.shape[-1] == past + length:
+        if counted is not None and counted.shape[-1] >= past + length:
             earlier = counted[:, :past]
         else:
             earlier = torch.arange(past, device=ref.device).expand(batch, -1)
