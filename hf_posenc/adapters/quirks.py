@@ -28,8 +28,8 @@ PACKED_LAYOUTS: dict[str, str | dict[str, str]] = {
 }
 # Gaps no structure shows (found by the zoo sweep), by model type.
 KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "big_bird": {"qk_tap": "BigBird swaps its attention module for a new one (set_attention_type) when a sequence is too "
-                           "short for block-sparse attention; hooks on the old module stop running"},
+    "big_bird": {"qk_tap": "BigBird swaps its attention module for a new one (set_attention_type) when a sequence is "
+                           "too short for block-sparse attention; hooks on the old module stop running"},
     "doge": {"score": "Doge adds its own dynamic mask of shape (B, kv_heads, q, k) to the attention mask, which a "
                       "(B, heads, q, k) bias does not broadcast with"},
     "lfm3": {"rotary_off": "the model reads `rotary_emb.layer_types`, which a substitute rotation does not have"},

@@ -105,11 +105,6 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
     return params
 
 
-def model_length(adapter: Adapter, facts: ModelFacts, config: Any) -> int:
-    """max_position_embeddings, or the trained length of a family whose config names none (BLOOM)."""
-    return facts.max_positions + adapter.position_offset(config)
-
-
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
     base, config, options = model.base_model, compat.text_config(model.config), state.config.options
@@ -124,14 +119,17 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
         state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
-    elif adapter.rotary:
-        state.replace(base, adapter.rotary, spec.rotary(options, facts, model_length(adapter, facts, config)).to(facts.device))
     else:
-        state.add_module(base, ROTARY_MODULE, spec.rotary(options, facts, model_length(adapter, facts, config)).to(facts.device))
-        loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
-        for attention in adapter.attention_modules(model):
-            rotation = QKRotation(adapter.qk, facts.head_dim)
-            attention.register_forward_pre_hook(rotation, with_kwargs=True)
-            for path in adapter.qk.projections:
-                rotation.hook_at(attention, path)
+        # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
+        rotary = spec.rotary(options, facts, facts.max_positions + adapter.position_offset(config)).to(facts.device)
+        if adapter.rotary:
+            state.replace(base, adapter.rotary, rotary)
+        else:
+            state.add_module(base, ROTARY_MODULE, rotary)
+            loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
+            for attention in adapter.attention_modules(model):
+                rotation = QKRotation(adapter.qk, facts.head_dim)
+                attention.register_forward_pre_hook(rotation, with_kwargs=True)
+                for path in adapter.qk.projections:
+                    rotation.hook_at(attention, path)
     remove_native_positions(model, adapter, facts, state, keep_rotary=True)
