@@ -143,6 +143,21 @@ def test_bloom_per_head_packing_rotates_queries_and_keys_only():
     assert torch.equal(v, v0)
 
 
+def test_bloom_honours_explicit_position_ids_its_causal_lm_would_drop():
+    """BloomForCausalLM hands position_ids to the loss, never to BloomModel: the patch takes them at the
+    top so that absolute codes move with them and RoPE stays relative; unpatch leaves no hook."""
+    x, positions = zoo.inputs(batch=1), torch.arange(12)[None]
+    model = hp.patch(zoo.build("bloom"), "learned", init="normal")
+    plain = zoo.logits(model, x)
+    assert torch.equal(zoo.logits(model, x, position_ids=positions), plain)
+    assert not torch.allclose(zoo.logits(model, x, position_ids=positions + 5), plain, atol=1e-3)
+    hp.patch(model, "rope")
+    torch.testing.assert_close(zoo.logits(model, x, position_ids=positions + 5), zoo.logits(model, x),
+                               atol=zoo.SHIFTED_ATOL, rtol=zoo.SHIFTED_ATOL)
+    hp.unpatch(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
 def test_bloom_input_site_takes_its_trained_length_or_an_option():
     """BLOOM's config names no max_position_embeddings: tables default to its trained 2048 positions."""
     model = zoo.build("bloom")

@@ -94,6 +94,7 @@ class LayerLoop(PatchHook):
         self.contributions: list[Any] = []  # callables (base, kwargs, positions) -> None
         self.key_positions = False  # attention needs the keys' positions (score and attention sites)
         self.posenc_attention = False  # the scheme runs inside a posenc_* attention implementation
+        self.handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
 
     @property
     def needed(self) -> bool:
@@ -107,7 +108,9 @@ class LayerLoop(PatchHook):
                 f"patching, which drops the {base.config.posenc['scheme']!r} scheme; set it back with "
                 "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
             )
-        positions = positions_of(kwargs, self.offset)
+        handed, self.handed = self.handed, None
+        explicit = {"position_ids": handed} if handed is not None and kwargs.get("position_ids") is None else {}
+        positions = positions_of({**kwargs, **explicit}, self.offset)
         if self.slot and kwargs.get("position_ids") is None:
             kwargs["position_ids"] = positions.queries + self.offset
         if self.token_type_ids and kwargs.get("token_type_ids") is None:
@@ -124,6 +127,19 @@ class LayerLoop(PatchHook):
                     if isinstance(hook, CarryKwargs):
                         hook.private = private
         return (), kwargs
+
+
+class KeepPositionIds(PatchHook):
+    """Forward pre-hook on a model whose forward drops `position_ids` on the way to a base model that takes
+    none (BLOOM's causal LM hands its **kwargs to the loss): they go to this forward's `LayerLoop`."""
+
+    def __call__(self, model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kwargs = dict(kwargs)
+        handed = kwargs.pop("position_ids", None)
+        for hook in model.base_model._forward_pre_hooks.values():
+            if isinstance(hook, LayerLoop):
+                hook.handed = handed
+        return args, kwargs
 
 
 class RecordPositions(PatchHook):
