@@ -23,7 +23,7 @@ from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
-from .sites import INSTALLERS, LayerLoop, RecordPositions, RelayKwargs, remove_hooks
+from .sites import INSTALLERS, CarryKwargs, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks
 from .sites.qk import ROTARY_MODULE
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch"]
@@ -166,15 +166,26 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
     loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),
-                     adapter.token_type_ids)
+                     adapter.token_type_ids, carry=adapter.layers if adapter.carry_kwargs else None)
     INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
     if loop.needed:
         base.register_forward_pre_hook(loop, with_kwargs=True)
-        if adapter.relay_kwargs:
-            for block in adapter.attention_blocks(model):
-                block.register_forward_pre_hook(RelayKwargs(adapter.attention), with_kwargs=True)
+        relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
+        for block in adapter.attention_blocks(model) if relay else ():
+            block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
+        if model is not base and _drops_position_ids(model, base):
+            state.undo.append(RemoveHooks(model))
+            model.register_forward_pre_hook(KeepPositionIds(), with_kwargs=True)
     if loop.key_positions:
         base.register_forward_hook(RecordPositions(), with_kwargs=True)
+
+
+def _drops_position_ids(model: nn.Module, base: nn.Module) -> bool:
+    """The model's forward takes position_ids only into **kwargs and its base model has no such argument
+    (BLOOM): explicit positions would never reach the layer-loop hook."""
+    outer, inner = (inspect.signature(type(m).forward).parameters for m in (model, base))
+    return "position_ids" not in outer and "position_ids" not in inner and \
+        any(p.kind is p.VAR_KEYWORD for p in outer.values())
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ def test_list_prints_the_registry_matrix():
     assert data["matrix"]["bert"]["xpos"] is False and data["matrix"]["llama"]["yarn"] is True
     assert data["model_types"]["types"]["gemma3_text"]["sites"] == {"input": True, "qk": True, "score": True, "none": True}
     table = run("list", "--model-types").stdout
-    assert "| bloom | partial | alibi | - | - | - | yes | input: input: the config names no max_position_embeddings" in table
+    assert "| mpt | partial | alibi | - | yes | - | yes | input: input: the config names no max_position_embeddings" in table
 
 
 @pytest.fixture

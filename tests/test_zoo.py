@@ -136,7 +136,7 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
 
 
 @pytest.mark.parametrize("model_type,scheme,options,reason", [
-    ("bloom", "alibi", {}, "BloomAttention does not call attention through"),  # its own ALiBi can only go off
+    ("bloom", "xpos", {}, "BloomAttention does not call attention through"),  # xPos computes the logits itself
     ("lfm3", "nope", {}, "reads `rotary_emb.layer_types`"),  # data: quirks.KNOWN_GAPS
     ("laguna", "alibi", {}, "num_attention_heads_per_layer"),
     ("opt", "learned", {}, "layer loop runs in base_model.decoder"),

@@ -25,6 +25,14 @@ class QKTap:
     layout: str | None = None  # packed order of q, k, v: "grouped" [q | k | v], "per_head" [q_h k_h v_h]...
 
 
+# How a packed projection the q/k tap can split unfolds: its last dim becomes these axes, "qkv" the one
+# that picks q, k or v (other layouts, or fewer key-value heads than query heads, are a qk_tap gap).
+PACKED_SPLITS: dict[str, tuple[str, str, str]] = {
+    "grouped": ("qkv", "heads", "head_dim"),  # [q | k | v]
+    "per_head": ("heads", "qkv", "head_dim"),  # [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (GPT-NeoX, BLOOM)
+}
+
+
 # What a site installer does to a model, by name; an adapter's `gaps` name the ones it cannot do
 # for that model yet, and why. A scheme is supported when none of the mechanisms it needs is a gap.
 MECHANISMS = {
@@ -34,6 +42,7 @@ MECHANISMS = {
     "slot": "replace the absolute position module",
     "input": "add a position code to the token embeddings in the layer-loop pre-hook",
     "score": "run attention under a biased implementation (attention + mask interface)",
+    "score_mask": "add the bias to the mask an attention module outside ALL_ATTENTION_FUNCTIONS adds to its logits",
     "kwargs": "hand positions from the layer loop to the attention modules as private kwargs",
     "native_bias": "switch off the model's own score bias",
 }
@@ -60,6 +69,11 @@ class Adapter:
     rotary_dim: int | None = None  # width of (cos, sin) when only part of each head rotates
     native_bias: str | None = None  # block argument carrying the model's own score bias (BLOOM's `alibi`)
     relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
+    carry_kwargs: bool = False  # the loop calls blocks without **kwargs (BLOOM, Falcon): carried by hooks
+    score_mask: bool = False  # score biases go into the mask the attention adds to its logits (quirks)
+    native_bias_switch: str | None = None  # base-model attribute switching the native bias on (Falcon)
+    alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
+    trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
 
     def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
@@ -73,7 +87,7 @@ class Adapter:
         elif self.rotary:
             needs += ["rotary_off"]
         if scheme.site in ("score", "attention"):
-            needs += ["score", "kwargs"]
+            needs += ["score_mask" if self.score_mask and scheme.site == "score" else "score", "kwargs"]
         return tuple(needs)
 
     def why_not(self, scheme: Scheme) -> str | None:
@@ -102,10 +116,12 @@ class Adapter:
             hidden_size=embeddings.shape[-1],  # where input codes are added (ELECTRA: embedding_size)
             num_heads=heads,
             head_dim=head_dim,
-            # ALiBi models (BLOOM, MPT) name no length: 0, which only the input site would need (a gap there)
-            max_positions=getattr(config, "max_position_embeddings", 0) - self.position_offset(config),
+            # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
+            max_positions=(getattr(config, "max_position_embeddings", None) or self.trained_length or 0)
+            - self.position_offset(config),
             causal=self.causal,
             rope_parameters=rope,
+            alibi_scale=self.alibi_scale,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
             token_embeddings=embeddings.detach(),

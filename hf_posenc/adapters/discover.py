@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from .. import compat
+from .base import PACKED_SPLITS
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
-                     relays_kwargs,
+                     relays_kwargs, takes_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
 from .quirks import ROPE_SWITCHES, packed_layout
 
@@ -87,6 +88,7 @@ class Structure:
     mask_interface: bool  # the mask comes from masking_utils (AttentionMaskInterface)
     private_kwargs: bool  # loop owner -> block -> attention pass **kwargs through
     relay_kwargs: bool  # all but the block do, which takes **kwargs: a block pre-hook can hand them over
+    carry_kwargs: bool  # the loop calls blocks without them, the attention takes **kwargs: hooks carry them
     loop_takes: tuple[str, ...]  # position_ids / inputs_embeds accepted by the loop owner's forward
     causal: bool
     layer_types: tuple[str, ...] | None
@@ -139,6 +141,10 @@ def discover(model: nn.Module) -> Structure:
     loop_params = inspect.signature(type(owner).forward).parameters
     first_block = blocks[attention_layers[0]] if attention_layers else None
     links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
+    passed = bool(links) and all(passes_kwargs(m) for m in links)
+    # a hook on the block hands private kwargs to its one attention module (the relay, or the carry)
+    one_attention = bool(links) and sum(map(_holds_qk, first_block.modules())) == 1
+    relayed = not passed and one_attention and relays_kwargs(links, first_block)
     return Structure(
         model_type=config.model_type,
         composite=text is not config,
@@ -181,9 +187,10 @@ def discover(model: nn.Module) -> Structure:
         native_bias_kind=native_bias_kind(text, bias),
         attention_interface=attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
         mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
-        private_kwargs=bool(links) and all(passes_kwargs(m) for m in links),
-        relay_kwargs=bool(links) and not all(passes_kwargs(m) for m in links) and relays_kwargs(links, first_block)
-        and sum(map(_holds_qk, first_block.modules())) == 1,  # the relay feeds one attention module per block
+        private_kwargs=passed,
+        relay_kwargs=relayed,
+        # the carry's hook sits on the block, so the attention must be a module inside it (not XLM's list)
+        carry_kwargs=not passed and not relayed and one_attention and bool(attention_path) and takes_kwargs(links[-1]),
         loop_takes=tuple(p for p in ("position_ids", "inputs_embeds") if p in loop_params),
         causal=causal(text, owner),
         layer_types=layer_types,
@@ -287,12 +294,12 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int, head
             if width != expected:
                 return tap((name,), "packed", f"{name} emits {width} features, not (heads + 2*kv_heads)*head_dim="
                            f"{expected} (multi-query or another packing)", layout=layout)
-            if layout == "grouped" and heads == kv_heads:
+            if layout in PACKED_SPLITS and heads == kv_heads:
                 return tap((name,), "packed", None, layout=layout)
             return tap((name,), "packed", f"{name} packs q, k and v in a {layout or 'unknown'} layout"
                        + ("" if layout else " (add a packed-layout data entry)")
-                       + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits only [q | k | v] "
-                       "thirds", layout=layout)
+                       + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits only "
+                       f"{' or '.join(PACKED_SPLITS)} layouts with as many key-value as query heads", layout=layout)
     return tap((), None, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})")
 
 

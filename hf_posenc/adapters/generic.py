@@ -21,7 +21,8 @@ from torch import nn
 from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import Structure, discover
-from .quirks import KNOWN_GAPS
+from .quirks import (ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES,
+                     TRAINED_LENGTHS)
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
@@ -95,6 +96,11 @@ def adapter_from(s: Structure) -> Adapter:
         rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
         native_bias=s.native_bias if s.native_bias_kind else None,
         relay_kwargs=s.relay_kwargs,
+        carry_kwargs=s.carry_kwargs,
+        score_mask=not s.attention_interface and s.model_type in MASK_ADDED_TO_LOGITS,
+        native_bias_switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if s.native_bias_kind else None,
+        alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0) if s.native_bias_kind == "alibi" else 1.0,
+        trained_length=TRAINED_LENGTHS.get(s.model_type),
         gaps=gaps(s),
     )
 
@@ -132,9 +138,10 @@ def gaps(s: Structure) -> dict[str, str]:
             found.setdefault(m, reason)
 
     if s.loop_owner:
+        mask = ("score_mask",) if s.model_type in MASK_ADDED_TO_LOGITS else ()
         gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
-            "positions in", *NEEDS_LOOP_HOOK)
-    if s.max_positions is None:
+            "positions in", *NEEDS_LOOP_HOOK, *mask)
+    if s.max_positions is None and s.model_type not in TRAINED_LENGTHS:
         gap("the config names no max_position_embeddings to size an input-site table by", "input")
     _rotary_gaps(s, gap)
     if s.slot_call:
@@ -150,7 +157,7 @@ def gaps(s: Structure) -> dict[str, str]:
             f"{', ...' if len(s.attention_outside) > 3 else ''})", "qk_tap")
     if len(s.attention_paths) > 1:
         gap(f"self-attention sits at different paths in different blocks ({', '.join(s.attention_paths)})", "qk_tap")
-    if not s.private_kwargs and not s.relay_kwargs:
+    if not (s.private_kwargs or s.relay_kwargs or s.carry_kwargs):
         gap("the layer loop does not pass **kwargs through the blocks to the attention modules", "kwargs")
     if not s.attention_interface:
         gap(f"{s.attention_class} does not call attention through transformers' ALL_ATTENTION_FUNCTIONS", "score")

@@ -28,6 +28,8 @@ PACKED_LAYOUTS: dict[str, str | dict[str, str]] = {
 }
 # Gaps no structure shows (found by the zoo sweep), by model type.
 KNOWN_GAPS: dict[str, dict[str, str]] = {
+    "big_bird": {"qk_tap": "BigBird swaps its attention module for a new one (set_attention_type) when a sequence is "
+                           "too short for block-sparse attention; hooks on the old module stop running"},
     "doge": {"score": "Doge adds its own dynamic mask of shape (B, kv_heads, q, k) to the attention mask, which a "
                       "(B, heads, q, k) bias does not broadcast with"},
     "lfm3": {"rotary_off": "the model reads `rotary_emb.layer_types`, which a substitute rotation does not have"},
@@ -36,6 +38,18 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     "laguna": {"score": "heads are set per layer (num_attention_heads_per_layer); biases are built for "
                         "config.num_attention_heads"},
 }
+# Families whose config names no max_position_embeddings: the length they were trained at, which sizes
+# input-site tables (option `max_positions` overrides it). BLOOM: 2048 tokens (BigScience, arXiv 2211.05100).
+TRAINED_LENGTHS = {"bloom": 2048}
+# Attention modules outside ALL_ATTENTION_FUNCTIONS that add the `attention_mask` keyword they are handed to
+# their scaled logits (read in each modeling file: BLOOM after `alibi.baddbmm`, Falcon in sdpa and both eager
+# branches): the score site puts the scheme's bias into that mask.
+MASK_ADDED_TO_LOGITS = frozenset({"bloom", "falcon"})
+# A base-model attribute that switches the native bias on, where a zero bias argument would not reach it:
+# Falcon folds ALiBi into the mask before the blocks, and its attention rotates only when `alibi` is None.
+NATIVE_BIAS_SWITCHES = {"falcon": "use_alibi"}
+# Native ALiBi slopes are the standard ones times head_dim**power: Falcon divides its bias by sqrt(head_dim).
+ALIBI_HEAD_DIM_POWER = {"falcon": -0.5}
 # Configs that carry default rope_parameters but rotate only when this field has this value.
 ROPE_SWITCHES = {"granitemoehybrid": ("position_embedding_type", "rope"), "zamba2": ("use_mem_rope", True)}
 

@@ -235,7 +235,8 @@ def alibi_slopes(model: nn.Module) -> list[float]:
     if patched is None or patched.scheme != "alibi":
         raise PosEncError(f"{model.config.model_type} has no ALiBi bias (positions: {position_kind(model)}); "
                           f"allowed: a model patched with hf_posenc.patch(model, 'alibi')")
-    return alibi_scheme.alibi_slopes(head_shape(model)[0], patched.options["max_bias"]).tolist()
+    scale = patched.options.get("scale") or 1.0  # configs saved before the option existed
+    return (alibi_scheme.alibi_slopes(head_shape(model)[0], patched.options["max_bias"]) * scale).tolist()
 
 
 @torch.no_grad()

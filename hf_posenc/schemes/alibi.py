@@ -34,10 +34,10 @@ class AlibiBias(RelativeBias):
     """The slopes as a module (a buffer, not saved), so ALiBi has the same elementwise contract as
     the learned biases: -m_h |i - j| for any broadcastable head / position tensors."""
 
-    def __init__(self, num_heads: int, max_bias: float) -> None:
+    def __init__(self, num_heads: int, max_bias: float, scale: float = 1.0) -> None:
         super().__init__()
         self.heads = num_heads
-        self.register_buffer("slopes", alibi_slopes(num_heads, max_bias), persistent=False)
+        self.register_buffer("slopes", alibi_slopes(num_heads, max_bias) * scale, persistent=False)
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         return -self.slopes[head] * distance.abs().float()
@@ -46,10 +46,14 @@ class AlibiBias(RelativeBias):
 @dataclass(frozen=True)
 class AlibiOptions:
     max_bias: float = option(8.0, "slopes are 2^(-max_bias*h/H); 8 in Press et al. 2022")
+    scale: float | None = option(None, "multiplies every slope; default: the model's own ALiBi's (Falcon divides "
+                                       "by sqrt(head_dim)), else 1")
 
     def __post_init__(self) -> None:
         check(isinstance(self.max_bias, (int, float)) and self.max_bias > 0,
               f"max_bias must be > 0, got {self.max_bias!r}")
+        check(self.scale is None or (isinstance(self.scale, (int, float)) and self.scale > 0),
+              f"scale must be > 0, got {self.scale!r}")
 
 
 class Alibi(BiasScheme):
@@ -57,9 +61,13 @@ class Alibi(BiasScheme):
     Options = AlibiOptions
     citation = "Press et al. 2022, Train Short, Test Long: Attention with Linear Biases"
 
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        """`scale` left as None takes the model's own, so patching a model's own ALiBi leaves it as it was."""
+        return {**options, "scale": float(options["scale"] if options["scale"] is not None else facts.alibi_scale)}
+
     def module(self, options: dict[str, Any], facts: ModelFacts) -> AlibiBias:
         """The bias as a module, as the learned schemes give theirs: what fused attention paths evaluate."""
-        return AlibiBias(facts.num_heads, options["max_bias"])
+        return AlibiBias(facts.num_heads, options["max_bias"], options["scale"])
 
 
 register_scheme(Alibi())

@@ -40,6 +40,7 @@ class ModelFacts:
     rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
     position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
     position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
+    alibi_scale: float = 1.0  # the model's own ALiBi slopes over the standard ones (Falcon: 1/sqrt(head_dim))
     token_embeddings: torch.Tensor | None = None  # (V, d) input embedding matrix, detached
     dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")

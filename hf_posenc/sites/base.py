@@ -63,14 +63,17 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     if explicit is not None:
         queries = (explicit - offset).expand(batch, -1)
     elif counted is not None:
-        queries = counted[:, -length:]
+        # this call's columns: the mask covers past and new tokens (BLOOM's generate pads it on the right
+        # to a static cache's length, so they are not always the last ones)
+        end = min(past + length, counted.shape[-1])
+        queries = counted[:, end - length:end]
     else:
         queries = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
     if not past:
         return Positions(queries, queries, [])
     earlier = compat.recorded_positions(cache)
     if earlier is None or earlier.shape[0] != batch:
-        if counted is not None and counted.shape[-1] == past + length:
+        if counted is not None and counted.shape[-1] >= past + length:
             earlier = counted[:, :past]
         else:
             earlier = torch.arange(past, device=ref.device).expand(batch, -1)
@@ -84,10 +87,14 @@ class LayerLoop(PatchHook):
     functions. Positions never travel down as `position_ids` where the model would not have had them:
     ids that do not step by one with no mask and no cache are read by transformers as packed sequences."""
 
-    def __init__(self, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool) -> None:
+    def __init__(self, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool,
+                 carry: str | None = None) -> None:
         self.arg_names, self.offset, self.slot, self.token_type_ids = arg_names, offset, slot, token_type_ids
+        self.carry = carry  # path of the blocks whose `CarryKwargs` hooks take the private kwargs (BLOOM, Falcon)
         self.contributions: list[Any] = []  # callables (base, kwargs, positions) -> None
         self.key_positions = False  # attention needs the keys' positions (score and attention sites)
+        self.posenc_attention = False  # the scheme runs inside a posenc_* attention implementation
+        self.handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
 
     @property
     def needed(self) -> bool:
@@ -95,13 +102,15 @@ class LayerLoop(PatchHook):
 
     def __call__(self, base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
-        if self.key_positions and not compat.attn_implementation(base.config).startswith(PREFIX):
+        if self.posenc_attention and not compat.attn_implementation(base.config).startswith(PREFIX):
             raise PosEncError(
                 f"attention implementation was switched to {compat.attn_implementation(base.config)!r} after "
                 f"patching, which drops the {base.config.posenc['scheme']!r} scheme; set it back with "
                 "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
             )
-        positions = positions_of(kwargs, self.offset)
+        handed, self.handed = self.handed, None
+        explicit = {"position_ids": handed} if handed is not None and kwargs.get("position_ids") is None else {}
+        positions = positions_of({**kwargs, **explicit}, self.offset)
         if self.slot and kwargs.get("position_ids") is None:
             kwargs["position_ids"] = positions.queries + self.offset
         if self.token_type_ids and kwargs.get("token_type_ids") is None:
@@ -111,7 +120,26 @@ class LayerLoop(PatchHook):
             contribution(base, kwargs, positions)
         if self.key_positions:
             kwargs[POSITIONS_KWARG] = positions
+        if self.carry:
+            private = {k: v for k, v in kwargs.items() if k.startswith(PREFIX)}
+            for block in base.get_submodule(self.carry):
+                for hook in block._forward_pre_hooks.values():
+                    if isinstance(hook, CarryKwargs):
+                        hook.private = private
         return (), kwargs
+
+
+class KeepPositionIds(PatchHook):
+    """Forward pre-hook on a model whose forward drops `position_ids` on the way to a base model that takes
+    none (BLOOM's causal LM hands its **kwargs to the loss): they go to this forward's `LayerLoop`."""
+
+    def __call__(self, model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kwargs = dict(kwargs)
+        handed = kwargs.pop("position_ids", None)
+        for hook in model.base_model._forward_pre_hooks.values():
+            if isinstance(hook, LayerLoop):
+                hook.handed = handed
+        return args, kwargs
 
 
 class RecordPositions(PatchHook):
@@ -135,25 +163,42 @@ class RelayKwargs(PatchHook):
 
     def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         private = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith(PREFIX)]}
-        attention = block.get_submodule(self.attention)
-        hook = next((h for h in attention._forward_pre_hooks.values() if isinstance(h, InjectKwargs)), None)
-        if hook is None:  # first call, or a wrapper put a new module there
-            hook = InjectKwargs()
-            attention.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
-        hook.pending = private
+        inject(block.get_submodule(self.attention), private)
         return args, kwargs
 
 
+class CarryKwargs(PatchHook):
+    """Forward pre-hook on a block its layer loop calls without **kwargs (BLOOM, Falcon): hands the private
+    kwargs the `LayerLoop` left here for this forward to the attention module's `InjectKwargs`."""
+
+    def __init__(self, attention: str) -> None:
+        self.attention = attention
+        self.private: dict[str, Any] = {}
+
+    def __call__(self, block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        inject(block.get_submodule(self.attention), self.private)
+
+
+def inject(attention: nn.Module, private: dict[str, Any]) -> None:
+    """Leave `private` for the next call of `attention` with its `InjectKwargs` hook (added on first use,
+    or when a wrapper put a new module there)."""
+    hook = next((h for h in attention._forward_pre_hooks.values() if isinstance(h, InjectKwargs)), None)
+    if hook is None:
+        hook = InjectKwargs()
+        attention.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+    hook.pending = private
+
+
 class InjectKwargs(PatchHook):
-    """Forward pre-hook on an attention module: adds the private kwargs its block's `RelayKwargs` left here
-    for this call (before any other patch hook reads them)."""
+    """Forward pre-hook on an attention module: adds the private kwargs its block's `RelayKwargs` or
+    `CarryKwargs` left here (before any other patch hook reads them). They stay until the block's next call:
+    gradient checkpointing recomputes the block's forward in backward without running the block's hooks."""
 
     def __init__(self) -> None:
         self.pending: dict[str, Any] = {}
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        pending, self.pending = self.pending, {}
-        return args, {**kwargs, **pending}
+        return args, {**kwargs, **self.pending}
 
 
 class ZeroBias(PatchHook):
@@ -186,7 +231,12 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
     """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
     (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias."""
     base = model.base_model
-    if adapter.native_bias:
+    if adapter.native_bias_switch:
+        if not isinstance(getattr(base, adapter.native_bias_switch, None), bool):
+            raise PosEncError(f"{type(base).__name__} has no boolean `{adapter.native_bias_switch}` to switch its own "
+                              "position bias off")
+        state.set_attr(base, adapter.native_bias_switch, False)
+    elif adapter.native_bias:
         for block in adapter.attention_blocks(model):
             block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
     if adapter.position_slot and not keep_slot:
@@ -205,4 +255,4 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: A
     module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
     state.add_module(model.base_model, name, module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
-    loop.key_positions = True
+    loop.key_positions = loop.posenc_attention = True

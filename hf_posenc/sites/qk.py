@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from ..adapters.base import QKTap
+from ..adapters.base import PACKED_SPLITS, QKTap
 from ..attention import Positions
 from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
@@ -58,8 +58,12 @@ class RotateOutput(PatchHook):
         (cos, sin), self.rotation = self.rotation, None
         if not self.tap.packed:
             return self.rotate(output, cos, sin)
-        q, k, v = output.chunk(3, dim=-1)
-        return torch.cat((self.rotate(q, cos, sin), self.rotate(k, cos, sin), v), dim=-1)
+        # unfold the packed layout (adapters.base.PACKED_SPLITS) into (..., heads, head_dim) for q, k and v
+        axes = PACKED_SPLITS[self.tap.layout or "grouped"]
+        sizes = {"qkv": 3, "heads": -1, "head_dim": self.head_dim}
+        axis = axes.index("qkv") - len(axes)
+        q, k, v = output.unflatten(-1, tuple(sizes[a] for a in axes)).unbind(axis)
+        return torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), axis).flatten(-len(axes))
 
 
 class QKRotation(PatchHook):
@@ -115,14 +119,17 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
         state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
-    elif adapter.rotary:
-        state.replace(base, adapter.rotary, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
     else:
-        state.add_module(base, ROTARY_MODULE, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
-        loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
-        for attention in adapter.attention_modules(model):
-            rotation = QKRotation(adapter.qk, facts.head_dim)
-            attention.register_forward_pre_hook(rotation, with_kwargs=True)
-            for path in adapter.qk.projections:
-                rotation.hook_at(attention, path)
+        # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
+        rotary = spec.rotary(options, facts, facts.max_positions + adapter.position_offset(config)).to(facts.device)
+        if adapter.rotary:
+            state.replace(base, adapter.rotary, rotary)
+        else:
+            state.add_module(base, ROTARY_MODULE, rotary)
+            loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
+            for attention in adapter.attention_modules(model):
+                rotation = QKRotation(adapter.qk, facts.head_dim)
+                attention.register_forward_pre_hook(rotation, with_kwargs=True)
+                for path in adapter.qk.projections:
+                    rotation.hook_at(attention, path)
     remove_native_positions(model, adapter, facts, state, keep_rotary=True)

@@ -2,15 +2,71 @@
 
 The scheme's bias module lives on the base model as `posenc_bias`; the layer-loop hook hands it and the
 positions of queries and keys to the posenc attention function, which adds the bias whatever mask arrives.
+Families whose attention bypasses ALL_ATTENTION_FUNCTIONS but adds the mask it is handed to its scaled
+logits (`Adapter.score_mask`: BLOOM, Falcon) get the bias folded into that mask by a pre-hook instead.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
-from ..attention import BIAS_KWARG
-from .base import install_biased_attention
+import torch
+from torch import nn
+
+from .. import compat
+from ..attention import BIAS_KWARG, POSITIONS_KWARG, implementation_for, position_mask
+from ..errors import PosEncError
+from .base import LayerLoop, PassModule, PatchHook, install_biased_attention, remove_native_positions
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..patching import PatchState
+    from ..schemes.base import ModelFacts, Scheme
 
 BIAS_MODULE = "posenc_bias"
+MASK_ARGUMENT = "attention_mask"
 
-install = functools.partial(install_biased_attention, BIAS_MODULE, BIAS_KWARG)
+
+class BiasMask(PatchHook):
+    """Forward pre-hook on an attention module that adds the `attention_mask` it is handed to its scaled
+    logits: the mask becomes `position_mask` of it and the scheme's bias for this call's positions (added
+    once, nothing masked unmasked, one mask per forward shared by the layers), in the hidden states' dtype."""
+
+    def __init__(self, causal: bool) -> None:
+        self.causal = causal
+
+    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kwargs = dict(kwargs)
+        positions, bias = kwargs.pop(POSITIONS_KWARG, None), kwargs.pop(BIAS_KWARG, None)
+        if positions is None or bias is None:
+            raise PosEncError("score bias missing: a patched attention module was called outside its model")
+        if MASK_ARGUMENT not in kwargs:
+            raise PosEncError(f"{type(attention).__name__} was called without `{MASK_ARGUMENT}` as a keyword; "
+                              "the score bias has no mask to go into")
+        hidden = args[0] if args else kwargs["hidden_states"]
+        mask: torch.Tensor | None = kwargs[MASK_ARGUMENT]
+        kv_length = mask.shape[-1] if mask is not None else positions.keys.shape[-1]
+        kwargs[MASK_ARGUMENT] = position_mask(positions, mask, bias, self.causal, hidden.shape[1], kv_length,
+                                              hidden.dtype, hidden.device)
+        return args, kwargs
+
+
+def install_mask_bias(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+                      loop: LayerLoop) -> None:
+    """The bias module on the base model; a `BiasMask` on every attention module takes it and the positions."""
+    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float mask
+    remove_native_positions(model, adapter, facts, state)
+    module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
+    state.add_module(model.base_model, BIAS_MODULE, module, new=True)
+    loop.contributions.append(PassModule(BIAS_KWARG, BIAS_MODULE))
+    loop.key_positions = True
+    for attention in adapter.attention_modules(model):
+        attention.register_forward_pre_hook(BiasMask(adapter.causal), with_kwargs=True)
+
+
+def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+            loop: LayerLoop) -> None:
+    installer = install_mask_bias if adapter.score_mask else functools.partial(install_biased_attention, BIAS_MODULE,
+                                                                                BIAS_KWARG)
+    installer(model, adapter, spec, facts, state, loop)
