@@ -44,6 +44,19 @@ def geometry(model: torch.nn.Module, ids: torch.Tensor, seq_len: int) -> dict[st
             "four_terms": {term: sum(terms[term]) / len(terms[term]) for term in analysis.TERMS}}
 
 
+def encoding(model: torch.nn.Module, seq_len: int) -> dict[str, Any]:
+    """The seed's other two questions on the trained position code: how linear a shift of it is (R^2 of
+    PE(p+k) ~ M_k PE(p) against k, and the random-table chance level), and where its variation sits
+    along the token embedding's singular directions (top vs bottom quarter; uniform is 0.25 each)."""
+    positions = analysis.position_vectors(model, seq_len)
+    fit = analysis.shift_fit(positions)
+    energy = analysis.energy_by_direction(positions, analysis.token_vectors(model))
+    quarters = analysis.quarter_shares(energy["per_token_direction"]["variation"])
+    return {"offsets": fit["offsets"], "r2": fit["r2"], "random_r2": fit["random_r2"], "rank": fit["rank"],
+            "variation_top_token_quarter": quarters["first_quarter"],
+            "variation_bottom_token_quarter": quarters["last_quarter"]}
+
+
 def checkpoint_model(recipe: Recipe, checkpoint: Path | None) -> torch.nn.Module:
     """The run's model as built by the runner (init weights, patch applied), with a checkpoint's weights
     (None: at initialisation)."""

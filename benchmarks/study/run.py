@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from arms import Arm, arms  # noqa: E402
-from measure import checkpoint_model, geometry, held_out_ids, length_metrics  # noqa: E402
+from measure import checkpoint_model, encoding, geometry, held_out_ids, length_metrics  # noqa: E402
 from settings import FULL, SMOKE, Settings  # noqa: E402
 from tokenizer import train_bpe  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
@@ -88,6 +88,15 @@ def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: to
             "params": sum(p.numel() for p in model.parameters()), "metrics": metrics}
 
 
+def add_encoding(runs: list[dict[str, Any]], table: dict[str, Arm], s: Settings, work: Path) -> None:
+    """Shift-fit R^2 and token-direction shares of every added arm's trained code that lacks them
+    (read from the run folder the training left, so a finished study gains them without retraining)."""
+    for run in runs:
+        folder = work / f"{run['arm']}-seed{run['seed']}" / "run"
+        if table[run["arm"]].added and "encoding" not in run["metrics"] and folder.is_dir():
+            run["metrics"]["encoding"] = encoding(hp.from_pretrained(folder), s.seq_len)
+
+
 def summary(runs: list[dict[str, Any]], s: Settings) -> str:
     """Mean +- std over seeds per arm, and the mean paired difference against `learned` (same seed)."""
     lengths = [s.seq_len, 2 * s.seq_len, 4 * s.seq_len]
@@ -118,6 +127,77 @@ def summary(runs: list[dict[str, Any]], s: Settings) -> str:
         f"({s.windows} windows x {s.target} tokens) on the held-out KJV tail.\n"
 
 
+def geometry_summary(runs: list[dict[str, Any]]) -> str:
+    """The added arms' trained position code, mean +- std over seeds: energy share in the token subspace and
+    median principal angle (each vs random subspaces), layer-0 four-term shares, shift-fit R^2 at the
+    smallest and a middle offset, and position variation along the token embedding's top / bottom quarter."""
+
+    def stat(values: list[float]) -> str:
+        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+    added = [r for r in runs if "geometry" in r["metrics"]]
+    if not added:
+        return ""
+    head = ["arm", "energy in token subspace (random)", "median angle ° (random)", "c·c", "c·p + p·c", "p·p",
+            "R² k=1 (random)", "R² mid k (random)", "variation top / bottom ¼"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for arm in dict.fromkeys(r["arm"] for r in added):
+        mine = [r for r in added if r["arm"] == arm]
+        end = [r["metrics"]["geometry"][-1] for r in mine]
+        terms = [g["four_terms"] for g in end]
+        cells = [arm, f"{stat([g['position_energy_in_token_subspace'] for g in end])} "
+                      f"({statistics.mean(g['random_energy'] for g in end):.2f})",
+                 f"{stat([g['angles_median_deg'] for g in end])} "
+                 f"({statistics.mean(g['random_angles_median_deg'] for g in end):.1f})",
+                 stat([t["content-content"] for t in terms]),
+                 stat([t["content-position"] + t["position-content"] for t in terms]),
+                 stat([t["position-position"] for t in terms])]
+        enc = [r["metrics"]["encoding"] for r in mine if "encoding" in r["metrics"]]
+        if enc:
+            mid = len(enc[0]["offsets"]) // 2
+            cells += [f"{stat([e['r2'][0] for e in enc])} ({statistics.mean(e['random_r2'][0] for e in enc):.2f})",
+                      f"{stat([e['r2'][mid] for e in enc])} @ k={enc[0]['offsets'][mid]} "
+                      f"({statistics.mean(e['random_r2'][mid] for e in enc):.2f})",
+                      f"{stat([e['variation_top_token_quarter'] for e in enc])} / "
+                      f"{stat([e['variation_bottom_token_quarter'] for e in enc])}"]
+        else:
+            cells += ["–"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def draw_geometry(runs: list[dict[str, Any]], out: Path) -> None:
+    """Layer-0 four-term shares over training, and shift-fit R^2 against the offset, for the added arms."""
+    added = [r for r in runs if "geometry" in r["metrics"]]
+    if not added:
+        return
+    plt = plots.pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, arm in enumerate(dict.fromkeys(r["arm"] for r in added)):
+        mine = [r for r in added if r["arm"] == arm]
+        steps = [g["step"] for g in mine[0]["metrics"]["geometry"]]
+
+        def mean(term: str) -> list[float]:
+            return [statistics.mean(r["metrics"]["geometry"][j]["four_terms"][term] for r in mine)
+                    for j in range(len(steps))]
+
+        color = f"C{i}"
+        ax.plot(steps, mean("content-content"), "o-", color=color, label=f"{arm} c·c")
+        ax.plot(steps, mean("position-position"), "s--", color=color, label=f"{arm} p·p")
+        enc = [r["metrics"]["encoding"] for r in mine if "encoding" in r["metrics"]]
+        if enc:
+            k = enc[0]["offsets"]
+            bx.plot(k, [statistics.mean(e["r2"][j] for e in enc) for j in range(len(k))], "o-", color=color, label=arm)
+            bx.plot(k, [statistics.mean(e["random_r2"][j] for e in enc) for j in range(len(k))], ":", color=color)
+    ax.set(xlabel="training step", ylabel="share of layer-0 logit variation",
+           title="four terms of layer-0 attention (c·p and p·c: the rest)")
+    bx.set(xscale="log", xlabel="offset k", ylabel="R²", ylim=(-0.05, 1.05),
+           title="PE(p+k) ≈ M_k PE(p): fit by least squares (dotted: random table)")
+    ax.legend(fontsize=6, ncol=2)
+    bx.legend(fontsize=7)
+    plots.save(fig, out / "geometry.png")
+
+
 def draw(runs: list[dict[str, Any]], out: Path) -> None:
     """Mean same-target perplexity by length per arm; energy share over training for the added arms."""
     plt = plots.pyplot()
@@ -145,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_ARMS)}, 1 seed")
     parser.add_argument("--arms", default=None, help="comma-separated subset of the arms")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the settings')")
-    parser.add_argument("--out", default=str(HERE / "out"), help="results.json, results.md, study.png, work/")
+    parser.add_argument("--out", default=str(HERE), help="results.json, results.md, *.png (and scratch: work/, tokenizer)")
     args = parser.parse_args(argv)
     s = SMOKE if args.smoke else FULL
     if args.seeds:
@@ -172,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, seed in tqdm(todo, desc="study", unit="run"):
         runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / "work"))
         write_json(path, {"runs": runs, "settings": settings})
+    add_encoding(runs, table, s, out / "work")
     write_json(path, {"runs": runs, "settings": settings})
-    (out / "results.md").write_text(summary(runs, s))
+    (out / "results.md").write_text(summary(runs, s) + "\n" + geometry_summary(runs))
     draw(runs, out)
+    draw_geometry(runs, out)
     print((out / "results.md").read_text())
     return 0
 
