@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from torch import nn
 
 from . import attention, input, qk, score
-from .base import LayerLoop, RecordPositions, RelayKwargs, remove_hooks, remove_native_positions
+from .base import HandSlotIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -33,4 +33,4 @@ INSTALLERS: dict[str, Callable[..., None]] = {
     "none": _none,
 }
 
-__all__ = ["INSTALLERS", "LayerLoop", "RecordPositions", "RelayKwargs", "remove_hooks"]
+__all__ = ["INSTALLERS", "HandSlotIds", "LayerLoop", "RecordPositions", "RelayKwargs", "remove_hooks"]

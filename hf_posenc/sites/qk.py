@@ -2,9 +2,9 @@
 
 A model that rotates natively takes the scheme as config (`rope_parameters` and a rebuilt rotary module,
 which plain transformers reloads) or, for a different rotating fraction, the scheme's rotary module in
-its slot. Other models get the rotary module as `posenc_rotary`: the layer-loop hook computes (cos, sin)
-once per forward and passes them down; a pre-hook on each attention module hands them to forward hooks
-on the q/k projections.
+its slot. Other models get the rotary module as `posenc_rotary` on the loop owner: the layer-loop hook
+computes (cos, sin) once per forward and passes them down; a pre-hook on each attention module hands them
+to forward hooks on the q/k projections.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class RotaryKwarg:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+    def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
         ref = torch.empty(0, device=positions.queries.device)
-        kwargs[ROTARY_KWARG] = base.get_submodule(self.path)(ref, positions.queries)
+        kwargs[ROTARY_KWARG] = owner.get_submodule(self.path)(ref, positions.queries)
 
 
 class RotateOutput(PatchHook):
@@ -118,7 +118,8 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
     elif adapter.rotary:
         state.replace(base, adapter.rotary, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
     else:
-        state.add_module(base, ROTARY_MODULE, spec.rotary(options, facts, config.max_position_embeddings).to(facts.device))
+        rotary = spec.rotary(options, facts, config.max_position_embeddings).to(facts.device)
+        state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary)
         loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
         for attention in adapter.attention_modules(model):
             rotation = QKRotation(adapter.qk, facts.head_dim)

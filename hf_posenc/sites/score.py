@@ -1,7 +1,8 @@
 """Score site (alibi, t5, fire, kerple, untied): a bias on the attention logits.
 
-The scheme's bias module lives on the base model as `posenc_bias`; the layer-loop hook hands it and the
-positions of queries and keys to the posenc attention function, which adds the bias whatever mask arrives.
+The scheme's bias module lives on the layer loop's module (the base model, OPT's decoder) as `posenc_bias`;
+the layer-loop hook hands it and the positions of queries and keys to the posenc attention function, which
+adds the bias whatever mask arrives.
 """
 
 from __future__ import annotations
