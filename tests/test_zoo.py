@@ -197,6 +197,19 @@ def test_a_slot_called_with_its_own_arguments_takes_the_loops_positions(scheme, 
     assert not any(m._forward_pre_hooks for m in model.modules())
 
 
+@pytest.mark.parametrize("scheme,options", [("learned", {"init": "normal"}), ("alibi", {})])
+def test_generate_through_a_hooked_slot_follows_padding_and_static_caches(scheme, options):
+    """OPT's slot gets the loop's positions on every decoding step: a left-padded row generates what the
+    prompt alone does, with a dynamic or a static cache."""
+    model, x = hp.patch(zoo.build("opt"), scheme, **options), zoo.inputs(length=6)
+    mask = torch.ones_like(x)
+    mask[0, :2] = 0
+    dynamic = model.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    static = model.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    assert torch.equal(dynamic, static)
+    assert torch.equal(dynamic[0, 2:], model.generate(x[:1, 2:], max_new_tokens=5, do_sample=False)[0])
+
+
 def test_hybrid_models_tap_only_their_attention_layers():
     """Jamba's mamba blocks have no attention: q/k taps go on the attention blocks alone."""
     model = zoo.build("jamba")
