@@ -105,8 +105,8 @@ def test_generic_discovery_agrees_with_the_hand_written_adapter(model_type):
     """Reading the instance finds what the hand-written adapters state (the encoders as MLMs)."""
     model = zoo.build(model_type) if model_type in HAND_WRITTEN else tiny_model(model_type)
     ours, theirs = adapter_from(discover(model)), ADAPTERS[model_type]
-    fields = ("native", "causal", "layers", "attention", "position_slot", "rotary", "token_type_ids",
-              "other_embeddings")
+    fields = ("native", "causal", "loop", "layers", "attention", "position_slot", "slot_hooked", "slot_adds_offset",
+              "rotary", "token_type_ids", "other_embeddings")
     assert {f: getattr(ours, f) for f in fields} == {f: getattr(theirs, f) for f in fields}
     assert ours.position_offset(model.config) == theirs.position_offset(model.config)
     assert (ours.qk.projections, ours.qk.packed, ours.qk.per_head) == \
