@@ -23,7 +23,8 @@ from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
-from .sites import INSTALLERS, CarryKwargs, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks
+from .sites import (INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs,
+                    remove_hooks)
 from .sites.qk import ROTARY_MODULE
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch"]
@@ -86,12 +87,14 @@ class PatchState:
         self.set_attr(base.get_submodule(parent_path) if parent_path else base, name, module)
         self.new_modules.append(path)
 
-    def add_module(self, base: nn.Module, name: str, module: nn.Module, new: bool = False) -> None:
-        """Attach a module; `new` marks one whose weights a checkpoint must carry."""
-        base.add_module(name, module)
-        self.undo.append(Restore(base, name, None, existed=False))
+    def add_module(self, base: nn.Module, path: str, module: nn.Module, new: bool = False) -> None:
+        """Attach a module at `path` (from the base model); `new` marks one whose weights a checkpoint must carry."""
+        parent_path, _, name = path.rpartition(".")
+        parent = base.get_submodule(parent_path) if parent_path else base
+        parent.add_module(name, module)
+        self.undo.append(Restore(parent, name, None, existed=False))
         if new:
-            self.new_modules.append(name)
+            self.new_modules.append(path)
 
     def set_attn_implementation(self, model: nn.Module, name: str) -> None:
         self.undo.append(RestoreAttention(model, compat.attn_implementation(model.config)))
@@ -157,7 +160,8 @@ def unpatch(model: nn.Module) -> nn.Module:
 def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
     """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
     base, config = model.base_model, model.config
-    offset = adapter.position_offset(compat.text_config(config))
+    owner = base.get_submodule(adapter.loop) if adapter.loop else base
+    offset = adapter.ids_offset(compat.text_config(config))
     state.undo.append(RemoveHooks(base))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
     # the folders it saves load back patched, never as the stock model (saving.py)
@@ -165,19 +169,22 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
-    loop = LayerLoop(list(inspect.signature(base.forward).parameters), offset, bool(adapter.position_slot),
-                     adapter.token_type_ids, carry=adapter.layers if adapter.carry_kwargs else None)
+    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
+                     bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
+                     carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
+    if adapter.position_slot and adapter.slot_hooked:
+        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
     INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
     if loop.needed:
-        base.register_forward_pre_hook(loop, with_kwargs=True)
+        owner.register_forward_pre_hook(loop, with_kwargs=True)
         relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
         for block in adapter.attention_blocks(model) if relay else ():
             block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
         if model is not base and _drops_position_ids(model, base):
             state.undo.append(RemoveHooks(model))
-            model.register_forward_pre_hook(KeepPositionIds(), with_kwargs=True)
+            model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
     if loop.key_positions:
-        base.register_forward_hook(RecordPositions(), with_kwargs=True)
+        owner.register_forward_hook(RecordPositions(), with_kwargs=True)
 
 
 def _drops_position_ids(model: nn.Module, base: nn.Module) -> bool:

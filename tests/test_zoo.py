@@ -105,8 +105,8 @@ def test_generic_discovery_agrees_with_the_hand_written_adapter(model_type):
     """Reading the instance finds what the hand-written adapters state (the encoders as MLMs)."""
     model = zoo.build(model_type) if model_type in HAND_WRITTEN else tiny_model(model_type)
     ours, theirs = adapter_from(discover(model)), ADAPTERS[model_type]
-    fields = ("native", "causal", "layers", "attention", "position_slot", "rotary", "token_type_ids",
-              "other_embeddings")
+    fields = ("native", "causal", "loop", "layers", "attention", "position_slot", "slot_hooked", "slot_adds_offset",
+              "rotary", "token_type_ids", "other_embeddings")
     assert {f: getattr(ours, f) for f in fields} == {f: getattr(theirs, f) for f in fields}
     assert ours.position_offset(model.config) == theirs.position_offset(model.config)
     assert (ours.qk.projections, ours.qk.packed, ours.qk.per_head) == \
@@ -139,7 +139,7 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
     ("bloom", "xpos", {}, "BloomAttention does not call attention through"),  # xPos computes the logits itself
     ("lfm3", "nope", {}, "reads `rotary_emb.layer_types`"),  # data: quirks.KNOWN_GAPS
     ("laguna", "alibi", {}, "num_attention_heads_per_layer"),
-    ("opt", "learned", {}, "layer loop runs in base_model.decoder"),
+    ("roformer", "learned", {}, "not a code added to the token embeddings"),  # its table feeds a rotation
     ("gpt_bigcode", "rope", {}, "multi-query or another packing"),
 ])
 def test_unsupported_cells_say_why_and_refuse_cleanly(model_type, scheme, options, reason):
@@ -175,6 +175,39 @@ def test_blocks_that_drop_kwargs_get_them_relayed():
     hp.unpatch(model)
     assert not any(m._forward_pre_hooks for m in model.modules())
     assert torch.equal(zoo.logits(model, x), before)
+
+
+@pytest.mark.parametrize("scheme,options", [("learned", {"max_positions": 256, "init": "interpolate"}),
+                                            ("sinusoidal", {}), ("alibi", {})])
+def test_a_slot_called_with_its_own_arguments_takes_the_loops_positions(scheme, options, tmp_path):
+    """OPT's decoder (the layer loop, below base_model) calls its table as (mask, past length, position_ids=)
+    and adds the offset 2 itself: position ids count from 0, explicit ones are honoured, and a saved patch
+    reloads with a table plain transformers sizes from max_position_embeddings."""
+    model, x = zoo.build("opt"), zoo.inputs()
+    adapter = hp.registry.adapter_for(model)
+    assert (adapter.loop, adapter.slot_hooked, adapter.ids_offset(model.config)) == ("decoder", True, 0)
+    patched = zoo.logits(hp.patch(model, scheme, **options), x)
+    positions = torch.arange(x.shape[1])[None]
+    torch.testing.assert_close(zoo.logits(model, x, position_ids=positions), patched)
+    shifted = zoo.logits(model, x, position_ids=positions + 3)
+    assert torch.allclose(shifted, patched, atol=1e-4) == (scheme == "alibi")  # only absolute codes see a shift
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(zoo.logits(hp.from_pretrained(str(tmp_path)).eval(), x), patched)
+    hp.unpatch(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("scheme,options", [("learned", {"init": "normal"}), ("alibi", {})])
+def test_generate_through_a_hooked_slot_follows_padding_and_static_caches(scheme, options):
+    """OPT's slot gets the loop's positions on every decoding step: a left-padded row generates what the
+    prompt alone does, with a dynamic or a static cache."""
+    model, x = hp.patch(zoo.build("opt"), scheme, **options), zoo.inputs(length=6)
+    mask = torch.ones_like(x)
+    mask[0, :2] = 0
+    dynamic = model.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    static = model.generate(x, attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    assert torch.equal(dynamic, static)
+    assert torch.equal(dynamic[0, 2:], model.generate(x[:1, 2:], max_new_tokens=5, do_sample=False)[0])
 
 
 def test_hybrid_models_tap_only_their_attention_layers():

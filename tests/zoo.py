@@ -319,7 +319,7 @@ def check_left_padding(model_type: str, site: str | None) -> None:
     mask[0, :pad] = 0
     positions: dict[str, dict[str, torch.Tensor]] = {"alone": {}, "batch": {}}
     if site is None:
-        offset = adapter_of(model).position_offset(model.config)
+        offset = adapter_of(model).ids_offset(model.config)
         positions = {"alone": {"position_ids": torch.arange(x.shape[1])[None] + offset},
                      "batch": {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0) + offset}}
     alone = logits(model, x, attention_mask=torch.ones_like(x), **positions["alone"])

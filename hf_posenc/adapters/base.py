@@ -1,6 +1,6 @@
 """An adapter says, as data, where positions enter one architecture family.
 
-Paths are dotted attribute paths relative to `model.base_model` (layers, position slot, rotary)
+Paths are dotted attribute paths relative to `model.base_model` (loop, layers, position slot, rotary)
 or to one block (attention) or to the attention module (q/k projections).
 """
 
@@ -56,9 +56,16 @@ class Adapter:
     causal: bool
     layers: str  # the ModuleList of blocks
     attention: str  # the self-attention module inside a block
-    position_slot: str | None = None  # absolute position embedding module, called with position_ids;
+    position_slot: str | None = None  # absolute position embedding module, called with position_ids (or hooked);
     # without one, input-site codes are added to the token embeddings in the layer-loop pre-hook
     position_offset: Callable[[Any], int] = field(default=lambda config: 0)  # table row of position 0
+    # The slot adds `position_offset` itself (OPT, BART): position ids and max_position_embeddings count
+    # from position 0, not from the table's first row (RoBERTa).
+    slot_adds_offset: bool = False
+    # The model calls the slot with other arguments than position ids (OPT: attention_mask, past length,
+    # position_ids=...): a pre-hook on the slot turns the call into `slot(ids)` with the loop's ids.
+    slot_hooked: bool = False
+    loop: str = ""  # the module whose forward runs the layer loop, where positions are hooked in ("": base)
     token_type_ids: bool = False  # has a zero token-type buffer indexed by position (BERT)
     other_embeddings: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
     rotary: str | None = None  # native rotary module returning (cos, sin)
@@ -113,12 +120,14 @@ class Adapter:
         if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
             rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
         return ModelFacts(
-            hidden_size=embeddings.shape[-1],  # where input codes are added (ELECTRA: embedding_size)
+            # where input codes are added: the table's width (OPT-350m projects its 512-wide tokens to 1024
+            # before adding positions), else the tokens' (ELECTRA: embedding_size)
+            hidden_size=(table if table is not None else embeddings).shape[-1],
             num_heads=heads,
             head_dim=head_dim,
             # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
             max_positions=(getattr(config, "max_position_embeddings", None) or self.trained_length or 0)
-            - self.position_offset(config),
+            - self.ids_offset(config),
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.alibi_scale,
@@ -128,6 +137,24 @@ class Adapter:
             dtype=embeddings.dtype,
             device=embeddings.device,
         )
+
+    def ids_offset(self, config: Any) -> int:
+        """What position ids passed to the model add to a position (the offset unless the slot adds it)."""
+        return 0 if self.slot_adds_offset else self.position_offset(config)
+
+    def at_loop(self, name: str) -> str:
+        """Path from the base model of `name` on the loop owner (where a patch puts its modules)."""
+        return f"{self.loop}.{name}" if self.loop else name
+
+    def from_loop(self, path: str) -> str:
+        """`path` (from the base model) relative to the loop owner, which must hold it."""
+        if not self.loop:
+            return path
+        if not path.startswith(self.loop + "."):
+            from ..errors import PosEncError
+
+            raise PosEncError(f"{path} lies outside the layer loop's module {self.loop}, where positions are hooked in")
+        return path[len(self.loop) + 1:]
 
     def attention_blocks(self, model: nn.Module) -> list[nn.Module]:
         blocks = list(get_module(model.base_model, self.layers))

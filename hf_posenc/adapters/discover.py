@@ -36,6 +36,7 @@ CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
 # layer kinds without softmax attention in `config.layer_types` (hybrid SSM / linear-attention models)
 NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "moe")
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
+OUTSIDE = "<outside base_model>."  # prefix of a path discovery found outside the base model
 STANDARD_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 
 
@@ -59,6 +60,7 @@ class Structure:
     heads: int
     kv_heads: int
     head_dim: int
+    hidden_size: int | None  # config.hidden_size: the width of the hidden states position codes are added to
     taps: tuple[str, ...]
     tap_kind: str | None  # "norms", "projections", "packed", "latent"
     tap_per_head: bool  # tap outputs are (B, L, H, D) rather than (B, L, H*D)
@@ -78,8 +80,10 @@ class Structure:
     slot: str | None
     slot_class: str | None
     slot_offset: int
+    slot_adds_offset: bool  # the slot adds `slot_offset` to the ids itself (OPT, BART), else they include it
     slot_learned: bool  # has trainable parameters (a table, or factors of one like Reformer's axial tables)
     slot_call: str | None  # None if the model calls it with position ids alone
+    slot_width: int | None  # width of the code the slot returns (table columns, or `embedding_dim`)
     token_type_ids: bool
     other_embeddings: tuple[str, ...]
     native_bias: str | None  # block argument carrying a native score bias ("alibi", "position_bias")
@@ -162,6 +166,7 @@ def discover(model: nn.Module) -> Structure:
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
+        hidden_size=getattr(text, "hidden_size", None),
         **tap,
         rotary=tuple(_join(owner_to_base, r) for r in rotaries),
         rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
@@ -178,8 +183,10 @@ def discover(model: nn.Module) -> Structure:
         slot=_join(owner_to_base, slot) if slot else None,
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
         slot_offset=_slot_offset(slot_module),
+        slot_adds_offset=_adds_offset(slot_module),
         slot_learned=slot_module is not None and any(True for _ in slot_module.parameters()),
         slot_call=slot_call(slot_module) if slot_module is not None else None,
+        slot_width=_slot_width(slot_module),
         token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
         other_embeddings=tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
                                if _has_module(owner, p)),
@@ -325,6 +332,21 @@ def _slot_offset(slot: nn.Module | None) -> int:
     return padding + 1 if isinstance(padding, int) else 0
 
 
+def _slot_width(slot: nn.Module | None) -> int | None:
+    weight = getattr(slot, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[-1])
+    width = getattr(slot, "embedding_dim", None)
+    return width if isinstance(width, int) else None
+
+
+def _adds_offset(slot: nn.Module | None) -> bool:
+    """OPT-style slots keep their offset as an attribute and add it in forward: the ids the model takes
+    (and its max_position_embeddings) count from position 0."""
+    return slot is not None and isinstance(getattr(slot, "offset", None), int) and slot.offset > 0 \
+        and source_has(type(slot).forward, ("self.offset",))
+
+
 def _has_buffer(root: nn.Module, path: str) -> bool:
     parent, _, name = path.rpartition(".")
     return _has_module(root, parent) and name in dict(root.get_submodule(parent).named_buffers(recurse=False))
@@ -343,7 +365,7 @@ def _relative(path: str, base: str) -> str:
     if path == base:
         return ""
     if base and not path.startswith(base + "."):
-        return "<outside base_model>." + path
+        return OUTSIDE + path
     return path[len(base) + 1:] if base else path
 
 

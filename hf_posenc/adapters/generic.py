@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import PosEncError
 from .base import Adapter, QKTap
-from .discover import Structure, discover
+from .discover import OUTSIDE, Structure, discover
 from .quirks import (ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES,
                      TRAINED_LENGTHS)
 
@@ -87,6 +87,9 @@ def adapter_from(s: Structure) -> Adapter:
         attention=s.attention,
         position_slot=s.slot,
         position_offset=FixedOffset(s.slot_offset),
+        slot_adds_offset=s.slot_adds_offset,
+        slot_hooked=s.slot_call is not None,
+        loop=s.loop_owner,
         token_type_ids=s.token_type_ids,
         other_embeddings=s.other_embeddings,
         rotary=s.rotary[0] if s.rotary else None,
@@ -137,16 +140,23 @@ def gaps(s: Structure) -> dict[str, str]:
         for m in mechanisms:
             found.setdefault(m, reason)
 
-    if s.loop_owner:
+    if s.loop_owner.startswith(OUTSIDE):
         mask = ("score_mask",) if s.model_type in MASK_ADDED_TO_LOGITS else ()
-        gap(f"the layer loop runs in base_model.{s.loop_owner}, not in base_model, where the installers hook "
-            "positions in", *NEEDS_LOOP_HOOK, *mask)
+        gap(f"the layer loop runs in {s.loop_owner.removeprefix(OUTSIDE)}, outside the base model, where the "
+            "installers cannot hook positions in", *NEEDS_LOOP_HOOK, *mask)
+    if s.slot and s.loop_owner and not s.slot.startswith(s.loop_owner + "."):
+        gap(f"the position slot {s.slot} lies outside base_model.{s.loop_owner}, whose forward runs the layer "
+            "loop the positions come from", "slot")
     if s.max_positions is None and s.model_type not in TRAINED_LENGTHS:
         gap("the config names no max_position_embeddings to size an input-site table by", "input")
     _rotary_gaps(s, gap)
-    if s.slot_call:
-        gap(f"the model calls {s.slot} as {s.slot_call}; a replacement must take the same arguments", "slot")
-    if "position_ids" not in s.loop_takes:
+    if s.slot_call and s.slot_width != s.hidden_size:
+        gap(f"the model calls {s.slot} as {s.slot_call} and it returns {s.slot_width or 'an unknown number of'} "
+            f"features, not hidden_size={s.hidden_size}: not a code added to the token embeddings", "slot")
+    if s.slot and s.max_positions is None:
+        gap("the config names no max_position_embeddings: a patch cannot size the slot's table, nor plain "
+            "transformers rebuild it", "slot")
+    if "position_ids" not in s.loop_takes and not s.slot_call:
         gap("the layer loop's forward takes no position_ids", "slot")
     if "inputs_embeds" not in s.loop_takes:
         gap("the layer loop's forward takes no inputs_embeds", "input")

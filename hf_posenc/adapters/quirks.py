@@ -37,6 +37,17 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
                 "(the zoo sweep: `nope` had no effect)" for m in ("rope_config", "rotary_off")},
     "laguna": {"score": "heads are set per layer (num_attention_heads_per_layer); biases are built for "
                         "config.num_attention_heads"},
+    "bigbird_pegasus": {"score": "its decoder self-attention is built with is_causal=False and the sdpa mask "
+                                 "function posenc_* attention uses skips a plain causal mask, so the bias would "
+                                 "run without causality (the zoo sweep: cache-score fails)"},
+    "fuyu": {"input": "FuyuModel hands the language model position ids counted from 0 whatever the padding, which "
+                      "the layer loop honours as explicit ids: an absolute code would not follow left padding (the "
+                      "zoo sweep: left_padding-input fails)"},
+    "got_ocr2": {"score": "its language model runs sdpa under a top config saying eager: posenc attention is set for "
+                          "all sub-models and unpatch puts back eager everywhere, so logits are not bit-identical "
+                          "(the zoo sweep: patch_unpatch-score fails)"},
+    "xglm": {"slot": "XGLM's own sinusoidal code puts sin and cos in halves (fairseq), hf_posenc's `sinusoidal` "
+                     "interleaves them: its own scheme would not give back its logits (the zoo sweep: native fails)"},
 }
 # Families whose config names no max_position_embeddings: the length they were trained at, which sizes
 # input-site tables (option `max_positions` overrides it). BLOOM: 2048 tokens (BigScience, arXiv 2211.05100).

@@ -117,5 +117,5 @@ def position_vectors(model: nn.Module, length: int | None = None) -> Tensor:
 
 def rotary_module(model: nn.Module) -> nn.Module:
     """The module returning (cos, sin): the model's own (possibly rebuilt by a patch) or the patch's."""
-    rotary = adapter_for(model).rotary
-    return get_module(model.base_model, rotary or ROTARY_MODULE)
+    adapter = adapter_for(model)
+    return get_module(model.base_model, adapter.rotary or adapter.at_loop(ROTARY_MODULE))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from torch import nn
 
 from . import attention, input, qk, score
-from .base import (CarryKwargs, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks,
+from .base import (CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks,
                    remove_native_positions)
 
 if TYPE_CHECKING:
@@ -34,4 +34,5 @@ INSTALLERS: dict[str, Callable[..., None]] = {
     "none": _none,
 }
 
-__all__ = ["INSTALLERS", "CarryKwargs", "KeepPositionIds", "LayerLoop", "RecordPositions", "RelayKwargs", "remove_hooks"]
+__all__ = ["INSTALLERS", "CarryKwargs", "HandSlotIds", "KeepPositionIds", "LayerLoop", "RecordPositions", "RelayKwargs",
+           "remove_hooks"]

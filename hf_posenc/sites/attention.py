@@ -1,6 +1,6 @@
 """Attention site (self_extend, xpos): the scheme computes the q.k logits itself from unrotated q and k
 and the positions of both, inside the posenc attention function (keys enter the cache unrotated). The
-module lives on the base model as `posenc_attention`."""
+module lives on the layer loop's module (the base model, OPT's decoder) as `posenc_attention`."""
 
 from __future__ import annotations
 

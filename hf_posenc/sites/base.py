@@ -43,12 +43,13 @@ def remove_hooks(root: nn.Module, kind: type = PatchHook) -> None:
 
 
 def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
-    """The one source of positions for a forward of the base model.
+    """The one source of positions for a forward of the layer loop.
 
-    Queries: explicit `position_ids` (minus the table offset), else counted over the 2-D padding mask
-    (so a left-padded row sees the positions of the prompt alone), else continuing the cache. Keys: the
-    positions cached keys were written at, recorded in the cache (`compat.record_positions`), then the
-    queries; a cache filled outside this patch falls back to the mask count, else 0, 1, 2, ...
+    Queries: explicit `position_ids` (minus RoBERTa's offset; OPT's slot adds its own), else counted over
+    the 2-D padding mask (so a left-padded row sees the positions of the prompt alone), else continuing the
+    cache. Keys: the positions cached keys were written at, recorded in the cache
+    (`compat.record_positions`), then the queries; a cache filled outside this patch falls back to the mask
+    count, else 0, 1, 2, ...
     """
     ids = kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
@@ -82,16 +83,18 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
 
 class LayerLoop(PatchHook):
     """Forward pre-hook on the module owning the layer loop. Once per forward it computes the positions,
-    fills in padding-aware `position_ids` for a position slot, and lets each site add what its modules
-    need as private kwargs (`contributions`), which transformers passes down to the attention modules and
-    functions. Positions never travel down as `position_ids` where the model would not have had them:
-    ids that do not step by one with no mask and no cache are read by transformers as packed sequences."""
+    fills in padding-aware `position_ids` for a position slot called with them (`slot`), and lets each site
+    add what its modules need as private kwargs (`contributions`, which get the loop owner and find their
+    modules on it), which transformers passes down to the attention modules and functions. Positions never
+    travel down as `position_ids` where the model would not have had them: ids that do not step by one with
+    no mask and no cache are read by transformers as packed sequences."""
 
-    def __init__(self, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool,
+    def __init__(self, scheme: str, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool,
                  carry: str | None = None) -> None:
-        self.arg_names, self.offset, self.slot, self.token_type_ids = arg_names, offset, slot, token_type_ids
+        self.scheme, self.arg_names, self.offset, self.slot = scheme, arg_names, offset, slot
+        self.token_type_ids = token_type_ids
         self.carry = carry  # path of the blocks whose `CarryKwargs` hooks take the private kwargs (BLOOM, Falcon)
-        self.contributions: list[Any] = []  # callables (base, kwargs, positions) -> None
+        self.contributions: list[Any] = []  # callables (loop owner, kwargs, positions) -> None
         self.key_positions = False  # attention needs the keys' positions (score and attention sites)
         self.posenc_attention = False  # the scheme runs inside a posenc_* attention implementation
         self.handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
@@ -100,12 +103,12 @@ class LayerLoop(PatchHook):
     def needed(self) -> bool:
         return self.slot or bool(self.contributions) or self.key_positions
 
-    def __call__(self, base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    def __call__(self, owner: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
-        if self.posenc_attention and not compat.attn_implementation(base.config).startswith(PREFIX):
+        if self.posenc_attention and not compat.attn_implementation(owner.config).startswith(PREFIX):
             raise PosEncError(
-                f"attention implementation was switched to {compat.attn_implementation(base.config)!r} after "
-                f"patching, which drops the {base.config.posenc['scheme']!r} scheme; set it back with "
+                f"attention implementation was switched to {compat.attn_implementation(owner.config)!r} after "
+                f"patching, which drops the {self.scheme!r} scheme; set it back with "
                 "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
             )
         handed, self.handed = self.handed, None
@@ -117,12 +120,12 @@ class LayerLoop(PatchHook):
             # The stock zero buffer is indexed by position and would overflow past the old table.
             kwargs["token_type_ids"] = torch.zeros_like(positions.queries)
         for contribution in self.contributions:
-            contribution(base, kwargs, positions)
+            contribution(owner, kwargs, positions)
         if self.key_positions:
             kwargs[POSITIONS_KWARG] = positions
         if self.carry:
             private = {k: v for k, v in kwargs.items() if k.startswith(PREFIX)}
-            for block in base.get_submodule(self.carry):
+            for block in owner.get_submodule(self.carry):
                 for hook in block._forward_pre_hooks.values():
                     if isinstance(hook, CarryKwargs):
                         hook.private = private
@@ -131,12 +134,16 @@ class LayerLoop(PatchHook):
 
 class KeepPositionIds(PatchHook):
     """Forward pre-hook on a model whose forward drops `position_ids` on the way to a base model that takes
-    none (BLOOM's causal LM hands its **kwargs to the loss): they go to this forward's `LayerLoop`."""
+    none (BLOOM's causal LM hands its **kwargs to the loss): they go to this forward's `LayerLoop`, on the
+    module at `loop` from the base model ("": the base model)."""
+
+    def __init__(self, loop: str) -> None:
+        self.loop = loop
 
     def __call__(self, model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = dict(kwargs)
         handed = kwargs.pop("position_ids", None)
-        for hook in model.base_model._forward_pre_hooks.values():
+        for hook in model.base_model.get_submodule(self.loop)._forward_pre_hooks.values():
             if isinstance(hook, LayerLoop):
                 hook.handed = handed
         return args, kwargs
@@ -146,7 +153,7 @@ class RecordPositions(PatchHook):
     """Forward hook on the module owning the layer loop: the positions of every key the cache now holds
     go into the cache, where they follow beam reordering, cropping and batch selection."""
 
-    def __call__(self, base: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    def __call__(self, owner: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         positions = kwargs.get(POSITIONS_KWARG)
         if positions is None:
             return
@@ -201,6 +208,38 @@ class InjectKwargs(PatchHook):
         return args, {**kwargs, **self.pending}
 
 
+class SlotIds(PatchHook):
+    """Forward pre-hook on a position slot the model calls with arguments of its own (OPT: the mask, the
+    past length and `position_ids=`; BART: `input_ids` and the past length): whatever the call, the slot
+    gets `slot(ids)`, the table rows `HandSlotIds` computed for this forward from the loop's positions."""
+
+    def __init__(self) -> None:
+        self.pending: torch.Tensor | None = None
+
+    def __call__(self, slot: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        ids, self.pending = self.pending, None
+        if ids is None:
+            raise PosEncError("position ids missing: a patched position slot was called outside its layer loop "
+                              "(or twice in one forward)")
+        return (ids,), {}
+
+
+class HandSlotIds:
+    """Contribution: the query positions as rows of the slot at `path` (from the loop owner), left on the
+    slot's `SlotIds` hook for its next call."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path, self.offset = path, offset
+
+    def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+        slot = owner.get_submodule(self.path)
+        hook = next((h for h in slot._forward_pre_hooks.values() if isinstance(h, SlotIds)), None)
+        if hook is None:  # first call, or a wrapper put a new module there
+            hook = SlotIds()
+            slot.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+        hook.pending = positions.queries + self.offset
+
+
 class ZeroBias(PatchHook):
     """Forward pre-hook on a block: the model's own score bias, handed to each block as the keyword argument
     `argument` (BLOOM's `alibi`, MPT's `position_bias`), becomes zeros."""
@@ -222,8 +261,8 @@ class PassModule:
     def __init__(self, kwarg: str, path: str) -> None:
         self.kwarg, self.path = kwarg, path
 
-    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
-        kwargs[self.kwarg] = base.get_submodule(self.path)
+    def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+        kwargs[self.kwarg] = owner.get_submodule(self.path)
 
 
 def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
@@ -247,12 +286,12 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
 
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
                              facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
-    """Score and attention sites: the scheme's module on the base model as `name`, handed to the posenc
+    """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
     attention function as `kwarg` with the positions of queries and keys."""
     remove_native_positions(model, adapter, facts, state)
     state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
     # in the model's dtype, so the model stays one dtype (FSDP, `model.dtype`); the modules compute in fp32
     module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
-    state.add_module(model.base_model, name, module, new=True)
+    state.add_module(model.base_model, adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = loop.posenc_attention = True

@@ -1,7 +1,8 @@
 """Input site (learned, sinusoidal, concat): a position code added to the token embeddings.
 
-Models with a position-embedding slot get the code in the slot (same call signature); others get it as
-`posenc_positions`, added to the token embeddings by the layer-loop hook. `concat` also projects the
+Models with a position-embedding slot get the code in the slot (called with position ids; a slot the model
+calls with other arguments gets them from a pre-hook, `sites.base.SlotIds`); others get it as
+`posenc_positions` on the loop owner, added to the token embeddings by the layer-loop hook. `concat` also projects the
 token embeddings (and BERT's token types) onto their own subspace with a forward hook.
 """
 
@@ -29,11 +30,11 @@ class AddCode:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+    def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
         if kwargs.get("inputs_embeds") is None:
-            kwargs["inputs_embeds"] = base.get_input_embeddings()(kwargs.pop("input_ids"))
+            kwargs["inputs_embeds"] = owner.get_input_embeddings()(kwargs.pop("input_ids"))
             kwargs["input_ids"] = None
-        kwargs["inputs_embeds"] = kwargs["inputs_embeds"] + base.get_submodule(self.path)(positions.queries)
+        kwargs["inputs_embeds"] = kwargs["inputs_embeds"] + owner.get_submodule(self.path)(positions.queries)
 
 
 class ProjectTokens(PatchHook):
@@ -55,7 +56,7 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
     if adapter.position_slot:
         state.replace(base, adapter.position_slot, code)
     else:
-        state.add_module(base, INPUT_MODULE, code, new=True)
+        state.add_module(base, adapter.at_loop(INPUT_MODULE), code, new=True)
         loop.contributions.append(AddCode(INPUT_MODULE))
     if notes := getattr(code, "notes", None):
         model.config.posenc["notes"] = notes

@@ -2,9 +2,9 @@
 
 A model that rotates natively takes the scheme as config (`rope_parameters` and a rebuilt rotary module,
 which plain transformers reloads) or, for a different rotating fraction, the scheme's rotary module in
-its slot. Other models get the rotary module as `posenc_rotary`: the layer-loop hook computes (cos, sin)
-once per forward and passes them down; a pre-hook on each attention module hands them to forward hooks
-on the q/k projections.
+its slot. Other models get the rotary module as `posenc_rotary` on the loop owner: the layer-loop hook
+computes (cos, sin) once per forward and passes them down; a pre-hook on each attention module hands them
+to forward hooks on the q/k projections.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class RotaryKwarg:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, base: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
+    def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
         ref = torch.empty(0, device=positions.queries.device)
-        kwargs[ROTARY_KWARG] = base.get_submodule(self.path)(ref, positions.queries)
+        kwargs[ROTARY_KWARG] = owner.get_submodule(self.path)(ref, positions.queries)
 
 
 class RotateOutput(PatchHook):
@@ -121,11 +121,11 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
-        rotary = spec.rotary(options, facts, facts.max_positions + adapter.position_offset(config)).to(facts.device)
+        rotary = spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)).to(facts.device)
         if adapter.rotary:
             state.replace(base, adapter.rotary, rotary)
         else:
-            state.add_module(base, ROTARY_MODULE, rotary)
+            state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary)
             loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
             for attention in adapter.attention_modules(model):
                 rotation = QKRotation(adapter.qk, facts.head_dim)

@@ -1,9 +1,10 @@
 """Score site (alibi, t5, fire, kerple, untied): a bias on the attention logits.
 
-The scheme's bias module lives on the base model as `posenc_bias`; the layer-loop hook hands it and the
-positions of queries and keys to the posenc attention function, which adds the bias whatever mask arrives.
-Families whose attention bypasses ALL_ATTENTION_FUNCTIONS but adds the mask it is handed to its scaled
-logits (`Adapter.score_mask`: BLOOM, Falcon) get the bias folded into that mask by a pre-hook instead.
+The scheme's bias module lives on the layer loop's module (the base model, OPT's decoder) as `posenc_bias`;
+the layer-loop hook hands it and the positions of queries and keys to the posenc attention function, which
+adds the bias whatever mask arrives. Families whose attention bypasses ALL_ATTENTION_FUNCTIONS but adds the
+mask it is handed to its scaled logits (`Adapter.score_mask`: BLOOM, Falcon) get the bias folded into that
+mask by a pre-hook instead.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def install_mask_bias(model: nn.Module, adapter: Adapter, spec: Scheme, facts: M
     implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float mask
     remove_native_positions(model, adapter, facts, state)
     module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
-    state.add_module(model.base_model, BIAS_MODULE, module, new=True)
+    state.add_module(model.base_model, adapter.at_loop(BIAS_MODULE), module, new=True)
     loop.contributions.append(PassModule(BIAS_KWARG, BIAS_MODULE))
     loop.key_positions = True
     for attention in adapter.attention_modules(model):
