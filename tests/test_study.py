@@ -54,3 +54,21 @@ def test_an_unknown_arm_names_the_arms(tmp_path):
 
     with pytest.raises(run.hp.PosEncError, match="unknown arm.*the arms are learned, sinusoidal, concat_d8"):
         run.main(["--arms", "learned,fourier", "--out", str(tmp_path)])
+
+
+def test_the_committed_study_is_what_the_readme_reports():
+    """benchmarks/study/results.json has the issue's format, 3 seeds of every arm at the full budget, and the
+    README's "What we found" tables are results.md, which the run writes from it."""
+    import run
+
+    saved = json.loads((REPO / "benchmarks" / "study" / "results.json").read_text())
+    s = run.FULL
+    assert saved["settings"]["tokens_per_run"] == s.tokens and saved["settings"]["steps"] == s.steps
+    assert sorted({r["arm"] for r in saved["runs"]}) == sorted(run.arms(s.width))
+    for arm in run.arms(s.width):
+        assert sorted(r["seed"] for r in saved["runs"] if r["arm"] == arm) == list(s.seeds)
+    for r in saved["runs"]:
+        assert set(r) == {"arm", "seed", "tokens", "params", "metrics"} and r["tokens"] == s.tokens
+    expected = run.summary(saved["runs"], s) + "\n" + run.geometry_summary(saved["runs"])
+    assert (REPO / "benchmarks" / "study" / "results.md").read_text() == expected
+    assert expected.strip() in (REPO / "README.md").read_text()
