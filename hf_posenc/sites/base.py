@@ -290,8 +290,16 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: A
     attention function as `kwarg` with the positions of queries and keys."""
     remove_native_positions(model, adapter, facts, state)
     state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
+    add_scheme_module(name, kwarg, model, adapter, spec, facts, state, loop)
+    loop.posenc_attention = True
+
+
+def add_scheme_module(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
+                      state: PatchState, loop: LayerLoop) -> None:
+    """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
+    of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
     # in the model's dtype, so the model stays one dtype (FSDP, `model.dtype`); the modules compute in fp32
     module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
     state.add_module(model.base_model, adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
-    loop.key_positions = loop.posenc_attention = True
+    loop.key_positions = True

@@ -18,7 +18,7 @@ from torch import nn
 from .. import compat
 from ..attention import BIAS_KWARG, POSITIONS_KWARG, implementation_for, position_mask
 from ..errors import PosEncError
-from .base import LayerLoop, PassModule, PatchHook, install_biased_attention, remove_native_positions
+from .base import LayerLoop, PatchHook, add_scheme_module, install_biased_attention, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -58,10 +58,7 @@ def install_mask_bias(model: nn.Module, adapter: Adapter, spec: Scheme, facts: M
     """The bias module on the base model; a `BiasMask` on every attention module takes it and the positions."""
     implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float mask
     remove_native_positions(model, adapter, facts, state)
-    module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
-    state.add_module(model.base_model, adapter.at_loop(BIAS_MODULE), module, new=True)
-    loop.contributions.append(PassModule(BIAS_KWARG, BIAS_MODULE))
-    loop.key_positions = True
+    add_scheme_module(BIAS_MODULE, BIAS_KWARG, model, adapter, spec, facts, state, loop)
     for attention in adapter.attention_modules(model):
         attention.register_forward_pre_hook(BiasMask(adapter.causal), with_kwargs=True)
 
