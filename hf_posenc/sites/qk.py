@@ -24,7 +24,7 @@ from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
 
 ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
 ROTARY_MODULE = "posenc_rotary"  # where the rotary module lives on a model that had none
