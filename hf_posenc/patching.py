@@ -96,7 +96,10 @@ def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, 
             f"({reason}); supported: {', '.join(supported_schemes(model_or_config)) or 'none'}"
         )
     facts = _stock_facts(model_or_config, adapter)
-    resolved = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+    try:
+        resolved = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+    except PosEncError as err:  # an option against the model's facts (d_pos, LongRoPE list lengths, ...)
+        raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
     if (length := spec.max_positions(resolved.options)) is not None and length < 1:
         raise PosEncError(f"scheme {spec.name!r} would leave the model {length} positions; options: {resolved.options}")
     return resolved, adapter, spec, facts
@@ -225,12 +228,25 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
         **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from transformers import AutoModelForCausalLM
 
+    from .loading import _damaged
+
     model_cls = model_cls or AutoModelForCausalLM
-    with _quiet_transformers():
-        model = model_cls.from_pretrained(path, **kwargs)
+    if not callable(getattr(model_cls, "from_pretrained", None)):
+        raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
+                          f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
+    config = kwargs.get("config")
+    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
+        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
+    try:
+        with _quiet_transformers():
+            model = model_cls.from_pretrained(path, **kwargs)
+    except SafetensorError as err:
+        where = _damaged(str(path)) if os.path.isdir(path) else None
+        raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
+                          "save or download the model again") from None
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model
@@ -238,7 +254,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
         # would otherwise point at a file its folder does not have.
         del model.config.auto_map
-    patch(model, PosEncConfig.from_dict(posenc))
+    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
     names = {id(m): n for n, m in model.named_modules()}
     wanted = {
         f"{names[id(m)]}.{key}": tensor

@@ -105,7 +105,7 @@ def check(args: argparse.Namespace) -> None:
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options)
-    check_model_takes(args.model, args.scheme)
+    check_model_takes(args.model, args.config)
 
 
 def main(args: argparse.Namespace) -> int:

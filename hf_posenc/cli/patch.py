@@ -22,7 +22,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     check_out(args.out, args.overwrite)
     args.config = scheme_config(args.scheme, parse_options(args.opt))
-    check_model_takes(args.model, args.config.scheme)
+    check_model_takes(args.model, args.config)
 
 
 def main(args: argparse.Namespace) -> int:

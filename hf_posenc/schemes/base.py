@@ -95,6 +95,7 @@ class InputScheme(Scheme):
 
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
+    rope_type: ClassVar[str] = "default"  # the transformers RoPE type it installs on a rotating model
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError

@@ -118,7 +118,7 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
             params = layer_parameters(spec, options, facts, own)
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
-        state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
+        state.replace(base, adapter.rotary, type(old)(config=compat.with_head_dim(config)).to(facts.device))
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)).to(facts.device)
