@@ -135,6 +135,20 @@ def check_positions(position_ids: torch.Tensor, limit: int, scheme: str) -> None
         )
 
 
+def table_rows(positions: torch.Tensor, scheme: str) -> torch.Tensor:
+    """Positions as rows of a table: float positions (which stock rotary models accept) become integers
+    when they are whole numbers; fractional ones are refused by name rather than by an index error."""
+    if not positions.is_floating_point():
+        return positions
+    rows = positions.round()
+    if not torch.compiler.is_compiling() and not torch.equal(rows, positions):
+        from ..errors import PosEncError
+
+        raise PosEncError(f"the {scheme!r} table takes whole-number positions; position_ids holds fractions "
+                          f"(e.g. {float(positions[positions != rows].flatten()[0])}): pass integer position_ids")
+    return rows.long()
+
+
 class ZeroPositions(nn.Module):
     """Stands in a position-embedding slot when positions enter elsewhere (or nowhere)."""
 

@@ -19,7 +19,7 @@ from torch import nn
 from ..config import check
 from ..options.input import CODES, ConcatOptions
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions
+from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code
 
 
@@ -37,6 +37,7 @@ class ConcatPositions(nn.Module):
 
     def code(self, positions: torch.Tensor) -> torch.Tensor:
         if self.table is not None:
+            positions = table_rows(positions, "concat")
             check_positions(positions, self.table.shape[0], "concat")
             return F.embedding(positions, self.table).float()
         return sinusoidal_code(positions, self.position_basis.shape[1], self.base) * self.scale

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..options.input import INITS, LearnedOptions
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions
+from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code
 
 
@@ -28,6 +28,7 @@ class LearnedPositions(nn.Module):
         self.offset = offset
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        position_ids = table_rows(position_ids, "learned")
         check_positions(position_ids - self.offset, self.weight.shape[0] - self.offset, "learned")
         return F.embedding(position_ids, self.weight)
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..options.bias import UntiedOptions
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, check_positions
+from .base import BiasScheme, ModelFacts, check_positions, table_rows
 
 
 class UntiedBias(nn.Module):
@@ -38,6 +38,7 @@ class UntiedBias(nn.Module):
     def factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 (B, H, q, head_dim) and (B, H, k, head_dim) whose product is the bias: the projected
         positions p_i U^Q / sqrt(2 d_h) and p_j U^K."""
+        q_pos, k_pos = table_rows(q_pos, "untied"), table_rows(k_pos, "untied")
         check_positions(q_pos, self.positions.shape[0], "untied")
         table = self.positions.float()
 
