@@ -87,7 +87,6 @@ def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -
 
 
 def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, Adapter, Scheme, ModelFacts]:
-    _check_text_model(model_or_config)
     adapter, spec = adapter_for(model_or_config), get_scheme(config.scheme)
     if (reason := adapter.why_not(spec)) is not None:
         model_type = getattr(getattr(model_or_config, "config", model_or_config), "model_type", "?")
@@ -121,26 +120,6 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
         return adapter.facts(model_or_config)
     finally:
         state.reapply()
-
-
-def _check_text_model(model_or_config: Any) -> None:
-    """Vision and audio models (ViT, Whisper's encoder, ...) have no token positions to swap: refused by name."""
-    if isinstance(model_or_config, nn.Module):
-        try:
-            weight = getattr(model_or_config.get_input_embeddings(), "weight", None)
-        except (NotImplementedError, AttributeError):
-            weight = None
-        text = isinstance(weight, torch.Tensor) and weight.dim() == 2
-    else:
-        text = getattr(compat.text_config(model_or_config), "vocab_size", None) is not None
-    if not text:
-        from .registry import model_type_of
-
-        raise PosEncError(
-            f"{model_type_of(model_or_config)!r} is not a text model (no token embedding table: a vision or audio "
-            "model); hf_posenc patches text models: decoder-only and encoder-only language models, see "
-            "`hf-posenc list --model-types`"
-        )
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -247,6 +226,8 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         where = _damaged(str(path)) if os.path.isdir(path) else None
         raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
                           "save or download the model again") from None
+    except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
+        raise PosEncError(f"{path}: cannot load a model from it: {err}") from None
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model
