@@ -91,15 +91,19 @@ def model_folder(name: str, flag: str) -> Path | None:
     """What `name` points at exists and is whole: a package model, a Hub id (None: read at load), or a
     folder with a readable config.json and complete *.safetensors files. Returns the local folder."""
     try:
-        path, kwargs = source(name)
+        return _model_folder(name)
     except PosEncError as err:
         raise PosEncError(f"{flag}: {err}") from None
+
+
+def _model_folder(name: str) -> Path | None:
+    path, kwargs = source(name)
     folder = Path(path)
     if not folder.is_dir() or "gguf_file" in kwargs:
         return folder if folder.is_dir() else None
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise PosEncError(f"{flag} {name}: the folder has no config.json; give a folder written by "
+        raise PosEncError(f"{name}: the folder has no config.json; give a folder written by "
                           "model.save_pretrained (or hf-posenc patch / train), a Hub id or a package model name")
     config = read_json(config_path, "the model config")
     if not isinstance(config, dict) or "model_type" not in config:

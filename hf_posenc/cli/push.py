@@ -28,10 +28,6 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    from huggingface_hub import get_token
-
-    from ..hub import NO_TOKEN
-
     """The repo id (huggingface_hub's own rule) and the folder before the token, and all before any request."""
     repo_id(args.repo_id, "REPO_ID")
     if not Path(args.dir).is_dir():
@@ -45,7 +41,12 @@ def check(args: argparse.Namespace) -> None:
         if Path(args.dry_run).exists():
             raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
         check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir})
-    elif not (args.token or get_token()):
+        return
+    from huggingface_hub import get_token
+
+    if not (args.token or get_token()):
+        from ..hub import NO_TOKEN
+
         raise PosEncError(NO_TOKEN)
 
 

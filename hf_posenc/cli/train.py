@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosEncError
+from .checks import model_folder
 
 EPILOG = """examples:
   hf-posenc train recipes/smollm2-135m/alibi/config_smoke.yaml --training.max_steps 20
@@ -65,7 +66,8 @@ def check(args: argparse.Namespace) -> None:
     """The recipe, the batch split over the processes, the output folder, the scheme and the data."""
     from ..train import load_recipe
 
-    args.recipe_obj = load_recipe(args.recipe, args.overrides)  # torch-free: a recipe mistake is refused at once
+    args.recipe_obj = recipe = load_recipe(args.recipe, args.overrides)  # torch-free: refused at once
+    model_folder(recipe.model.name_or_path, f"{recipe.source}: model.name_or_path")
     args.config_path, args.launch = None, {}
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)

@@ -215,7 +215,12 @@ def _build_section(cls: type, values: Any, argv: list[str], where: str) -> Any:
     for name in values:
         if name not in names:
             raise _unknown(name, names, where)
-    (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+    try:
+        (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except PosEncError:
+        raise
+    except ValueError as err:  # values left over: `--lr 1 2`
+        raise PosEncError(f"{where}: {err}") from None
     for name, tp in typing.get_type_hints(cls).items():
         value = getattr(built, name)
         if not _matches(value, tp):
