@@ -125,6 +125,7 @@ def _recipes(work: Path) -> None:
     (work / "recipes" / "binary.yaml").write_bytes(b"\xff\xfe\x00bad")
     (work / "recipes" / "folder.yaml").mkdir()
     r("ok")
+    r("rope", posenc={"scheme": "rope"})
     r("unknown-section", modle={"x": 1})
     r("unknown-field", training={"max_step": 3})
     r("missing-output", output=None)
@@ -276,6 +277,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("demo-target-tokens", ["demo", "--target-tokens", "0", "--out", OUT], ["--target-tokens must be in 1..127"]),
     ("demo-lengths", ["demo", "--lengths", "-5", "--out", OUT], ["lengths must be positive integers"]),
     ("demo-recipe", ["demo", "--recipe", "{work}/nowhere.yaml", "--out", OUT], ["--recipe", "is not a file", "--steps 0"]),
+    ("demo-recipe-scheme", ["demo", "--recipe", "{work}/recipes/rope.yaml", "--out", OUT], ["--recipe", "rope.yaml swaps to 'rope'; the demo recovers alibi"]),
+    ("demo-recipe-invalid", ["demo", "--recipe", "{work}/recipes/invalid.yaml", "--out", OUT], ["invalid.yaml: line 4, column 5"]),
     ("demo-model", ["demo", "--model", "{work}/nowhere", "--steps", "0", "--out", OUT], ["--model: ", "is not a model folder"]),
     ("demo-out-stock", ["demo", "--out", "{work}/stock", "--overwrite", "--steps", "0"], ["has no .hf-posenc.json marker"]),
     ("demo-out-is-model", ["demo", "--model", "{work}/tiny", "--steps", "0", "--out", "{work}/tiny", "--overwrite"], ["is the source (--model"]),

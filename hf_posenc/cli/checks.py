@@ -43,7 +43,8 @@ def read_json(path: Path, what: str) -> Any:
     except UnicodeDecodeError:
         raise PosEncError(f"{path}: {what} is not a text file") from None
     except json.JSONDecodeError as err:
-        raise PosEncError(f"{path}: {what} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+        raise PosEncError(f"{path}: {what} is not valid JSON (line {err.lineno}, column {err.colno}: "
+                          f"{err.msg})") from None
 
 
 def check_weights(file: Path) -> None:

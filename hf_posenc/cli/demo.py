@@ -57,6 +57,8 @@ def check(args: argparse.Namespace) -> None:
     if args.steps and not Path(args.recipe).is_file():
         raise PosEncError(f"--recipe {args.recipe} is not a file; run the demo from the hf-posenc repository "
                           f"(make demo), give a recipe YAML, or pass --steps 0")
+    if args.steps:  # minutes of scoring come before the recovery: its recipe is checked now
+        _recovery_recipe(args, Path(args.out))
     model_folder(args.model, "--model")
     check_model_takes(args.model, "alibi")
 
@@ -141,7 +143,16 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
 
 def _recover(args: argparse.Namespace, out: Path) -> Path:
     """A few steps of the recovery recipe, in this process; returns the saved model folder."""
-    from ..train import load_recipe, train
+    from ..train import train
+
+    recipe = _recovery_recipe(args, out)
+    train(recipe)
+    return Path(recipe.output.dir)
+
+
+def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
+    """The recovery recipe as the demo runs it: --model, --steps and a folder inside `out`."""
+    from ..train import load_recipe
 
     folder = out / "smollm2-alibi-recovered"
     recipe = load_recipe(args.recipe, [
@@ -151,8 +162,7 @@ def _recover(args: argparse.Namespace, out: Path) -> Path:
         "--evaluation.original", "false", "--evaluation.before", "false"])
     if recipe.posenc.scheme != "alibi":
         raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers alibi")
-    train(recipe)
-    return folder
+    return recipe
 
 
 def _row(run: results.Run, lengths: list[int]) -> str:

@@ -147,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         from ..patching import patch
 
         patch(model, args.config)
-    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])  # launched: cleared once, before the launch
+    # launched: cleared (and marked) once, before the launch
+    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])
     record = run_suites(
         model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,

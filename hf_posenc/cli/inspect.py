@@ -55,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     name = display_name(args.model)
     input_ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    result = inspect_model(model, input_ids, clear_out(args.out, "inspect", [args.model]), name=name, top_k=args.top_k, pos_dim=args.pos_dim,
+    out = clear_out(args.out, "inspect", [args.model])
+    result = inspect_model(model, input_ids, out, name=name, top_k=args.top_k, pos_dim=args.pos_dim,
                            seeds=args.seeds)
     print(f"{name} ({result['model_type']}, {result['positions']} positions), text of {result['num_tokens']} tokens")
     print(result["summary"])
