@@ -138,6 +138,8 @@ def _recipes(work: Path) -> None:
     r("batch-split", training={"max_steps": 1, "batch_size": 3, "micro_batch_size": 2})
     r("eval-samples", data={"dataset": "kjv", "max_eval_samples": 0})
     r("alpha", peft={"alpha": 0.0})
+    r("seed", training={"max_steps": 1, "seed": -1})
+    r("depth-nan", evaluation={"max_windows": float("nan")})
     r("trainable", peft={"trainable": ["posenc", "everything"]})
     r("section-list", training=[1, 2])
     r("scheme", posenc={"scheme": "rotary"})
@@ -267,6 +269,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("inspect-pos-dim-0", ["inspect", "{work}/tiny", "--pos-dim", "0", "--out", OUT], ["--pos-dim must be an integer >= 1, got 0"]),
     ("inspect-seeds-neg", ["inspect", "{work}/tiny", "--seeds", "-2", "--out", OUT], ["--seeds must be an integer >= 2, got -2"]),
     ("inspect-seeds-1", ["inspect", "{work}/tiny", "--seeds", "1", "--out", OUT], ["--seeds must be an integer >= 2, got 1"]),
+    ("inspect-empty-text", ["inspect", "{work}/tiny", "--text", " ", "--out", OUT], ["--text is empty"]),
     ("inspect-missing", ["inspect", "{work}/nowhere", "--out", OUT], ["MODEL: ", "is not a model folder"]),
     ("inspect-truncated", ["inspect", "{work}/truncated", "--out", OUT], ["cannot read the weights"]),
     ("inspect-out-is-model", ["inspect", "{work}/tiny", "--out", "{work}/tiny"], ["is the source (MODEL"]),
@@ -301,6 +304,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("train-task", ["train", "{work}/recipes/task.yaml"], ["model", "task", "translation", "causal_lm"]),
     ("train-batch-split", ["train", "{work}/recipes/batch-split.yaml"], ["training.batch_size: 3 is not a multiple of training.micro_batch_size=2"]),
     ("train-eval-samples", ["train", "{work}/recipes/eval-samples.yaml"], ["data.max_eval_samples: must be >= 1 or null, got 0"]),
+    ("train-seed", ["train", "{work}/recipes/seed.yaml"], ["training.seed: must be >= 0, got -1"]),
+    ("train-float-for-int", ["train", "{work}/recipes/depth-nan.yaml"], ["evaluation.max_windows: expected int or null, got nan"]),
+    ("eval-depths-nan", ["eval", "--model", "{work}/tiny", "--depths", "0,nan", "--out", OUT], ["--depths", "in [0, 1]", "nan"]),
     ("train-alpha", ["train", "{work}/recipes/alpha.yaml"], ["peft.alpha: must be > 0, got 0.0"]),
     ("train-trainable", ["train", "{work}/recipes/trainable.yaml"], ["peft.trainable: unknown group(s) ['everything']", "allowed: posenc, embeddings"]),
     ("train-section-list", ["train", "{work}/recipes/section-list.yaml"], ["training: a section is a mapping of fields, got list"]),

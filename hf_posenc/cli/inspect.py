@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import PosEncError
 from ..models import NAMED_MODELS, display_name
 from ..folders import check_out, clear_out
 from . import check_model_takes
@@ -41,6 +42,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     check_out(args.out, args.overwrite, sources={"MODEL": args.model})
     at_least(args, top_k=1, pos_dim=1, seeds=2)  # the random baseline reports a std: two subspaces at least
+    if not args.text.strip():
+        raise PosEncError("--text is empty; give a sentence or more for the attention analyses")
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, None)
 

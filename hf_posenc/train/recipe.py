@@ -245,7 +245,7 @@ def validate(recipe: Recipe) -> Recipe:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")
     for where, value in [("training.warmup_steps", t.warmup_steps), ("training.save_steps", t.save_steps),
                          ("training.save_total_limit", t.save_total_limit), ("training.max_grad_norm", t.max_grad_norm),
-                         ("training.weight_decay", t.weight_decay)]:
+                         ("training.weight_decay", t.weight_decay), ("training.seed", t.seed)]:
         _check(value >= 0, s, where, f"must be >= 0, got {value}")
     for where, value in [("data.max_train_samples", d.max_train_samples), ("data.max_eval_samples", d.max_eval_samples),
                          ("evaluation.max_windows", e.max_windows)]:
