@@ -26,6 +26,7 @@ from transformers.models.auto import modeling_auto
 from . import results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
+from .folders import MARKER
 from .evaluation.suites import SENTIMENT
 from .models import display_name, origin
 from .registry import get_scheme
@@ -47,7 +48,7 @@ AUTO_CLASSES = {
     "AutoModel": (modeling_auto.MODEL_MAPPING_NAMES, "feature-extraction"),
 }
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
-NOT_PUBLISHED = ("checkpoints",)
+NOT_PUBLISHED = ("checkpoints", MARKER)  # the marker names local paths: not for the Hub
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 NO_TOKEN = ("pushing to the Hub needs a token with write access: set HF_TOKEN=hf_..., run `hf auth login`, or pass "
             "a token (--token); tokens are at https://huggingface.co/settings/tokens")

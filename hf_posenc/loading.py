@@ -9,7 +9,6 @@ other; every checkpoint goes through `hf_posenc.from_pretrained`, which re-appli
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from . import compat
 from .errors import PosEncError
-from .models import NAMED_MODELS, model_source
+from .models import NAMED_MODELS, source as _source
 from .patching import patch
 from .saving import from_pretrained, has_own_model_type, load_config as read_config
 
@@ -34,20 +33,6 @@ TASKS: dict[str, Any] = {
     "base": transformers.AutoModel,
     "saved": None,
 }
-HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
-
-
-def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:
-    """(folder or Hub id, from_pretrained kwargs); a name that can be neither fails here, not after a Hub timeout."""
-    path, kwargs = model_source(name_or_path)
-    if name_or_path in NAMED_MODELS or Path(path).is_dir():
-        return path, kwargs
-    if Path(path).exists() or path.startswith((".", "/", "~")) or not HUB_ID.fullmatch(path):
-        raise PosEncError(f"{name_or_path!r} is not a model folder, a Hub id (owner/name) or one of "
-                          f"{', '.join(NAMED_MODELS)}")
-    return path, kwargs
-
-
 def _failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
     return PosEncError(f"cannot load the {what} of {name_or_path!r} ({type(err).__name__}: {err}); give a saved "
                        f"model folder, a reachable Hub id or one of {', '.join(NAMED_MODELS)}")

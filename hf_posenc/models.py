@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ ORIGINS: dict[str, tuple[str, str]] = {
     "gemma3-270m": ("google/gemma-3-270m", "gemma"),
 }
 ORIGINS["minilm-l6"] = ORIGINS["minilm"]
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
 def model_source(name: str) -> tuple[str, dict[str, Any]]:
@@ -47,6 +49,18 @@ def model_source(name: str) -> tuple[str, dict[str, Any]]:
     if missing:
         raise PosEncError(f"{path}/{missing[0]} is missing; reinstall with `{install}`")
     return str(path), dict(kwargs)
+
+
+def source(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """(folder or Hub id, from_pretrained kwargs); a name that can be neither fails here, not after a
+    Hub timeout (and before torch is imported: `hf-posenc` checks it before any load)."""
+    path, kwargs = model_source(name_or_path)
+    if name_or_path in NAMED_MODELS or Path(path).is_dir():
+        return path, kwargs
+    if Path(path).exists() or path.startswith((".", "/", "~")) or not HUB_ID.fullmatch(path):
+        raise PosEncError(f"{name_or_path!r} is not a model folder, a Hub id (owner/name) or one of "
+                          f"{', '.join(NAMED_MODELS)}")
+    return path, kwargs
 
 
 def gemma3_270m_folder() -> Path:

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from . import folders
 from .errors import PosEncError
 
 __all__ = ["MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "from_pretrained", "is_native", "load_config",
@@ -145,6 +146,8 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike, *args: Any, *
     type(model).save_pretrained(model, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", True) and getattr(model.config, "posenc", None):
         mark_folder(save_directory, native=is_native(model))
+        if not folders.is_marked(save_directory):  # a command's own marker (patch, train) says more
+            folders.mark(save_directory, "save_pretrained", [model.config.name_or_path])
     if push:
         model.push_to_hub(hub.pop("repo_id", Path(save_directory).name), **hub)
 

@@ -19,7 +19,7 @@ import yaml
 from conftest import tiny_model
 
 import hf_posenc
-from hf_posenc import cli, results
+from hf_posenc import cli, folders, results
 from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe
 from hf_posenc.train.runner import preflight
@@ -156,6 +156,9 @@ def test_output_dir_holding_a_run_is_refused(tmp_path, assets):
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, out)))
     with pytest.raises(PosEncError, match="already holds a run; pass --resume .* or --overwrite"):
         preflight(recipe, False, False, 1)
+    with pytest.raises(PosEncError, match="has no .hf-posenc.json marker"):
+        preflight(recipe, False, True, 1)  # a run of an hf-posenc before the marker: the user deletes it
+    folders.mark(out, "train")
     preflight(recipe, False, True, 1)  # --overwrite accepted
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
@@ -173,6 +176,7 @@ def test_resume_needs_a_checkpoint_unless_auto(tmp_path, assets):
     assert preflight(recipe, "auto", False, 1)[1:] == (False, False)  # nothing there: a new run
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"recipe": recipe.to_dict()}))
+    folders.mark(out, "train")
     assert preflight(recipe, "auto", False, 1)[1:] == (False, True)  # this run, never checkpointed: start it over
     other = load_recipe(write_recipe(tmp_path / "o.yaml", recipe_dict(assets, out, training={"lr": 0.5})))
     with pytest.raises(PosEncError, match="already holds a run"):
@@ -220,6 +224,8 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     assert record.run("after training").posenc["scheme"] == "alibi" and record.run("original").posenc is None
     run = json.loads((out / "run.json").read_text())
     assert 0 < run["trainable_parameters"] < run["total_parameters"]
+    marker = folders.read_marker(out)  # the run folder is hf-posenc's: --overwrite may replace it
+    assert marker["command"] == "train" and marker["sources"][0] == str(tmp_path / "rTrue.yaml")
 
     batch = torch.randint(3, 30, (2, 24))
     merged = hf_posenc.from_pretrained(out)

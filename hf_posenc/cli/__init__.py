@@ -16,7 +16,6 @@ import argparse
 import importlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -175,37 +174,6 @@ def check_model_takes(model: str, scheme: Any) -> None:
             validate(config, scheme)
         except PosEncError as err:
             raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err
-
-
-# Files that mark a folder as hf-posenc output, which --overwrite may replace.
-OUTPUTS = ("results.json", "run.json", "config.json", "inspect.json", "compare.json")
-
-
-def check_out(path: str, overwrite: bool, flag: str = "--out") -> Path:
-    """An output folder that can be written and holds nothing it would overwrite: new, empty, or
-    (with --overwrite) earlier hf-posenc output, which `clear_out` removes when the work starts."""
-    out = Path(path)
-    if out.is_file():
-        raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise PosEncError(f"{flag} {path} is not empty; choose a new folder, or pass --overwrite to replace it")
-        if not any((out / name).exists() for name in OUTPUTS):
-            raise PosEncError(f"{flag} {path} is not empty and holds no hf-posenc output; --overwrite replaces only "
-                              f"folders hf-posenc wrote: choose a new folder")
-    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PosEncError(f"{flag} {path}: {parent} is not a writable folder; choose another place")
-    return out
-
-
-def clear_out(path: str | Path) -> Path:
-    """Make the (checked) output folder exist and be empty."""
-    out = Path(path)
-    if out.is_dir() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def int_list(text: str, what: str) -> list[int]:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import PosEncError
+from .checks import repo_id
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +24,9 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     if not Path(args.dir).is_dir():
-        raise PosEncError(f"{args.dir} is not a folder; give a model, run or eval output folder")
+        raise PosEncError(f"DIR {args.dir} is not a folder; give a model, run or eval output folder")
+    repo_id(args.repo_id, "--repo-id")
+    repo_id(args.base_model, "--base-model")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ from typing import Any
 
 from .. import results
 from ..errors import PosEncError
-from . import check_model_takes, check_out, clear_out, int_list
+from ..folders import check_out, clear_out
+from . import check_model_takes, int_list
+from .checks import at_least, model_folder
 from .inspect import DEFAULT_TEXT
 
 # (label, scheme, options) scored without training; the original model first.
@@ -46,16 +48,18 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    check_out(args.out, args.overwrite, sources={"--model": args.model, "--recipe": args.recipe})
     args.lengths = int_list(args.lengths, "length")
+    at_least(args, windows=1, steps=0)
     if not 0 < args.target_tokens < min(args.lengths):
         raise PosEncError(f"--target-tokens must be in 1..{min(args.lengths) - 1} (below the shortest of --lengths), "
                           f"got {args.target_tokens}")
-    if args.windows <= 0 or args.steps < 0:
-        raise PosEncError(f"--windows must be positive and --steps at least 0, got {args.windows} and {args.steps}")
     if args.steps and not Path(args.recipe).is_file():
         raise PosEncError(f"--recipe {args.recipe} is not a file; run the demo from the hf-posenc repository "
                           f"(make demo), give a recipe YAML, or pass --steps 0")
-    check_out(args.out, args.overwrite)
+    if args.steps:  # minutes of scoring come before the recovery: its recipe is checked now
+        _recovery_recipe(args, Path(args.out))
+    model_folder(args.model, "--model")
     check_model_takes(args.model, "alibi")
 
 
@@ -67,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     from ..loading import load
     from ..models import display_name
 
-    out, t0 = clear_out(args.out), time.perf_counter()
+    out, t0 = clear_out(args.out, "demo", [args.model]), time.perf_counter()
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": [0.5], "trials": 1,
                 "recovery_steps": args.steps}
@@ -139,7 +143,16 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
 
 def _recover(args: argparse.Namespace, out: Path) -> Path:
     """A few steps of the recovery recipe, in this process; returns the saved model folder."""
-    from ..train import load_recipe, train
+    from ..train import train
+
+    recipe = _recovery_recipe(args, out)
+    train(recipe)
+    return Path(recipe.output.dir)
+
+
+def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
+    """The recovery recipe as the demo runs it: --model, --steps and a folder inside `out`."""
+    from ..train import load_recipe
 
     folder = out / "smollm2-alibi-recovered"
     recipe = load_recipe(args.recipe, [
@@ -149,8 +162,7 @@ def _recover(args: argparse.Namespace, out: Path) -> Path:
         "--evaluation.original", "false", "--evaluation.before", "false"])
     if recipe.posenc.scheme != "alibi":
         raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers alibi")
-    train(recipe)
-    return folder
+    return recipe
 
 
 def _row(run: results.Run, lengths: list[int]) -> str:

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from ..errors import PosEncError
-from . import check_model_takes, check_out, clear_out, float_list, int_list, parse_options, scheme_config
+from ..folders import check_out, clear_out
+from . import check_model_takes, float_list, int_list, parse_options, scheme_config
+from .checks import at_least, model_folder
 
 SUITE_NAMES = "perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition"
 
@@ -80,7 +82,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite)
+    """Torch-free first (folders, every flag's domain, the accelerate config), then
+    the suite names and the scheme, then the model's files and what its config.json says it takes."""
+    sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
+    check_out(args.out, args.overwrite, sources=sources)
     if args.compare:
         from .. import results
         from ..evaluation.suites import differing_settings
@@ -90,21 +95,26 @@ def check(args: argparse.Namespace) -> None:
         return
     if not args.model:
         raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
-    from ..evaluation.suites import parse_suites
-
-    args.suites = parse_suites(args.suite.split(","))
+    at_least(args, max_windows=1, batch_size=1, trials=1, examples=1, limit=1, stride=1, seed=0)
     args.lengths = int_list(args.lengths, "length")
     args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
     if any(not 0 <= depth <= 1 for depth in args.depths):
         raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
-    from ..evaluation.long_context import check_mode
-
-    check_mode(args.perplexity_mode, args.stride)
     if args.target_tokens is not None and not 0 < args.target_tokens < min(args.lengths):
         raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
+    if args.accelerate_config is not None:
+        from .train import accelerate_config, launch_settings
+
+        args.launch = launch_settings(accelerate_config(args.accelerate_config))
+    from ..evaluation.long_context import check_mode
+    from ..evaluation.suites import parse_suites
+
+    args.suites = parse_suites(args.suite.split(","))
+    check_mode(args.perplexity_mode, args.stride)
     args.config = scheme_config(args.scheme, args.options)
+    model_folder(args.model, "--model")
     check_model_takes(args.model, args.config)
 
 
@@ -112,16 +122,14 @@ def main(args: argparse.Namespace) -> int:
     from ..evaluation import compare
 
     if args.compare:
-        print(compare(args.compare, clear_out(args.out), records=args.records, mixed=args.mixed))
+        print(compare(args.compare, clear_out(args.out, "eval --compare", args.compare), records=args.records,
+                      mixed=args.mixed))
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
-        import yaml
-
         from .train import accelerate_config, launch
 
-        path = accelerate_config(args.accelerate_config)
-        clear_out(args.out)
-        return launch(path, yaml.safe_load(path.read_text()) or {}, ["hf_posenc.cli", "eval", *_argv(args)],
+        clear_out(args.out, "eval", [args.model])
+        return launch(accelerate_config(args.accelerate_config), args.launch, ["hf_posenc.cli", "eval", *_argv(args)],
                       "evaluation")
     import torch
 
@@ -139,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         from ..patching import patch
 
         patch(model, args.config)
-    out = Path(args.out) if distributed else clear_out(args.out)  # launched: cleared once, before the launch
+    # launched: cleared (and marked) once, before the launch
+    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])
     record = run_suites(
         model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,

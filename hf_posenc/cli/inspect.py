@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import PosEncError
 from ..models import NAMED_MODELS, display_name
-from . import check_model_takes, check_out, clear_out
+from ..folders import check_out, clear_out
+from . import check_model_takes
+from .checks import at_least, model_folder
 
 DEFAULT_TEXT = (
     "Positional encodings tell a transformer where each word stands. The original model added a fixed "
@@ -37,7 +40,11 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite)
+    check_out(args.out, args.overwrite, sources={"MODEL": args.model})
+    at_least(args, top_k=1, pos_dim=1, seeds=2)  # the random baseline reports a std: two subspaces at least
+    if not args.text.strip():
+        raise PosEncError("--text is empty; give a sentence or more for the attention analyses")
+    model_folder(args.model, "MODEL")
     check_model_takes(args.model, None)
 
 
@@ -51,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     name = display_name(args.model)
     input_ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    result = inspect_model(model, input_ids, clear_out(args.out), name=name, top_k=args.top_k, pos_dim=args.pos_dim,
+    out = clear_out(args.out, "inspect", [args.model])
+    result = inspect_model(model, input_ids, out, name=name, top_k=args.top_k, pos_dim=args.pos_dim,
                            seeds=args.seeds)
     print(f"{name} ({result['model_type']}, {result['positions']} positions), text of {result['num_tokens']} tokens")
     print(result["summary"])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from . import check_model_takes, check_out, clear_out, parse_options, scheme_config
+from ..folders import check_out, clear_out
+from . import check_model_takes, parse_options, scheme_config
+from .checks import model_folder
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +22,11 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite)
+    """The folders, the scheme and its options (both torch-free), then the model's files and what its
+    config.json says the architecture takes."""
+    check_out(args.out, args.overwrite, sources={"MODEL": args.model})
     args.config = scheme_config(args.scheme, parse_options(args.opt))
+    model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)
 
 
@@ -34,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     # the class the checkpoint was saved as, so a BertModel stays a BertModel
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     patch(model, args.config)
-    out = clear_out(args.out)
+    out = clear_out(args.out, "patch", [args.model])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     from ..hub import model_card

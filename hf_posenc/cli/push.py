@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from ..errors import PosEncError
-from . import check_out
+from ..folders import check_out, mark
+from .checks import model_folder, repo_id
+
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
@@ -26,18 +28,25 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    from huggingface_hub import get_token
-
-    from ..hub import NO_TOKEN
-
+    """The repo id (huggingface_hub's own rule) and the folder before the token, and all before any request."""
+    repo_id(args.repo_id, "REPO_ID")
+    if not Path(args.dir).is_dir():
+        raise PosEncError(f"DIR {args.dir} is not a folder; give a folder written by model.save_pretrained, "
+                          "hf-posenc patch or hf-posenc train")
     if not (Path(args.dir) / "config.json").is_file():
         raise PosEncError(f"{args.dir} has no config.json: give a folder written by model.save_pretrained, "
                           "hf-posenc patch or hf-posenc train")
+    model_folder(args.dir, "DIR")
     if args.dry_run:
         if Path(args.dry_run).exists():
             raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
-        check_out(args.dry_run, overwrite=False, flag="--dry-run")
-    elif not (args.token or get_token()):
+        check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir})
+        return
+    from huggingface_hub import get_token
+
+    if not (args.token or get_token()):
+        from ..hub import NO_TOKEN
+
         raise PosEncError(NO_TOKEN)
 
 
@@ -46,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id)
+        mark(out, "push --dry-run", [args.dir])  # not part of what is uploaded: export leaves markers out
         print(f"staged {args.repo_id} in {out}; nothing uploaded")
         return 0
     url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,

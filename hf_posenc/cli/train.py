@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosEncError
+from .checks import model_folder
 
 EPILOG = """examples:
   hf-posenc train recipes/smollm2-135m/alibi/config_smoke.yaml --training.max_steps 20
@@ -63,17 +64,30 @@ def _free_port() -> int:
 
 def check(args: argparse.Namespace) -> None:
     """The recipe, the batch split over the processes, the output folder, the scheme and the data."""
-    import yaml
+    from ..train import load_recipe
 
-    from ..train import load_recipe, preflight
-
-    args.recipe_obj = load_recipe(args.recipe, args.overrides)
+    args.recipe_obj = recipe = load_recipe(args.recipe, args.overrides)  # torch-free: refused at once
+    model_folder(recipe.model.name_or_path, f"{recipe.source}: model.name_or_path")
     args.config_path, args.launch = None, {}
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)
-        args.launch = yaml.safe_load(args.config_path.read_text()) or {}
-    world = int(args.launch.get("num_processes", 1)) if args.config_path else 1
+        args.launch = launch_settings(args.config_path)
+    world = args.launch.get("num_processes", 1) if args.config_path else 1
+    from ..train import preflight
+
     preflight(args.recipe_obj, args.resume, args.overwrite, world)  # fail here, not in N children
+
+
+def launch_settings(path: Path) -> dict[str, Any]:
+    """An accelerate config file as a mapping, its process count a positive integer."""
+    from ..train.recipe import read_yaml
+
+    config = read_yaml(path, "accelerate config") or {}
+    processes = config.get("num_processes", 1) if isinstance(config, dict) else None
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise PosEncError(f"{path}: an accelerate config is a YAML mapping whose num_processes is an integer >= 1 "
+                          f"(see `accelerate config`), got {config!r:.80}")
+    return config
 
 
 def main(args: argparse.Namespace) -> int:

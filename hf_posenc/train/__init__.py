@@ -12,7 +12,17 @@ The same code runs under every launcher (the command line lives in `hf_posenc.cl
     runner    the training loop under one Accelerator, checkpoints, results.json
 """
 
+from typing import Any
+
 from .recipe import Recipe, load_recipe
-from .runner import preflight, train
 
 __all__ = ["Recipe", "load_recipe", "preflight", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    """The runner imports torch: only when used, so a recipe mistake is refused before torch loads."""
+    if name in ("preflight", "train"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'hf_posenc.train' has no attribute {name!r}")

@@ -12,6 +12,7 @@ import torch
 from ..errors import PosEncError
 from .recipe import Recipe
 
+BUILTIN = ("kjv", "sentiment")  # data.dataset names of the offline built-ins (no paths)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -214,7 +215,12 @@ def _build_section(cls: type, values: Any, argv: list[str], where: str) -> Any:
     for name in values:
         if name not in names:
             raise _unknown(name, names, where)
-    (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+    try:
+        (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except PosEncError:
+        raise
+    except ValueError as err:  # values left over: `--lr 1 2`
+        raise PosEncError(f"{where}: {err}") from None
     for name, tp in typing.get_type_hints(cls).items():
         value = getattr(built, name)
         if not _matches(value, tp):
@@ -239,9 +245,17 @@ def validate(recipe: Recipe) -> Recipe:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")
     for where, value in [("training.warmup_steps", t.warmup_steps), ("training.save_steps", t.save_steps),
                          ("training.save_total_limit", t.save_total_limit), ("training.max_grad_norm", t.max_grad_norm),
-                         ("training.weight_decay", t.weight_decay)]:
+                         ("training.weight_decay", t.weight_decay), ("training.seed", t.seed)]:
         _check(value >= 0, s, where, f"must be >= 0, got {value}")
+    for where, value in [("data.max_train_samples", d.max_train_samples), ("data.max_eval_samples", d.max_eval_samples),
+                         ("evaluation.max_windows", e.max_windows)]:
+        _check(value is None or value >= 1, s, where, f"must be >= 1 or null, got {value}")
+    for section in SECTIONS:  # inf and nan pass every comparison below or none: a float is a finite number
+        for name, value in vars(getattr(recipe, section)).items():
+            _check(not isinstance(value, float) or math.isfinite(value), s, f"{section}.{name}",
+                   f"must be a finite number, got {value}")
     _check(t.lr > 0, s, "training.lr", f"must be > 0, got {t.lr}")
+    _check(p.alpha > 0, s, "peft.alpha", f"must be > 0, got {p.alpha}")
     _check(0 <= p.dropout < 1, s, "peft.dropout", f"must be in [0, 1), got {p.dropout}")
     _check(0 < d.eval_fraction < 1, s, "data.eval_fraction", f"must be in (0, 1), got {d.eval_fraction}")
     _check(t.batch_size % t.micro_batch_size == 0, s, "training.batch_size",
@@ -302,12 +316,22 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """
     path = Path(path)
     if not path.is_file():
-        raise PosEncError(f"recipe {str(path)!r} not found")
+        raise PosEncError(f"recipe {str(path)!r} not found" + (" (it is a folder; give the YAML file)" if path.is_dir()
+                                                                 else "; give a recipe YAML file (see recipes/)"))
+    return from_dict(read_yaml(path, "recipe") or {}, source=str(path), overrides=overrides)
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file, or one line naming the file, the line and column, and PyYAML's reason (not its dump)."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PosEncError(f"{path}: the {what} is not a text file; give a YAML file") from None
     except yaml.YAMLError as err:
-        raise PosEncError(f"{path}: not valid YAML: {err}") from None
-    return from_dict(data, source=str(path), overrides=overrides)
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        reason = " ".join(filter(None, (getattr(err, "context", None), getattr(err, "problem", None)))) or str(err)
+        raise PosEncError(f"{path}: {where}the {what} is not valid YAML ({' '.join(reason.split())})") from None
 
 
 def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = None) -> Recipe:

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
-from .. import plots, results
+from .. import folders, plots, results
 from ..errors import PosEncError
 from ..evaluation import classification, perplexity_by_length, processes
 from ..patching import describe
@@ -74,13 +74,15 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
     where = f"{recipe.source}: output.dir"
     if resume and overwrite:
         raise PosEncError("--resume and --overwrite exclude each other")
+    folders.check_separate(out, input_paths(recipe), flag=where)
     if out.is_file():
         raise PosEncError(f"{where}: {str(out)!r} is a file; give a folder (new or empty)")
     if resume == "auto":
         if checkpoints(out):
             resume = True
         else:  # start over: allowed over this same run, which saved nothing to continue from
-            resume, overwrite = False, (out / RUN_FILE).is_file() and not _recipe_changes(out, recipe)
+            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.is_marked(out)
+                                        and not _recipe_changes(out, recipe))
     elif resume and not checkpoints(out):
         raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
                           "--resume to start, or pass --resume auto to start when there is none")
@@ -89,12 +91,22 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
     if not (out / RUN_FILE).is_file():
         raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
     if overwrite:
+        if not folders.is_marked(out):
+            raise PosEncError(f"{where}: --overwrite: {str(out)!r} has no {folders.MARKER} marker, so this "
+                              f"hf-posenc did not write it (an older version may have): {folders.ASK}")
         return False, True
     if not resume:
         raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
     if changed := _recipe_changes(out, recipe):
         raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
     return True, False
+
+
+def input_paths(recipe: Recipe) -> dict[str, str | None]:
+    """What the run reads, by recipe field (built-in dataset names are no paths)."""
+    data = None if recipe.data.dataset in inputs.BUILTIN else recipe.data.dataset
+    return {"model.name_or_path": recipe.model.name_or_path, "model.tokenizer": recipe.model.tokenizer,
+            "data.dataset": data, "the recipe": recipe.source}
 
 
 def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
@@ -261,6 +273,8 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     elif main:
         out.mkdir(parents=True, exist_ok=True)
     if main:
+        if not folders.is_marked(out):  # so that --overwrite may replace this run later, and nothing else
+            folders.mark(out, "train", [recipe.source, recipe.model.name_or_path])
         write_json(out / RUN_FILE, {
             "recipe": recipe.to_dict(), "source": recipe.source, "world_size": world,
             "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,

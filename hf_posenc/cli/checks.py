@@ -1,0 +1,116 @@
+"""Checks the subcommands run in `check(args)`, before any model loads and without torch: flag domains,
+the model a name points at (its folder, config.json and weights files, read as bytes and JSON), Hub
+repo ids. Each failure is a `PosEncError` naming the flag or file and what is allowed (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import PosEncError
+from ..models import source
+
+
+def at_least(args: argparse.Namespace, **minimums: int) -> None:
+    """Each named integer flag (the argparse dest), when given, is at least its minimum."""
+    for dest, low in minimums.items():
+        value = getattr(args, dest)
+        if value is not None and value < low:
+            raise PosEncError(f"--{dest.replace('_', '-')} must be an integer >= {low}, got {value}")
+
+
+def repo_id(value: str | None, flag: str) -> None:
+    """A Hub repo id (`owner/name` or `name`), by huggingface_hub's own rule, before any request."""
+    if value is None:
+        return
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError as err:
+        reason = str(err).splitlines()[0]
+        raise PosEncError(f"{flag} {value!r} is not a Hub repo id ('owner/name': letters, digits, '-', '_', '.'; "
+                          f"{reason})") from None
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file, or one line naming the file and where it stops being JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PosEncError(f"{path}: {what} is not a text file") from None
+    except json.JSONDecodeError as err:
+        raise PosEncError(f"{path}: {what} is not valid JSON (line {err.lineno}, column {err.colno}: "
+                          f"{err.msg})") from None
+
+
+def check_weights(file: Path) -> None:
+    """A safetensors file is whole: its header reads and the file is as long as the header says.
+    Format: 8-byte little-endian header length, the JSON header, then the tensors' bytes."""
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little") if size >= 8 else -1
+        try:
+            header = json.loads(handle.read(length)) if 0 <= length <= size - 8 else None
+        except ValueError:
+            header = None
+    ends = [entry["data_offsets"][1] for key, entry in (header or {}).items()
+            if key != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2]
+    needed = 8 + length + max(ends, default=0)
+    if header is None or needed > size:
+        raise PosEncError(f"{file}: cannot read the weights ({size} bytes, "
+                          f"{'no readable header' if header is None else f'the header promises {needed}'}): the file "
+                          "is damaged or incomplete; save or download the model again")
+
+
+def saved_patch(config_path: Path, config: dict[str, Any]) -> None:
+    """A folder's `config.posenc`, when present, is a patch this hf-posenc reads (so the load cannot fail on it)."""
+    from ..saving import MODEL_TYPE
+
+    posenc = config.get("posenc")
+    if posenc is None:
+        if config.get("model_type") == MODEL_TYPE:
+            raise PosEncError(f"{config_path}: model_type is {MODEL_TYPE!r} but posenc is missing or null: the "
+                              "folder is damaged; save the patched model again with model.save_pretrained")
+        return
+    if not isinstance(posenc, dict) or not isinstance(posenc.get("scheme"), str) \
+            or not isinstance(posenc.get("options", {}), dict):
+        raise PosEncError(f"{config_path}: posenc must be a mapping with a scheme name and options (a mapping), got "
+                          f"{json.dumps(posenc)}; save the patched model again with model.save_pretrained")
+    from ..config import PosEncConfig  # the option checks of the scheme itself
+
+    try:
+        PosEncConfig.from_dict(posenc)
+    except PosEncError as err:
+        raise PosEncError(f"{config_path}: posenc: {err}") from None
+
+
+def model_folder(name: str, flag: str) -> Path | None:
+    """What `name` points at exists and is whole: a package model, a Hub id (None: read at load), or a
+    folder with a readable config.json and complete *.safetensors files. Returns the local folder."""
+    try:
+        return _model_folder(name)
+    except PosEncError as err:
+        raise PosEncError(f"{flag}: {err}") from None
+
+
+def _model_folder(name: str) -> Path | None:
+    path, kwargs = source(name)
+    folder = Path(path)
+    if not folder.is_dir() or "gguf_file" in kwargs:
+        return folder if folder.is_dir() else None
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise PosEncError(f"{name}: the folder has no config.json; give a folder written by "
+                          "model.save_pretrained (or hf-posenc patch / train), a Hub id or a package model name")
+    config = read_json(config_path, "the model config")
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise PosEncError(f"{config_path}: a model config is a JSON mapping with a model_type; save the model "
+                          "again with model.save_pretrained")
+    saved_patch(config_path, config)
+    for file in sorted(folder.glob("*.safetensors")):
+        check_weights(file)
+    return folder

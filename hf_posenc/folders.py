@@ -1,0 +1,124 @@
+"""Folders hf-posenc writes, and the one rule for replacing a folder: only what hf-posenc wrote.
+
+Every output folder (patch, train and its checkpoints, eval, inspect, demo, compare, push --dry-run,
+`save_pretrained` of a patched model) gets a small marker file, `.hf-posenc.json`: which command wrote
+it, when, with which hf-posenc version, from which sources. `--overwrite` replaces a folder only when
+the marker is there. Any other file (a config.json, a results.json) proves nothing: plain transformers
+and other tools write those too, so a folder without the marker -- including output of hf-posenc
+versions before the marker -- is refused, and the user deletes it or picks a new one.
+
+A folder that is, holds, or lies inside one of the command's sources (the model it reads, the recipe's
+data, the results files it compares) is refused whatever the flags: writing there changes the input.
+
+Imports neither torch nor transformers: these checks run before any model loads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import PosEncError
+
+__all__ = ["MARKER", "check_out", "check_separate", "clear_out", "is_marked", "mark", "read_marker"]
+
+MARKER = ".hf-posenc.json"
+TOOL = "hf-posenc"
+ASK = "delete it yourself if you no longer need it, or choose a new folder"
+
+
+def mark(folder: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
+    """Write the marker into `folder` (which must exist): this folder is hf-posenc output."""
+    from . import __version__
+
+    path = Path(folder) / MARKER
+    record = {"tool": TOOL, "version": __version__, "command": command,
+              "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "sources": [str(s) for s in sources]}
+    tmp = path.with_name(f".tmp{MARKER}")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's marker, or None when it has none (or one that is not hf-posenc's)."""
+    path = Path(folder) / MARKER
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("tool") == TOOL else None
+
+
+def is_marked(folder: str | os.PathLike) -> bool:
+    return read_marker(folder) is not None
+
+
+def local_source(name: str | os.PathLike | None) -> Path | None:
+    """The file or folder on disk a source names (resolved), or None for a Hub id / package model name."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    return path.resolve() if path.exists() else None
+
+
+def check_separate(out: str | os.PathLike, sources: Mapping[str, Any], flag: str = "--out") -> None:
+    """`out` is not a source, does not lie inside one, and holds none: writing it never touches an input.
+
+    Args:
+        out: the folder to be written.
+        sources: what names each input (e.g. {"--model": "./m"}) -> the path or name given.
+    """
+    target = Path(out).expanduser().resolve()
+    for what, name in sources.items():
+        source = local_source(name)
+        if source is None:
+            continue
+        if target == source:
+            raise PosEncError(f"{flag} {out} is the source ({what} {name}): hf-posenc never writes over its input; "
+                              f"choose a new folder")
+        if target.is_relative_to(source):
+            raise PosEncError(f"{flag} {out} is inside the source ({what} {name}): writing there changes the "
+                              f"input; choose a folder outside it")
+        if source.is_relative_to(target):
+            raise PosEncError(f"{flag} {out} holds the source ({what} {name}): replacing it would delete the "
+                              f"input; choose a folder that does not contain it")
+
+
+def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[str, Any] | None = None) -> Path:
+    """An output folder that can be written and holds nothing it would lose: new, empty, or (with
+    --overwrite) a folder carrying hf-posenc's marker, which `clear_out` replaces when the work starts."""
+    out = Path(path)
+    check_separate(out, sources or {}, flag)
+    if out.is_file():
+        raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise PosEncError(f"{flag} {path} is not empty; choose a new folder, or pass --overwrite to replace "
+                              f"earlier hf-posenc output")
+        if not is_marked(out):
+            raise PosEncError(f"{flag} {path} is not empty and has no {MARKER} marker, so hf-posenc did not write "
+                              f"it (or an older version did); --overwrite replaces only marked folders: {ASK}")
+    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PosEncError(f"{flag} {path}: {parent} is not a writable folder; choose another place")
+    return out
+
+
+def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
+    """Make the (checked) output folder exist, empty but for a new marker: partial output of an
+    interrupted run is marked too, so --overwrite can replace it."""
+    out = Path(path)
+    if out.is_dir() and any(out.iterdir()):
+        if not is_marked(out):  # check_out ran earlier; this guards a folder that changed since
+            raise PosEncError(f"{out} has no {MARKER} marker; refusing to replace it: {ASK}")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, command, sources)
+    return out
