@@ -104,6 +104,7 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
+    args.config = scheme_config(args.scheme, args.options)  # torch-free: a scheme mistake is refused at once
     if args.accelerate_config is not None:
         from .train import accelerate_config, launch_settings
 
@@ -113,7 +114,6 @@ def check(args: argparse.Namespace) -> None:
 
     args.suites = parse_suites(args.suite.split(","))
     check_mode(args.perplexity_mode, args.stride)
-    args.config = scheme_config(args.scheme, args.options)
     model_folder(args.model, "--model")
     check_model_takes(args.model, args.config)
 
