@@ -22,7 +22,7 @@ from . import compat, saving
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import adapter_for, get_scheme, supported_schemes
+from .registry import ADAPTERS, adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
 from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
 from .sites.base import PatchHook
@@ -108,10 +108,16 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
     """The facts of the model without any patch: a patched model's patch is taken off and put back
     (the same objects, so nothing changes); a config's model is built on the meta device without weights."""
     if not isinstance(model_or_config, nn.Module):
+        from transformers import AutoModel
+
         from .adapters.generic import _meta_model
 
-        meta = adapter.facts(_meta_model(model_or_config, None))
-        return dataclasses.replace(meta, position_table=None, token_embeddings=None, device=torch.device("cpu"))
+        # hand-written adapters name paths in the base model (encoders have no causal-LM class); the
+        # generic one reads the causal LM, as it did to find them
+        hand_written = model_or_config.model_type in ADAPTERS and type(model_or_config) in AutoModel._model_mapping
+        meta = _meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
+        return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
+                                   device=torch.device("cpu"))
     state = getattr(model_or_config, STATE_ATTR, None)
     if state is None:
         return adapter.facts(model_or_config)
