@@ -216,7 +216,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
     from safetensors import SafetensorError, safe_open
     from transformers import AutoModelForCausalLM
 
-    from .loading import _damaged
+    from .loading import _damaged, _failed
 
     model_cls = model_cls or AutoModelForCausalLM
     if not callable(getattr(model_cls, "from_pretrained", None)):
@@ -233,7 +233,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
                           "save or download the model again") from None
     except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
-        raise PosEncError(f"{path}: cannot load a model from it: {err}") from None
+        raise _failed(str(path), "weights", err) from None
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model

@@ -332,8 +332,8 @@ def _drop_patch_weights(folder: Path) -> None:
 
 FOLDER_MISTAKES = {
     "truncated weights": (_truncate, ["model.safetensors", "cannot read the weights", "damaged or incomplete"]),
-    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["cannot load a model from it"]),
-    "no config.json": (lambda f: (f / "config.json").unlink(), ["config.json"]),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["cannot load the weights of", "give a saved model folder"]),
+    "no config.json": (lambda f: (f / "config.json").unlink(), ["cannot load the config of", "config.json"]),
     "options null": (lambda f: _edit_posenc(f, _set("options", None)), ["config.json's posenc.options must be a dict",
                                                                          "got None"]),
     "options a list": (lambda f: _edit_posenc(f, _set("options", [32])), ["posenc.options must be a dict"]),
