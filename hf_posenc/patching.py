@@ -22,7 +22,7 @@ from . import compat, saving
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import adapter_for, get_scheme, supported_schemes
+from .registry import ADAPTERS, adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
 from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
 from .sites.base import PatchHook
@@ -108,10 +108,16 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
     """The facts of the model without any patch: a patched model's patch is taken off and put back
     (the same objects, so nothing changes); a config's model is built on the meta device without weights."""
     if not isinstance(model_or_config, nn.Module):
+        from transformers import AutoModel
+
         from .adapters.generic import _meta_model
 
-        meta = adapter.facts(_meta_model(model_or_config, None))
-        return dataclasses.replace(meta, position_table=None, token_embeddings=None, device=torch.device("cpu"))
+        # hand-written adapters name paths in the base model (encoders have no causal-LM class); the
+        # generic one reads the causal LM, as it did to find them
+        hand_written = model_or_config.model_type in ADAPTERS and type(model_or_config) in AutoModel._model_mapping
+        meta = _meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
+        return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
+                                   device=torch.device("cpu"))
     state = getattr(model_or_config, STATE_ATTR, None)
     if state is None:
         return adapter.facts(model_or_config)
@@ -210,7 +216,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
     from safetensors import SafetensorError, safe_open
     from transformers import AutoModelForCausalLM
 
-    from .loading import _damaged
+    from .loading import _damaged, _failed
 
     model_cls = model_cls or AutoModelForCausalLM
     if not callable(getattr(model_cls, "from_pretrained", None)):
@@ -227,7 +233,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
                           "save or download the model again") from None
     except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
-        raise PosEncError(f"{path}: cannot load a model from it: {err}") from None
+        raise _failed(str(path), "weights", err) from None
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model

@@ -213,7 +213,9 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
         except PosEncError:
             raise
         except (OSError, ValueError) as err:  # no config.json, or not one transformers reads
-            raise PosEncError(f"{path}: cannot read its config.json: {err}") from None
+            from .loading import _failed
+
+            raise _failed(str(path), "config", err) from None
         kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
     else:
         config = copy.deepcopy(config)

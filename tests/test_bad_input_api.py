@@ -332,8 +332,8 @@ def _drop_patch_weights(folder: Path) -> None:
 
 FOLDER_MISTAKES = {
     "truncated weights": (_truncate, ["model.safetensors", "cannot read the weights", "damaged or incomplete"]),
-    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["cannot load a model from it"]),
-    "no config.json": (lambda f: (f / "config.json").unlink(), ["config.json"]),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["cannot load the weights of", "give a saved model folder"]),
+    "no config.json": (lambda f: (f / "config.json").unlink(), ["cannot load the config of", "config.json"]),
     "options null": (lambda f: _edit_posenc(f, _set("options", None)), ["config.json's posenc.options must be a dict",
                                                                          "got None"]),
     "options a list": (lambda f: _edit_posenc(f, _set("options", [32])), ["posenc.options must be a dict"]),
@@ -387,3 +387,23 @@ def test_a_saved_trained_patch_loads_back_exactly(saved):
     module = describe_modules(model)[0]
     for key, tensor in module.state_dict().items():
         assert torch.equal(tensor, weights[f"{names[id(module)]}.{key}"])
+
+
+def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved, tmp_path):
+    """`check_model_takes` runs `validate` on config.json: with weights that cannot load, a refusal that
+    came after loading would name them instead."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    for file in saved.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    _truncate(folder)
+    digest = _digest(folder)
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "patch", str(folder), "concat", "--opt", "d_pos=1000",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert "scheme 'concat': d_pos must be < the hidden size 64, got 1000" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not out.exists() and _digest(folder) == digest
