@@ -7,6 +7,8 @@ the one piece of peft's layout the patch needs (what runs inside a `modules_to_s
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any, Callable
 
 import torch
@@ -88,6 +90,16 @@ def rotary_config(
     config.num_attention_heads = 1
     config.max_position_embeddings = max_position_embeddings
     config.rope_parameters = dict(rope_parameters)
+    return config
+
+
+def with_head_dim(config: PretrainedConfig) -> PretrainedConfig:
+    """`config`, or a copy of it with head_dim = hidden_size // heads where it names none: Hub configs
+    (Mixtral-8x7B's) omit it and some RoPE init functions (YaRN's) multiply it without the fallback."""
+    if getattr(config, "head_dim", None) or not getattr(config, "num_attention_heads", None):
+        return config
+    config = copy.deepcopy(config)
+    config.head_dim = config.hidden_size // config.num_attention_heads
     return config
 
 

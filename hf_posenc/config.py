@@ -7,6 +7,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+from .domains import domain_of, finite
+from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError
 
 FORMAT = 1
@@ -21,26 +23,31 @@ class PosEncConfig:
     """
 
     def __init__(self, scheme: str, **options: Any) -> None:
-        from .registry import get_scheme
-
-        spec = get_scheme(scheme)
-        self.scheme = spec.name
-        self.options = spec.validate(options)
+        self.scheme = scheme_name(scheme)
+        self.options = validate_options(self.scheme, options_class(self.scheme), options)
 
     def to_dict(self, original: str | None = None) -> dict[str, Any]:
         return {"format": FORMAT, "scheme": self.scheme, "options": dict(self.options), "from": original}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PosEncConfig":
+    def from_dict(cls, data: dict[str, Any], where: str = "config.posenc") -> "PosEncConfig":
+        """Read `config.posenc`; `where` names it in errors (a folder's config.json, a recipe)."""
         if not isinstance(data, dict) or "scheme" not in data:
-            raise PosEncError(f"not a hf-posenc config: {data!r}; expected a dict with 'format', 'scheme', 'options'")
+            raise PosEncError(f"{where} is not a hf-posenc config: {data!r}; expected a dict with 'format', "
+                              "'scheme', 'options'")
         version = data.get("format", FORMAT)
-        if not isinstance(version, int) or version > FORMAT:
+        if isinstance(version, bool) or not isinstance(version, int) or version > FORMAT:
             raise PosEncError(
-                f"config.posenc has format {version!r}, written by a newer hf-posenc; this version reads "
+                f"{where} has format {version!r}, written by a newer hf-posenc; this version reads "
                 f"format <= {FORMAT}. Upgrade with `pip install -U hf-posenc`."
             )
-        return cls(data["scheme"], **data.get("options", {}))
+        options = data.get("options", {})
+        if not isinstance(options, dict):
+            raise PosEncError(f"{where}.options must be a dict of option names to values, got {options!r}")
+        try:
+            return cls(data["scheme"], **options)
+        except PosEncError as err:
+            raise PosEncError(f"{where}: {err}") from err
 
     def replace(self, **options: Any) -> "PosEncConfig":
         return PosEncConfig(self.scheme, **{**self.options, **options})
@@ -53,23 +60,72 @@ class PosEncConfig:
         return f"PosEncConfig(scheme={self.scheme!r}{', ' if opts else ''}{opts})"
 
 
+def scheme_name(scheme: Any) -> str:
+    """`scheme` if it names a built-in or registered scheme (decided without importing torch), else PosEncError."""
+    from .options import OPTIONS
+    from .registry import SCHEMES
+
+    if not isinstance(scheme, str):
+        raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
+                          f"available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
+    if scheme not in OPTIONS and scheme not in SCHEMES:
+        raise PosEncError(f"unknown scheme {scheme!r}; available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
+    return scheme
+
+
+def options_class(scheme: str) -> type:
+    """The options dataclass of a scheme: built-ins from the torch-free table, user schemes from the registry."""
+    from .options import OPTIONS
+    from .registry import SCHEMES
+
+    return SCHEMES[scheme].Options if scheme in SCHEMES else OPTIONS[scheme]
+
+
+def option_table(scheme: str) -> list[dict[str, Any]]:
+    """Each option of `scheme`: name, type, default, domain, help (what `hf-posenc list --scheme` prints)."""
+    options_cls = options_class(scheme_name(scheme))
+    hints = typing.get_type_hints(options_cls)
+    rows = []
+    for field in dataclasses.fields(options_cls):
+        domain = domain_of(field)
+        rows.append({"option": field.name, "type": _expected(hints[field.name]),
+                     "default": None if field.default is dataclasses.MISSING else field.default,
+                     "domain": domain.text() if domain else "any " + _expected(hints[field.name]),
+                     "source": domain.source if domain else "", "help": field.metadata.get("help", "")})
+    return rows
+
+
 def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """Build the scheme's options dataclass, turning every mistake into a PosEncError."""
+    """Build the scheme's options dataclass, turning every mistake into a PosEncError naming the scheme,
+    the option and its domain (type, finite, range: `hf_posenc.domains`)."""
     fields = {f.name: f for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(options) - set(fields))
+    unknown = sorted(set(options) - set(fields), key=str)
     if unknown:
         allowed = ", ".join(fields) or "no options"
         raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}; it takes: {allowed}")
     hints = typing.get_type_hints(options_cls)
-    for name, value in options.items():
-        if not _accepts(value, hints[name]):
-            raise PosEncError(f"scheme {scheme!r}: {name} must be {_expected(hints[name])}, got {value!r}")
+    for name, field in fields.items():
+        value = options.get(name, field.default)
+        domain = domain_of(field)
+        allowed = domain.text() if domain else _expected(hints[name])
+        if value is dataclasses.MISSING or (value is None and not _accepts(None, hints[name])):
+            raise PosEncError(f"scheme {scheme!r}: option {name!r} is required ({allowed})")
+        nullable = " or null" if _accepts(None, hints[name]) and value is not None else ""
+        if not _accepts(value, hints[name]) or not _finite(value):
+            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r}")
+        if value is not None and domain is not None and (problem := domain.problem(value)) is not None:
+            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r} ({problem})")
     try:
         return dataclasses.asdict(options_cls(**options))
-    except (TypeError, ValueError) as err:
-        if isinstance(err, PosEncError):
-            raise
+    except (TypeError, ValueError) as err:  # the cross-option checks of __post_init__
         raise PosEncError(f"scheme {scheme!r}: {err}") from err
+
+
+def _finite(value: Any) -> bool:
+    """Numbers (and numbers in lists) must be finite whatever the option: inf and nan only ever become NaN logits."""
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return finite(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else True
 
 
 def _accepts(value: Any, hint: Any) -> bool:
@@ -107,6 +163,3 @@ def check(condition: bool, message: str) -> None:
         raise PosEncError(message)
 
 
-def option(default: Any, help: str) -> Any:
-    """A dataclass field with help text, peft-style."""
-    return dataclasses.field(default=default, metadata={"help": help})

@@ -1,18 +1,19 @@
-"""patch / unpatch / describe / from_pretrained: the adapter says where, the scheme says what.
+"""patch / unpatch / describe / validate / from_pretrained: the adapter says where, the scheme says what.
 
-Every change a patch makes is recorded with its undo, on the instance only (no transformers class
-or module global is touched), so a failed patch rolls back and `unpatch` is bit-exact.
+Every change a patch makes is recorded with its undo (`hf_posenc.state`), on the instance only (no
+transformers class or module global is touched). Everything that can be checked against the model is
+checked before the first change; if an install still fails, the previous patch's same objects go back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import glob
 import inspect
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -23,86 +24,15 @@ from .config import PosEncConfig
 from .errors import PosEncError
 from .registry import adapter_for, get_scheme, supported_schemes
 from .schemes.base import ModelFacts, Scheme
-from .sites import (INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs,
-                    remove_hooks)
+from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
+from .sites.base import PatchHook
 from .sites.qk import ROTARY_MODULE
+from .state import PatchState, RemoveHooks
 
-__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch"]
+__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch",
+           "validate"]
 
 STATE_ATTR = "_posenc_state"
-
-
-@dataclass
-class Restore:
-    """Undo record: put `obj.name` back as it was, or delete it if it did not exist."""
-
-    obj: Any
-    name: str
-    old: Any
-    existed: bool
-
-    def __call__(self) -> None:
-        if self.existed:
-            setattr(self.obj, self.name, self.old)
-        else:
-            delattr(self.obj, self.name)
-
-
-@dataclass
-class RestoreAttention:
-    """Undo record: the model's attention implementation as it was."""
-
-    model: nn.Module
-    old: str
-
-    def __call__(self) -> None:
-        compat.set_attn_implementation(self.model, self.old)
-
-
-@dataclass
-class RemoveHooks:
-    """Undo record: every hook of the patch, wherever wrappers have moved the modules since."""
-
-    root: nn.Module
-
-    def __call__(self) -> None:
-        remove_hooks(self.root)
-
-
-@dataclass
-class PatchState:
-    """What is patched now and how to take it back: plain data (undo records hold references to objects of
-    the model, never closures), so `deepcopy` and `torch.save` of the model copy a working patch."""
-
-    config: PosEncConfig
-    undo: list[Callable[[], None]] = field(default_factory=list)
-    new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
-
-    def set_attr(self, obj: Any, name: str, value: Any) -> None:
-        self.undo.append(Restore(obj, name, getattr(obj, name, None), hasattr(obj, name)))
-        setattr(obj, name, value)
-
-    def replace(self, base: nn.Module, path: str, module: nn.Module) -> None:
-        parent_path, _, name = path.rpartition(".")
-        self.set_attr(base.get_submodule(parent_path) if parent_path else base, name, module)
-        self.new_modules.append(path)
-
-    def add_module(self, base: nn.Module, path: str, module: nn.Module, new: bool = False) -> None:
-        """Attach a module at `path` (from the base model); `new` marks one whose weights a checkpoint must carry."""
-        parent_path, _, name = path.rpartition(".")
-        parent = base.get_submodule(parent_path) if parent_path else base
-        parent.add_module(name, module)
-        self.undo.append(Restore(parent, name, None, existed=False))
-        if new:
-            self.new_modules.append(path)
-
-    def set_attn_implementation(self, model: nn.Module, name: str) -> None:
-        self.undo.append(RestoreAttention(model, compat.attn_implementation(model.config)))
-        compat.set_attn_implementation(model, name)
-
-    def rollback(self) -> None:
-        while self.undo:
-            self.undo.pop()()
 
 
 def describe(model: nn.Module) -> PosEncConfig | None:
@@ -114,38 +44,82 @@ def describe(model: nn.Module) -> PosEncConfig | None:
 def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Module:
     """Swap the positional scheme of `model` in place and return it.
 
+    A mistake raises PosEncError and leaves the model (and a previous patch, trained weights included)
+    bit-identical: options are resolved against the model first, and a failed install puts the previous
+    patch's own objects back.
+
     Args:
         model: a transformers model of a supported architecture (`hf_posenc.list_architectures()`).
         scheme: a scheme name (`hf_posenc.list_schemes()`) or a `PosEncConfig`.
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`).
     """
-    if isinstance(scheme, PosEncConfig):
-        config = scheme.replace(**options) if options else scheme
-    elif isinstance(scheme, str):
-        config = PosEncConfig(scheme, **options)
-    else:
-        raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
-    adapter = adapter_for(model)
-    spec = get_scheme(config.scheme)
-    if (reason := adapter.why_not(spec)) is not None:
-        raise PosEncError(
-            f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
-            f"({reason}); supported: {', '.join(supported_schemes(model)) or 'none'}"
-        )
-    previous = describe(model)
-    unpatch(model)
-    facts = adapter.facts(model)
-    config = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+    config, adapter, spec, facts = _resolve(model, _as_config(scheme, options))
+    previous = getattr(model, STATE_ATTR, None)
+    if previous is not None:
+        previous.rollback()
+        delattr(model, STATE_ATTR)
     state = PatchState(config)
     try:
         _install(model, adapter, spec, facts, state)
     except BaseException:
         state.rollback()
         if previous is not None:
-            patch(model, previous)
+            previous.reapply()
+            setattr(model, STATE_ATTR, previous)
         raise
     setattr(model, STATE_ATTR, state)
     return model
+
+
+def _as_config(scheme: Any, options: dict[str, Any]) -> PosEncConfig:
+    if isinstance(scheme, PosEncConfig):
+        return scheme.replace(**options) if options else scheme
+    if isinstance(scheme, str):
+        return PosEncConfig(scheme, **options)
+    raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
+
+
+def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -> PosEncConfig:
+    """The config `patch` would install, with every option resolved against the model, or PosEncError;
+    changes nothing. Takes a model or (as the CLI does before loading weights) its transformers config,
+    whose model is then built on the meta device."""
+    return _resolve(model_or_config, _as_config(scheme, options))[0]
+
+
+def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, Adapter, Scheme, ModelFacts]:
+    adapter, spec = adapter_for(model_or_config), get_scheme(config.scheme)
+    if (reason := adapter.why_not(spec)) is not None:
+        model_type = getattr(getattr(model_or_config, "config", model_or_config), "model_type", "?")
+        raise PosEncError(
+            f"{model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
+            f"({reason}); supported: {', '.join(supported_schemes(model_or_config)) or 'none'}"
+        )
+    facts = _stock_facts(model_or_config, adapter)
+    try:
+        resolved = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+    except PosEncError as err:  # an option against the model's facts (d_pos, LongRoPE list lengths, ...)
+        raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
+    if (length := spec.max_positions(resolved.options)) is not None and length < 1:
+        raise PosEncError(f"scheme {spec.name!r} would leave the model {length} positions; options: {resolved.options}")
+    return resolved, adapter, spec, facts
+
+
+def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
+    """The facts of the model without any patch: a patched model's patch is taken off and put back
+    (the same objects, so nothing changes); a config's model is built on the meta device without weights."""
+    if not isinstance(model_or_config, nn.Module):
+        from .adapters.generic import _meta_model
+
+        meta = adapter.facts(_meta_model(model_or_config, None))
+        return dataclasses.replace(meta, position_table=None, token_embeddings=None, device=torch.device("cpu"))
+    state = getattr(model_or_config, STATE_ATTR, None)
+    if state is None:
+        return adapter.facts(model_or_config)
+    state.rollback()
+    try:
+        return adapter.facts(model_or_config)
+    finally:
+        state.reapply()
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -162,11 +136,10 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     base, config = model.base_model, model.config
     owner = base.get_submodule(adapter.loop) if adapter.loop else base
     offset = adapter.ids_offset(compat.text_config(config))
-    state.undo.append(RemoveHooks(base))
+    state.undo.append(RemoveHooks(base, PatchHook))
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
     # the folders it saves load back patched, never as the stock model (saving.py)
-    model.save_pretrained = functools.partial(saving.save_pretrained, model)
-    state.undo.append(functools.partial(delattr, model, "save_pretrained"))
+    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
     if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
@@ -181,7 +154,7 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
         for block in adapter.attention_blocks(model) if relay else ():
             block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
         if model is not base and _drops_position_ids(model, base):
-            state.undo.append(RemoveHooks(model))
+            state.undo.append(RemoveHooks(model, PatchHook))
             model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
     if loop.key_positions:
         owner.register_forward_hook(RecordPositions(), with_kwargs=True)
@@ -234,12 +207,27 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
         **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from transformers import AutoModelForCausalLM
 
+    from .loading import _damaged
+
     model_cls = model_cls or AutoModelForCausalLM
-    with _quiet_transformers():
-        model = model_cls.from_pretrained(path, **kwargs)
+    if not callable(getattr(model_cls, "from_pretrained", None)):
+        raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
+                          f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
+    config = kwargs.get("config")
+    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
+        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
+    try:
+        with _quiet_transformers():
+            model = model_cls.from_pretrained(path, **kwargs)
+    except SafetensorError as err:
+        where = _damaged(str(path)) if os.path.isdir(path) else None
+        raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
+                          "save or download the model again") from None
+    except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
+        raise PosEncError(f"{path}: cannot load a model from it: {err}") from None
     posenc = getattr(model.config, "posenc", None)
     if posenc is None:
         return model
@@ -247,7 +235,7 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
         # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
         # would otherwise point at a file its folder does not have.
         del model.config.auto_map
-    patch(model, PosEncConfig.from_dict(posenc))
+    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
     names = {id(m): n for n, m in model.named_modules()}
     wanted = {
         f"{names[id(m)]}.{key}": tensor

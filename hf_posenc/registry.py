@@ -83,6 +83,7 @@ def adapter_for(model_or_config: Any) -> "Adapter":
     _load()
     model_type = model_type_of(model_or_config)
     refuse_encoder_decoder(model_or_config, model_type)
+    refuse_non_text(model_or_config, model_type)
     if model_type in ADAPTERS:
         return ADAPTERS[model_type]
     from .adapters.generic import generic_adapter
@@ -103,6 +104,27 @@ def refuse_encoder_decoder(model_or_config: Any, model_type: str) -> None:
                           "encoder-only models (a single attention stack). For a decoder-only variant load its "
                           "causal-LM class (e.g. BartForCausalLM); `hf-posenc list --model-types` shows what is "
                           "supported")
+
+
+def refuse_non_text(model_or_config: Any, model_type: str) -> None:
+    """Vision and audio models (ViT, wav2vec2, ...) have no token positions to swap: refused by name, not
+    by an AttributeError from deep inside discovery. A model must have a 2-D token embedding table; a
+    config alone, a vocabulary."""
+    if hasattr(model_or_config, "get_input_embeddings"):
+        try:
+            weight = getattr(model_or_config.get_input_embeddings(), "weight", None)
+        except (NotImplementedError, AttributeError):
+            weight = None
+        text = callable(getattr(weight, "dim", None)) and weight.dim() == 2
+    else:
+        config = model_or_config
+        if hasattr(config, "get_text_config"):
+            config = config.get_text_config(decoder=True)
+        text = getattr(config, "vocab_size", None) is not None
+    if not text:
+        raise PosEncError(f"{model_type!r} is not a text model (no token embedding table: a vision or audio model); "
+                          "hf_posenc patches text models, decoder-only and encoder-only language models: "
+                          "`hf-posenc list --model-types` shows what is supported")
 
 
 def supported_schemes(model_or_config: Any) -> list[str]:

@@ -208,7 +208,12 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
         # as transformers' Auto classes do: the config takes its kwargs, the model the rest and the dtype
         # the dtype stays a loading argument: a config given dtype="auto" would keep the string
         dtypes = {k: kwargs.pop(k) for k in ("dtype", "torch_dtype") if k in kwargs}
-        config, rest = load_config(path, return_unused_kwargs=True, **kwargs)
+        try:
+            config, rest = load_config(path, return_unused_kwargs=True, **kwargs)
+        except PosEncError:
+            raise
+        except (OSError, ValueError) as err:  # no config.json, or not one transformers reads
+            raise PosEncError(f"{path}: cannot read its config.json: {err}") from None
         kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
     else:
         config = copy.deepcopy(config)

@@ -57,7 +57,7 @@ def test_patch_saves_a_model_that_reloads_patched(tiny_folder, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["rotary"], "unknown scheme 'rotary'; available schemes: alibi"),
-    (["rope", "--opt", "theta=-1"], "theta must be > 0, got -1"),
+    (["rope", "--opt", "theta=-1"], "theta must be a number > 0 or null, got -1"),
     (["rope", "--opt", "theta"], "--opt takes key=value, got 'theta'"),
 ])
 def test_patch_errors_exit_2_with_the_reason(tiny_folder, tmp_path, args, message):
@@ -126,9 +126,9 @@ def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_p
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     out = tmp_path / "out"
     cases = [
-        (["patch", str(damaged), "yarn", "--opt", "factor=abc"], "scheme 'yarn': factor must be a number, got 'abc'"),
-        (["patch", str(damaged), "yarn", "--opt", "factor=true"], "factor must be a number, got True"),
-        (["patch", str(damaged), "t5", "--opt", "num_buckets=3.5"], "num_buckets must be an integer, got 3.5"),
+        (["patch", str(damaged), "yarn", "--opt", "factor=abc"], "scheme 'yarn': factor must be a number >= 1, got 'abc'"),
+        (["patch", str(damaged), "yarn", "--opt", "factor=true"], "factor must be a number >= 1, got True"),
+        (["patch", str(damaged), "t5", "--opt", "num_buckets=3.5"], "num_buckets must be an int >= 4, got 3.5"),
         (["patch", str(damaged), "rotary"], "unknown scheme 'rotary'"),
         (["eval", "--model", str(damaged), "--patch", "alibi", "--opt", "max_bias=x"], "max_bias must be a number"),
         (["eval", "--model", str(tmp_path / "missing")], "is not a model folder, a Hub id"),

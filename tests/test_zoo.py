@@ -20,6 +20,7 @@ import torch
 import transformers
 
 import hf_posenc as hp
+import real_configs
 import zoo
 from conftest import tiny_model
 from hf_posenc.adapters.discover import discover
@@ -236,3 +237,54 @@ def test_support_table_list_and_readme_are_the_catalog():
     assert shipped == {**zoo.shipped(CATALOG), "transformers": shipped["transformers"]}
     assert shipped["transformers"] == transformers.__version__, "catalog written on another transformers"
     assert zoo.readme_block(CATALOG) in (root / "README.md").read_text(), "rerun benchmarks/zoo_catalog.py"
+
+
+# ---------------------------------------------------------------- real configs (tests/real_configs.py)
+
+REAL_SCHEMES = [("rope", {}), ("linear", {"factor": 2.0}), ("ntk", {"factor": 2.0}), ("dynamic", {"factor": 2.0}),
+                ("yarn", {"factor": 2.0}), ("llama3", {"factor": 2.0}), ("longrope", {"factor": 2.0}),
+                ("alibi", {}), ("nope", {})]
+_REAL_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def _real(name: str) -> torch.nn.Module:
+    if name not in _REAL_MODELS:
+        _REAL_MODELS[name] = real_configs.build(name)
+    return _REAL_MODELS[name]
+
+
+@pytest.mark.parametrize("scheme,options", REAL_SCHEMES, ids=[s for s, _ in REAL_SCHEMES])
+@pytest.mark.parametrize("name", sorted(real_configs.REAL_CONFIGS))
+def test_real_configs_take_every_rope_scheme(name, scheme, options):
+    """Built from the keys a Hub config.json has (no head_dim, rope_scaling of type llama3/yarn/longrope,
+    partial_rotary_factor, sliding windows, MoE fields): the scheme patches, runs and unpatches exactly."""
+    model = _real(name)
+    x = zoo.inputs()
+    stock = zoo.logits(model, x)
+    assert hp.supports(model, scheme), hp.registry.why_not(model, scheme)
+    hp.patch(model, scheme, **options)
+    try:
+        patched = zoo.logits(model, x)
+        assert patched.shape == stock.shape and torch.isfinite(patched).all()
+        if scheme in ("alibi", "nope"):
+            assert not torch.allclose(patched, stock, atol=1e-3), "the scheme changed nothing"
+    finally:
+        hp.unpatch(model)
+    assert torch.equal(zoo.logits(model, x), stock)
+
+
+def test_mixtral_without_head_dim_takes_yarn():
+    """The finding: Mixtral-8x7B's config.json names no head_dim, and one failing YaRN probe refused every
+    RoPE scheme. Now each RoPE type is probed on its own, on a config copy with head_dim filled in."""
+    data = real_configs.REAL_CONFIGS["mistralai/Mixtral-8x7B-v0.1"]
+    assert "head_dim" not in data
+    model = _real("mistralai/Mixtral-8x7B-v0.1")
+    assert getattr(model.config, "head_dim", None) is None
+    x = zoo.inputs()
+    stock = zoo.logits(model, x)
+    hp.patch(model, "yarn", factor=2)
+    assert hp.describe(model).options["factor"] == 2
+    assert (zoo.logits(model, x) - stock).abs().max() > 1e-3
+    hp.unpatch(model)
+    assert getattr(model.config, "head_dim", None) is None  # the model's own config is left as the file had it
+    assert not hp.adapters.generic.generic_adapter(model).gaps

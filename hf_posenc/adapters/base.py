@@ -37,6 +37,7 @@ PACKED_SPLITS: dict[str, tuple[str, str, str]] = {
 # for that model yet, and why. A scheme is supported when none of the mechanisms it needs is a gap.
 MECHANISMS = {
     "rope_config": "set config.rope_parameters and rebuild the model's rotary module",
+    # "rope_config:<rope type>": that rebuild for one RoPE type (probed each on its own: adapters/probes.py)
     "rotary_off": "replace the model's rotary module by one that does not rotate (or by a new rotation)",
     "qk_tap": "rotate q and k as they leave their projections",
     "slot": "replace the absolute position module",
@@ -90,7 +91,8 @@ class Adapter:
         needs = ["native_bias"] if self.native_bias else []
         needs += ["slot"] if self.position_slot else ["input"] if scheme.site == "input" else []
         if scheme.site == "qk":
-            needs += ["rope_config"] if self.rotary else ["qk_tap", "kwargs"]
+            rope_type = getattr(scheme, "rope_type", "default")
+            needs += ["rope_config", f"rope_config:{rope_type}"] if self.rotary else ["qk_tap", "kwargs"]
         elif self.rotary:
             needs += ["rotary_off"]
         if scheme.site in ("score", "attention"):

@@ -20,7 +20,7 @@ from torch import nn
 
 from .. import compat
 from .base import PACKED_SPLITS
-from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
+from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problems,
                      relays_kwargs, takes_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
 from .quirks import ROPE_SWITCHES, packed_layout
@@ -73,7 +73,7 @@ class Structure:
     rotary_width: int | None  # last dim of (cos, sin)
     rotary_widths: dict[str, int]  # that width per layer type ("": called without one)
     rotary_problem: str | None
-    rebuild_problem: str | None  # the rotary class cannot be rebuilt from a config with new rope_parameters
+    rebuild_problems: dict[str, str]  # rope type -> why the rotary class cannot be rebuilt with it
     rope_parameters: dict[str, Any] | None
     extra_rope_keys: tuple[str, ...]  # the model's own, which a new rope_parameters keeps
     own_rope_types: tuple[str, ...]  # rope_type values transformers' ROPE_INIT_FUNCTIONS does not know
@@ -175,7 +175,7 @@ def discover(model: nn.Module) -> Structure:
         rotary_width=next(iter(widths.values()), None),
         rotary_widths=widths,
         rotary_problem=rotary_problem,
-        rebuild_problem=rebuild_problem(rotary_modules[0], text) if rotaries and not rotary_types else None,
+        rebuild_problems=rebuild_problems(rotary_modules[0], text) if rotaries and not rotary_types else {},
         rope_parameters=dict(rope) if rope else None,
         extra_rope_keys=tuple(sorted(own_keys - compat.ROPE_KEYS)),
         own_rope_types=tuple(sorted({p.get("rope_type", "default") for p in (rope.values() if per_type else [rope])

@@ -192,5 +192,5 @@ def _rotary_gaps(s: Structure, gap: Any) -> None:
     if s.own_rope_types:
         gap(f"the model's own rope_type {', '.join(s.own_rope_types)} is not one transformers' ROPE_INIT_FUNCTIONS "
             "rebuilds", "rope_config")
-    if s.rebuild_problem:
-        gap(s.rebuild_problem, "rope_config")
+    for rope_type, problem in s.rebuild_problems.items():
+        gap(problem, f"rope_config:{rope_type}")

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import compat
+
 POSITION_WORDS = {"position", "positions", "positional", "rotary", "rope", "alibi", "relative", "distance", "wpe",
                   "pos", "rel", "sinusoidal"}
 INDEX_BUFFERS = ("position_ids", "token_type_ids")  # index helpers, not position codes
@@ -59,19 +61,38 @@ def rotary_call(rotary: nn.Module, rope: dict[str, Any] | None,
     return kinds, widths, None
 
 
-def rebuild_problem(rotary: nn.Module, text: Any) -> str | None:
-    """Can the rotary class be rebuilt from the config with a new (YaRN) rope_parameters, the way a
-    scaling patch does? Some classes read keys only their own RoPE type has."""
-    config = copy.deepcopy(text)
+# What each RoPE type a scheme installs adds to rope_parameters, for the rebuild probe (pairs: rotated pairs).
+ROPE_PROBES: dict[str, Any] = {
+    "default": lambda pairs: {},
+    "linear": lambda pairs: {"factor": 2.0},
+    "dynamic": lambda pairs: {"factor": 2.0},
+    "yarn": lambda pairs: {"factor": 2.0, "beta_fast": 32.0, "beta_slow": 1.0},
+    "llama3": lambda pairs: {"factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "longrope": lambda pairs: {"factor": 2.0, "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs},
+}
+
+
+def rebuild_problems(rotary: nn.Module, text: Any) -> dict[str, str]:
+    """{rope type: why the rotary class cannot be rebuilt from the config with that type's rope_parameters}
+    (the way a scaling patch rebuilds it), each type probed on its own so one failing disables only its
+    schemes. Built from a copy with head_dim filled in, as the installer builds it (`compat.with_head_dim`)."""
     own = getattr(text, "rope_parameters", None) or {}
-    config.rope_parameters = {"rope_type": "yarn", "rope_theta": float(own.get("rope_theta", 10_000.0)), "factor": 2.0,
-                              "original_max_position_embeddings": int(getattr(text, "max_position_embeddings", 128)),
-                              **{k: own[k] for k in ("partial_rotary_factor",) if k in own}}
-    try:
-        type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
-    except Exception as exc:  # noqa: BLE001 - reported as a gap of the rope_config mechanism
-        return f"{type(rotary).__name__}(config) fails with a YaRN rope_parameters ({type(exc).__name__}: {exc})"
-    return None
+    length = int(getattr(text, "max_position_embeddings", None) or 128)
+    base = compat.with_head_dim(copy.deepcopy(text))
+    head_dim = getattr(base, "head_dim", None) or 2
+    pairs = int(head_dim * float(own.get("partial_rotary_factor", 1.0))) // 2
+    problems = {}
+    for rope_type, extra in ROPE_PROBES.items():
+        config = copy.deepcopy(base)
+        config.rope_parameters = {"rope_type": rope_type, "rope_theta": float(own.get("rope_theta", 10_000.0)),
+                                  "original_max_position_embeddings": length, **extra(pairs),
+                                  **{k: own[k] for k in ("partial_rotary_factor",) if k in own}}
+        try:
+            type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
+        except Exception as exc:  # noqa: BLE001 - reported as a gap of this rope type's rebuild
+            problems[rope_type] = (f"{type(rotary).__name__}(config) fails with a {rope_type} rope_parameters "
+                                   f"({type(exc).__name__}: {exc})")
+    return problems
 
 
 def slot_call(slot: nn.Module) -> str | None:

@@ -156,15 +156,24 @@ def scheme_config(scheme: str | None, options: dict[str, Any]) -> Any:
     return PosEncConfig(scheme, **options)
 
 
-def check_model_takes(model: str, scheme: str | None) -> None:
-    """The model exists and its architecture takes `scheme`: read from its config alone (no weights)."""
+def check_model_takes(model: str, scheme: Any) -> None:
+    """The model exists and takes `scheme` (a name or a PosEncConfig) with its options resolved against the
+    model's facts (`hf_posenc.patching.validate`: e.g. concat's d_pos below the hidden size): read from its
+    config alone, the model built on the meta device, no weights."""
     from ..loading import load_config
+    from ..patching import validate
     from ..registry import supported_schemes, why_not
 
     config = load_config(model)
-    if scheme is not None and (reason := why_not(config, scheme)) is not None:
-        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {scheme!r}; "
+    name = getattr(scheme, "scheme", scheme)
+    if name is not None and (reason := why_not(config, name)) is not None:
+        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "
                           f"it takes: {', '.join(supported_schemes(config))} ({reason})")
+    if scheme is not None:
+        try:
+            validate(config, scheme)
+        except PosEncError as err:
+            raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err
 
 
 def int_list(text: str, what: str) -> list[int]:

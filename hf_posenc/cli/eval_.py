@@ -115,7 +115,7 @@ def check(args: argparse.Namespace) -> None:
     check_mode(args.perplexity_mode, args.stride)
     args.config = scheme_config(args.scheme, args.options)
     model_folder(args.model, "--model")
-    check_model_takes(args.model, args.scheme)
+    check_model_takes(args.model, args.config)
 
 
 def main(args: argparse.Namespace) -> int:

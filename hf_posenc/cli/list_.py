@@ -17,15 +17,28 @@ SITES = ("input", "qk", "score", "none")
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = "Schemes, architectures and which cells of the matrix work."
-    parser.epilog = "examples:\n  hf-posenc list\n  hf-posenc list --model-types\n  hf-posenc list --json"
+    parser.epilog = ("examples:\n  hf-posenc list\n  hf-posenc list --model-types\n  hf-posenc list --json\n"
+                     "  hf-posenc list --scheme yarn")
     parser.add_argument("--json", action="store_true", help="print the matrix and the model types as JSON")
     parser.add_argument("--model-types", action="store_true",
                         help="print every causal-LM model type: supported sites, or why not")
+    parser.add_argument("--scheme", metavar="NAME",
+                        help="print the scheme's options: type, default, allowed values (domain) and help")
+
+
+def check(args: argparse.Namespace) -> None:
+    """An unknown --scheme is a usage error (exit 2)."""
+    if args.scheme:
+        from ..config import scheme_name
+
+        scheme_name(args.scheme)
 
 
 def main(args: argparse.Namespace) -> int:
     from ..registry import MODEL_TYPES, SNAPSHOT
 
+    if args.scheme:
+        return print_options(args.scheme, args.json)
     snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     model_types = json.loads(MODEL_TYPES.read_text(encoding="utf-8"))
     matrix = snapshot["matrix"]
@@ -54,4 +67,22 @@ def main(args: argparse.Namespace) -> int:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     print(f"\ncausal-LM model types (zoo sweep, transformers {model_types['transformers']}): "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "; `hf-posenc list --model-types` shows each")
+    return 0
+
+
+def print_options(scheme: str, as_json: bool) -> int:
+    """One row per option of `scheme`, from its declaration (torch-free: `hf_posenc.options`)."""
+    from ..config import option_table
+
+    rows = option_table(scheme)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"options of {scheme!r} (`--opt NAME=VALUE`):" if rows else f"{scheme!r} takes no options")
+    if rows:
+        print("| option | type | default | allowed | help |")
+        print("|---|---|---|---|---|")
+        for row in rows:
+            source = f" ({row['source']})" if row["source"] else ""
+            print(f"| {row['option']} | {row['type']} | {row['default']!r} | {row['domain']}{source} | {row['help']} |")
     return 0

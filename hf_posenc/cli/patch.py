@@ -27,7 +27,7 @@ def check(args: argparse.Namespace) -> None:
     check_out(args.out, args.overwrite, sources={"MODEL": args.model})
     args.config = scheme_config(args.scheme, parse_options(args.opt))
     model_folder(args.model, "MODEL")
-    check_model_takes(args.model, args.config.scheme)
+    check_model_takes(args.model, args.config)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,12 +7,11 @@ makes it usable in bidirectional encoders too, as in Press et al.'s follow-ups a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..config import check, option
+from ..options.bias import AlibiOptions
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
 from .relative import RelativeBias
@@ -41,19 +40,6 @@ class AlibiBias(RelativeBias):
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         return -self.slopes[head] * distance.abs().float()
-
-
-@dataclass(frozen=True)
-class AlibiOptions:
-    max_bias: float = option(8.0, "slopes are 2^(-max_bias*h/H); 8 in Press et al. 2022")
-    scale: float | None = option(None, "multiplies every slope; default: the model's own ALiBi's (Falcon divides "
-                                       "by sqrt(head_dim)), else 1")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.max_bias, (int, float)) and self.max_bias > 0,
-              f"max_bias must be > 0, got {self.max_bias!r}")
-        check(self.scale is None or (isinstance(self.scale, (int, float)) and self.scale > 0),
-              f"scale must be > 0, got {self.scale!r}")
 
 
 class Alibi(BiasScheme):

@@ -95,6 +95,7 @@ class InputScheme(Scheme):
 
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
+    rope_type: ClassVar[str] = "default"  # the transformers RoPE type it installs on a rotating model
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError
@@ -132,6 +133,20 @@ def check_positions(position_ids: torch.Tensor, limit: int, scheme: str) -> None
             f"sequence needs position {last} (length {last + 1}) but the {scheme!r} table has {limit} positions; "
             f"patch a relative scheme (rope, alibi, nope, yarn, ...) or {scheme!r} with max_positions >= {last + 1}"
         )
+
+
+def table_rows(positions: torch.Tensor, scheme: str) -> torch.Tensor:
+    """Positions as rows of a table: float positions (which stock rotary models accept) become integers
+    when they are whole numbers; fractional ones are refused by name rather than by an index error."""
+    if not positions.is_floating_point():
+        return positions
+    rows = positions.round()
+    if not torch.compiler.is_compiling() and not torch.equal(rows, positions):
+        from ..errors import PosEncError
+
+        raise PosEncError(f"the {scheme!r} table takes whole-number positions; position_ids holds fractions "
+                          f"(e.g. {float(positions[positions != rows].flatten()[0])}): pass integer position_ids")
+    return rows.long()
 
 
 class ZeroPositions(nn.Module):

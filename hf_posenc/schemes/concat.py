@@ -10,34 +10,18 @@ orthogonality holds up to the embedding LayerNorm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check, option
+from ..config import check
+from ..options.input import CODES, ConcatOptions
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions
+from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code
 
-CODES = ("sinusoidal", "learned")
-
-
-@dataclass(frozen=True)
-class ConcatOptions:
-    d_pos: int = option(None, "dims given to positions, 0 <= d_pos < hidden size (0 is NoPE); required")
-    code: str = option("sinusoidal", f"position code in the complement: one of {CODES}")
-    max_positions: int | None = option(None, "table length for code='learned'; default: the model's own")
-    base: float = option(10_000.0, "wavelength base for code='sinusoidal'")
-    scale: float | None = option(None, "code multiplier; default: position vectors as long as the model's own")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.d_pos, int) and self.d_pos >= 0, f"d_pos must be an int >= 0, got {self.d_pos!r}")
-        check(self.code in CODES, f"code must be one of {CODES}, got {self.code!r}")
-        check(self.base > 1, f"base must be > 1, got {self.base!r}")
-        check(self.scale is None or self.scale > 0, f"scale must be > 0, got {self.scale!r}")
 
 
 class ConcatPositions(nn.Module):
@@ -53,6 +37,7 @@ class ConcatPositions(nn.Module):
 
     def code(self, positions: torch.Tensor) -> torch.Tensor:
         if self.table is not None:
+            positions = table_rows(positions, "concat")
             check_positions(positions, self.table.shape[0], "concat")
             return F.embedding(positions, self.table).float()
         return sinusoidal_code(positions, self.position_basis.shape[1], self.base) * self.scale

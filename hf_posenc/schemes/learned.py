@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check, option
+from ..options.input import INITS, LearnedOptions
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions
+from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code
 
-INITS = ("copy", "interpolate", "sinusoidal", "normal", "zeros")
-
-
-@dataclass(frozen=True)
-class LearnedOptions:
-    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings")
-    init: str | None = option(None, f"one of {INITS}; default: copy the model's table if it has one, else normal")
-
-    def __post_init__(self) -> None:
-        check(self.max_positions is None or (isinstance(self.max_positions, int) and self.max_positions > 0),
-              f"max_positions must be a positive int, got {self.max_positions!r}")
-        check(self.init is None or self.init in INITS, f"init must be one of {INITS}, got {self.init!r}")
 
 
 class LearnedPositions(nn.Module):
@@ -41,6 +28,7 @@ class LearnedPositions(nn.Module):
         self.offset = offset
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        position_ids = table_rows(position_ids, "learned")
         check_positions(position_ids - self.offset, self.weight.shape[0] - self.offset, "learned")
         return F.embedding(position_ids, self.weight)
 

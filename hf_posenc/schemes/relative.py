@@ -13,14 +13,13 @@ Each is a `RelativeBias`: one elementwise formula `score(head, q_pos, k_pos)` se
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check, option
+from ..options.bias import FireOptions, KerpleOptions, T5Options
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts
 
@@ -59,19 +58,6 @@ def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distan
     return (offset + torch.where(n < exact, n, large)).long()
 
 
-@dataclass(frozen=True)
-class T5Options:
-    num_buckets: int = option(32, "relative-position buckets (32 in T5)")
-    max_distance: int = option(128, "distance at which buckets stop growing (128 in T5)")
-    init_std: float = option(0.0, "std of the initial table; 0 starts as NoPE")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.num_buckets, int) and self.num_buckets >= 4, f"num_buckets must be an int >= 4, got {self.num_buckets!r}")
-        check(isinstance(self.max_distance, int) and self.max_distance > self.num_buckets // 2,
-              f"max_distance must be an int > num_buckets/2, got {self.max_distance!r}")
-        check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
-
-
 class T5Bias(RelativeBias):
     def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float) -> None:
         super().__init__()
@@ -94,19 +80,6 @@ class T5(BiasScheme):
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         return T5Bias(facts.num_heads, facts.causal, options["num_buckets"], options["max_distance"], options["init_std"])
-
-
-@dataclass(frozen=True)
-class FireOptions:
-    hidden: int = option(32, "width of the MLP f (32 in Li et al. 2023)")
-    c: float = option(0.1, "initial c in psi(x) = log(c x + 1)")
-    threshold: float = option(512.0, "initial L: distances are normalised by psi(max(L, i))")
-    init: str = option("zeros", "'zeros' (output layer starts at 0: NoPE) or 'random'")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.hidden, int) and self.hidden > 0, f"hidden must be a positive int, got {self.hidden!r}")
-        check(self.c > 0 and self.threshold > 0, f"c and threshold must be > 0, got {self.c!r}, {self.threshold!r}")
-        check(self.init in ("zeros", "random"), f"init must be 'zeros' or 'random', got {self.init!r}")
 
 
 class FireBias(RelativeBias):
@@ -170,18 +143,6 @@ class Fire(BiasScheme):
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         return FireBias(facts.num_heads, options["hidden"], options["c"], options["threshold"], options["init"] == "zeros")
-
-
-@dataclass(frozen=True)
-class KerpleOptions:
-    variant: str = option("log", "'log': -r1 log(1 + r2 d) or 'power': -r1 d^r2")
-    r1: float = option(1.0, "initial r1 (> 0) for every head")
-    r2: float = option(1.0, "initial r2 (> 0; power variant: <= 2) for every head")
-
-    def __post_init__(self) -> None:
-        check(self.variant in ("log", "power"), f"variant must be 'log' or 'power', got {self.variant!r}")
-        check(self.r1 > 0 and self.r2 > 0, f"r1 and r2 must be > 0, got {self.r1!r}, {self.r2!r}")
-        check(self.variant == "log" or self.r2 <= 2, f"power variant needs r2 <= 2, got {self.r2!r}")
 
 
 class KerpleBias(RelativeBias):

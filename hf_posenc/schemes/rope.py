@@ -7,14 +7,13 @@ which is GPT-NeoX-style partial rotation up to a fixed permutation of the head d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from .. import compat
-from ..config import check, option
+from ..options.rotary import RopeOptions
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
 
@@ -90,21 +89,6 @@ def plain_rotary(options: dict[str, Any], facts: ModelFacts) -> Rotary:
     """Unscaled RoPE with the resolved `theta` and `partial`, for schemes that rotate inside attention."""
     return Rotary(facts.head_dim, {"rope_type": "default", "rope_theta": options["theta"]}, options["partial"],
                   facts.max_positions)
-
-
-def check_rope_options(theta: float | None, partial: float | None) -> None:
-    check(theta is None or (isinstance(theta, (int, float)) and theta > 0), f"theta must be > 0, got {theta!r}")
-    check(partial is None or (isinstance(partial, (int, float)) and 0 < partial <= 1),
-          f"partial must be in (0, 1], got {partial!r}")
-
-
-@dataclass(frozen=True)
-class RopeOptions:
-    theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
-    partial: float | None = option(None, "fraction of each head's dims that rotate, in (0, 1]; default: model's own or 1")
-
-    def __post_init__(self) -> None:
-        check_rope_options(self.theta, self.partial)
 
 
 class Rope(RotaryScheme):

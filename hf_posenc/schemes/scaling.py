@@ -11,48 +11,13 @@ On a model that already rotates they only change `config.rope_parameters`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from ..config import check, option
+from ..config import check
+from ..options.rotary import Llama3Options, LongRopeOptions, ScalingOptions, YarnOptions
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
-from .rope import check_rope_options, resolve_rotation
-
-
-@dataclass(frozen=True)
-class ScalingOptions:
-    factor: float = option(None, "context extension factor (>= 1); required")
-    original_max_position_embeddings: int | None = option(None, "trained length; default: the model's own")
-    theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
-    partial: float | None = option(None, "rotating fraction of head dims in (0, 1]; default: model's own or 1")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.factor, (int, float)), "option 'factor' is required (a number >= 1)")
-        check(self.factor >= 1, f"factor must be >= 1, got {self.factor!r}")
-        omp = self.original_max_position_embeddings
-        check(omp is None or (isinstance(omp, int) and omp > 0),
-              f"original_max_position_embeddings must be a positive int, got {omp!r}")
-        check_rope_options(self.theta, self.partial)
-
-
-@dataclass(frozen=True)
-class YarnOptions(ScalingOptions):
-    beta_fast: float = option(32.0, "YaRN ramp: wavelengths shorter than L/beta_fast are extrapolated")
-    beta_slow: float = option(1.0, "YaRN ramp: wavelengths longer than L/beta_slow are interpolated")
-    attention_factor: float | None = option(None, "logit temperature; default 0.1*ln(factor)+1 (YaRN eq. 22)")
-
-
-@dataclass(frozen=True)
-class Llama3Options(ScalingOptions):
-    low_freq_factor: float = option(1.0, "Llama 3.1 low-frequency factor")
-    high_freq_factor: float = option(4.0, "Llama 3.1 high-frequency factor")
-
-
-@dataclass(frozen=True)
-class LongRopeOptions(ScalingOptions):
-    short_factor: list[float] | None = option(None, "per-frequency factors within the trained length; default 1s")
-    long_factor: list[float] | None = option(None, "per-frequency factors beyond it; default `factor` for all")
+from .rope import resolve_rotation
 
 
 class Scaling(RotaryScheme):

@@ -10,29 +10,15 @@ the positions the keys were written at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import check, option
+from ..options.rotary import SelfExtendOptions
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
-from .rope import Rotary, check_rope_options, plain_rotary, resolve_rotation, rotate_heads
-
-
-@dataclass(frozen=True)
-class SelfExtendOptions:
-    group: int = option(4, "G: positions beyond the window are floor-divided by G (extends context ~G x)")
-    window: int = option(512, "W: neighbour window kept at exact relative positions")
-    theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
-    partial: float | None = option(None, "rotating fraction of head dims in (0, 1]; default: model's own or 1")
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.group, int) and self.group >= 1, f"group must be an int >= 1, got {self.group!r}")
-        check(isinstance(self.window, int) and self.window >= 1, f"window must be an int >= 1, got {self.window!r}")
-        check_rope_options(self.theta, self.partial)
+from .rope import Rotary, plain_rotary, resolve_rotation, rotate_heads
 
 
 def grouped_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, group: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import check, option
+from ..options.input import SinusoidalOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts
 
@@ -19,16 +18,6 @@ def sinusoidal_code(positions: torch.Tensor, dim: int, base: float) -> torch.Ten
     angles = positions.float()[..., None] * inv_freq
     code = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
     return code[..., :dim]
-
-
-@dataclass(frozen=True)
-class SinusoidalOptions:
-    base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)")
-    scale: float | None = option(None, "multiplier; default: sized like the model's own table (else its tokens)")
-
-    def __post_init__(self) -> None:
-        check(self.base > 1, f"base must be > 1, got {self.base!r}")
-        check(self.scale is None or self.scale > 0, f"scale must be > 0, got {self.scale!r}")
 
 
 class SinusoidalPositions(nn.Module):

@@ -13,27 +13,15 @@ the bias zero (NoPE) until training moves it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check, option
+from ..options.bias import UntiedOptions
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, check_positions
-
-
-@dataclass(frozen=True)
-class UntiedOptions:
-    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings")
-    init_std: float = option(0.02, "std of the projections (and of the table when the model has none)")
-
-    def __post_init__(self) -> None:
-        check(self.max_positions is None or (isinstance(self.max_positions, int) and self.max_positions > 0),
-              f"max_positions must be a positive int, got {self.max_positions!r}")
-        check(self.init_std >= 0, f"init_std must be >= 0, got {self.init_std!r}")
+from .base import BiasScheme, ModelFacts, check_positions, table_rows
 
 
 class UntiedBias(nn.Module):
@@ -50,6 +38,7 @@ class UntiedBias(nn.Module):
     def factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 (B, H, q, head_dim) and (B, H, k, head_dim) whose product is the bias: the projected
         positions p_i U^Q / sqrt(2 d_h) and p_j U^K."""
+        q_pos, k_pos = table_rows(q_pos, "untied"), table_rows(k_pos, "untied")
         check_positions(q_pos, self.positions.shape[0], "untied")
         table = self.positions.float()
 

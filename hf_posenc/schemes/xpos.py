@@ -11,29 +11,15 @@ The decay assumes keys precede queries: causal models only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import check, option
+from ..options.rotary import XposOptions
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
-from .rope import Rotary, check_rope_options, plain_rotary, resolve_rotation, rotate_heads
-
-
-@dataclass(frozen=True)
-class XposOptions:
-    theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
-    partial: float | None = option(None, "rotating fraction of head dims in (0, 1]; default: model's own or 1")
-    gamma: float = option(0.4, "zeta offset (0.4 in Sun et al.)")
-    scale_base: float = option(512.0, "B: distance over which the decay acts (512 in Sun et al.)")
-
-    def __post_init__(self) -> None:
-        check_rope_options(self.theta, self.partial)
-        check(self.gamma > 0, f"gamma must be > 0, got {self.gamma!r}")
-        check(self.scale_base > 0, f"scale_base must be > 0, got {self.scale_base!r}")
+from .rope import Rotary, plain_rotary, resolve_rotation, rotate_heads
 
 
 class XposAttention(nn.Module):

@@ -17,7 +17,7 @@ from .base import (CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordP
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
     from ..schemes.base import ModelFacts, Scheme
 
 

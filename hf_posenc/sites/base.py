@@ -21,7 +21,7 @@ from ..schemes.rope import Rotary
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
     from ..schemes.base import ModelFacts, Scheme
 
 

@@ -19,7 +19,7 @@ from .base import LayerLoop, PatchHook, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
 
 INPUT_MODULE = "posenc_positions"  # where the code lives on a model without a position slot
 

@@ -24,7 +24,7 @@ from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
 
 ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
 ROTARY_MODULE = "posenc_rotary"  # where the rotary module lives on a model that had none
@@ -118,7 +118,7 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
             params = layer_parameters(spec, options, facts, own)
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
-        state.replace(base, adapter.rotary, type(old)(config=config).to(facts.device))
+        state.replace(base, adapter.rotary, type(old)(config=compat.with_head_dim(config)).to(facts.device))
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)).to(facts.device)

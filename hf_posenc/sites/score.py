@@ -22,7 +22,7 @@ from .base import LayerLoop, PatchHook, add_scheme_module, install_biased_attent
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
-    from ..patching import PatchState
+    from ..state import PatchState
     from ..schemes.base import ModelFacts, Scheme
 
 BIAS_MODULE = "posenc_bias"

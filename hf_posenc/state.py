@@ -1,0 +1,148 @@
+"""PatchState and its undo records: what a patch changed, kept as plain data, undone and redone exactly.
+
+Every record has swap semantics: calling it exchanges what the model holds now with what the record
+holds, so the same call undoes a change and, called again, puts the *same objects* back (a previous
+patch's trained modules, its hook objects). A failed re-patch therefore restores the previous patch
+bit for bit instead of building it again from its config. Records hold references to objects of the
+model, never closures, so `deepcopy` and `torch.save` of the model copy a working patch.
+
+The site installers (`hf_posenc.sites`) record into a PatchState; `hf_posenc.patching` drives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import nn
+
+from . import compat
+from .config import PosEncConfig
+
+
+class Missing:
+    """Marks an attribute that did not exist (a class, so `deepcopy` and pickling keep its identity)."""
+
+
+def _get(obj: Any, name: str, instance: bool) -> Any:
+    if instance:
+        return vars(obj).get(name, Missing)
+    return getattr(obj, name, Missing) if hasattr(obj, name) else Missing
+
+
+@dataclass
+class Restore:
+    """Swap `obj.name` with `held` (`Missing`: the attribute is deleted). `instance` looks at the
+    instance's own attributes only, so shadowing a class method is undone by deleting the shadow."""
+
+    obj: Any
+    name: str
+    held: Any
+    instance: bool = False
+
+    def __call__(self) -> None:
+        current = _get(self.obj, self.name, self.instance)
+        if self.held is Missing:
+            delattr(self.obj, self.name)
+        else:
+            setattr(self.obj, self.name, self.held)
+        self.held = current
+
+
+@dataclass
+class RestoreAttention:
+    """Swap the model's attention implementation with `held`."""
+
+    model: nn.Module
+    held: str
+
+    def __call__(self) -> None:
+        current = compat.attn_implementation(self.model.config)
+        compat.set_attn_implementation(self.model, self.held)
+        self.held = current
+
+
+# (module, which hook dict, key, hook, in the with-kwargs set, in the always-called set, key order of the dict)
+_Detached = tuple[nn.Module, str, int, Any, bool, bool, list[int]]
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+@dataclass
+class RemoveHooks:
+    """Takes every patch hook (`kind`) off `root` and its submodules, wherever wrappers have moved the
+    modules since (a handle would point at one module), and keeps them; called again, re-registers the
+    same hook objects under their keys, in their order."""
+
+    root: nn.Module
+    kind: type
+    detached: list[_Detached] | None = None  # None: the hooks are on the model
+
+    def __call__(self) -> None:
+        if self.detached is None:
+            self.detached = [item for module in self.root.modules() for item in _take(module, self.kind)]
+            return
+        for module, dict_name, key, hook, with_kwargs, always, order in self.detached:
+            hooks = getattr(module, dict_name)
+            hooks[key] = hook
+            pre = dict_name == "_forward_pre_hooks"
+            if with_kwargs:
+                (module._forward_pre_hooks_with_kwargs if pre else module._forward_hooks_with_kwargs)[key] = True
+            if always:
+                module._forward_hooks_always_called[key] = True
+            for k in [k for k in order if k in hooks] + [k for k in list(hooks) if k not in order]:
+                hooks.move_to_end(k)
+        self.detached = None
+
+
+def _take(module: nn.Module, kind: type) -> list[_Detached]:
+    taken: list[_Detached] = []
+    for dict_name in _HOOK_DICTS:
+        hooks = getattr(module, dict_name)
+        order = list(hooks)
+        pre = dict_name == "_forward_pre_hooks"
+        kwargs_set = module._forward_pre_hooks_with_kwargs if pre else module._forward_hooks_with_kwargs
+        for key in [key for key, hook in hooks.items() if isinstance(hook, kind)]:
+            always = not pre and module._forward_hooks_always_called.pop(key, False)
+            taken.append((module, dict_name, key, hooks.pop(key), bool(kwargs_set.pop(key, False)), always, order))
+    return taken
+
+
+@dataclass
+class PatchState:
+    """What is patched now and how to take it back (and put it back): a list of swap records."""
+
+    config: PosEncConfig
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
+
+    def set_attr(self, obj: Any, name: str, value: Any, instance: bool = False) -> None:
+        self.undo.append(Restore(obj, name, _get(obj, name, instance), instance))
+        setattr(obj, name, value)
+
+    def replace(self, base: nn.Module, path: str, module: nn.Module) -> None:
+        parent_path, _, name = path.rpartition(".")
+        self.set_attr(base.get_submodule(parent_path) if parent_path else base, name, module)
+        self.new_modules.append(path)
+
+    def add_module(self, base: nn.Module, path: str, module: nn.Module, new: bool = False) -> None:
+        """Attach a module at `path` (from the base model); `new` marks one whose weights a checkpoint must carry."""
+        parent_path, _, name = path.rpartition(".")
+        parent = base.get_submodule(parent_path) if parent_path else base
+        parent.add_module(name, module)
+        self.undo.append(Restore(parent, name, Missing))
+        if new:
+            self.new_modules.append(path)
+
+    def set_attn_implementation(self, model: nn.Module, name: str) -> None:
+        self.undo.append(RestoreAttention(model, compat.attn_implementation(model.config)))
+        compat.set_attn_implementation(model, name)
+
+    def rollback(self) -> None:
+        """Undo every change, last first; the records then hold the patch's objects for `reapply`."""
+        for record in reversed(self.undo):
+            record()
+
+    def reapply(self) -> None:
+        """Put back, first to last, the same objects `rollback` took off."""
+        for record in self.undo:
+            record()

@@ -1,0 +1,111 @@
+"""Every option of every built-in scheme has a domain, and a non-finite value, a wrong type and an
+out-of-range value are each refused by name, before torch is imported. The cases come from the
+declarations (hf_posenc/options/), so a new option is covered without touching this file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import typing
+
+import pytest
+
+import hf_posenc as hp
+from hf_posenc.config import option_table
+from hf_posenc.domains import domain_of
+from hf_posenc.options import OPTIONS
+from hf_posenc.registry import SCHEMES, list_schemes
+
+# the smallest valid options of each scheme (the required ones); the bad value replaces one of them
+REQUIRED = {"linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"factor": 2.0}, "yarn": {"factor": 2.0},
+            "llama3": {"factor": 2.0}, "longrope": {"factor": 2.0}, "concat": {"d_pos": 8}}
+
+
+def _fields() -> list[tuple[str, dataclasses.Field]]:
+    return [(scheme, field) for scheme, options in sorted(OPTIONS.items()) for field in dataclasses.fields(options)]
+
+
+def _wrong_type(hint: typing.Any) -> typing.Any:
+    """A value of none of the hint's types: a string for numbers and lists, a number for strings."""
+    return 3.5 if "str" in str(hint) else "abc"
+
+
+def _bad_values() -> list:
+    params = []
+    for scheme, field in _fields():
+        domain = domain_of(field)
+        hint = typing.get_type_hints(OPTIONS[scheme])[field.name]
+        bad = {"non-finite": float("inf"), "nan": float("nan"), "wrong type": _wrong_type(hint)}
+        if domain is not None and domain.kind is list:
+            bad.update({"non-finite": [float("inf")], "nan": [1.0, float("nan")]})
+        if domain is not None and (outside := domain.outside()) is not None:
+            bad["out of range"] = outside
+        for kind, value in bad.items():
+            params.append(pytest.param(scheme, field.name, value, id=f"{scheme}-{field.name}-{kind}"))
+    return params
+
+
+def test_the_built_in_options_are_the_registered_schemes():
+    assert sorted(OPTIONS) == [s for s in list_schemes() if type(SCHEMES[s]).__module__.startswith("hf_posenc.")]
+    for name, options in OPTIONS.items():
+        assert SCHEMES[name].Options is options, name
+
+
+@pytest.mark.parametrize("scheme,name", [(s, f.name) for s, f in _fields()])
+def test_every_option_declares_a_domain_and_help(scheme, name):
+    field = next(f for f in dataclasses.fields(OPTIONS[scheme]) if f.name == name)
+    domain = domain_of(field)
+    assert domain is not None, f"{scheme}.{name} declares no domain"
+    assert field.metadata["help"]
+    assert domain.choices or domain.outside() is not None, f"{scheme}.{name}: a range with no bound checks nothing"
+
+
+@pytest.mark.parametrize("scheme,name,value", _bad_values())
+def test_a_bad_value_is_refused_by_name(scheme, name, value):
+    options = {**REQUIRED.get(scheme, {}), name: value}
+    with pytest.raises(hp.PosEncError) as err:
+        hp.PosEncConfig(scheme, **options)
+    message = str(err.value)
+    assert f"scheme {scheme!r}" in message and f"{name} must be" in message, message
+    assert domain_of(next(f for f in dataclasses.fields(OPTIONS[scheme]) if f.name == name)).text() in message
+
+
+@pytest.mark.parametrize("scheme,options,message", [
+    ("yarn", {"factor": 2.0, "beta_fast": 1.0, "beta_slow": 2.0}, "beta_slow must be < beta_fast"),
+    ("llama3", {"factor": 2.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}, "low_freq_factor must be < high"),
+    ("t5", {"num_buckets": 32, "max_distance": 16}, "max_distance must be an int > num_buckets/2 = 16"),
+    ("kerple", {"variant": "power", "r2": 2.5}, "power variant needs r2 <= 2"),
+    ("yarn", {"factor": 10 ** 400}, "factor must be a number >= 1"),  # an int no float holds
+])
+def test_options_that_bound_each_other(scheme, options, message):
+    with pytest.raises(hp.PosEncError, match=message):
+        hp.PosEncConfig(scheme, **options)
+
+
+def test_options_are_checked_without_torch():
+    """What lets the CLI refuse `--opt factor=abc` in well under a second."""
+    code = ("import sys\nfrom hf_posenc.config import PosEncConfig\nfrom hf_posenc.errors import PosEncError\n"
+            "for scheme, options in [('yarn', {'factor': 'abc'}), ('alibi', {'scale': float('inf')}), "
+            "('kerple', {'r1': float('nan')}), ('nosuch', {}), (['rope'], {})]:\n"
+            "    try:\n        PosEncConfig(scheme, **options)\n        raise SystemExit('accepted')\n"
+            "    except PosEncError:\n        pass\n"
+            "print(PosEncConfig('yarn', factor=2).options['factor'])\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+
+
+def test_list_prints_each_options_type_default_and_domain():
+    out = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "list", "--scheme", "yarn", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    rows = {row["option"]: row for row in json.loads(out.stdout)}
+    assert rows == {row["option"]: row for row in option_table("yarn")}
+    assert rows["factor"]["domain"] == "a number >= 1" and rows["beta_fast"]["default"] == 32.0
+    text = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "list", "--scheme", "kerple"],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "| variant | a string | 'log' | one of ('log', 'power') |" in text
+    bad = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "list", "--scheme", "rotary"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown scheme 'rotary'; available schemes: alibi" in bad.stderr
