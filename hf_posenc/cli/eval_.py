@@ -82,8 +82,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Torch-free first (folders, every flag's domain, the accelerate config), then
-    the suite names and the scheme, then the model's files and what its config.json says it takes."""
+    """Torch-free first (folders, every flag's domain, the scheme and its options, the accelerate
+    config), then the suite names, the model's files and what its config.json says it takes."""
     sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
     check_out(args.out, args.overwrite, sources=sources)
     if args.compare:
@@ -104,6 +104,7 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
+    args.config = scheme_config(args.scheme, args.options)
     if args.accelerate_config is not None:
         from .train import accelerate_config, launch_settings
 
@@ -113,7 +114,6 @@ def check(args: argparse.Namespace) -> None:
 
     args.suites = parse_suites(args.suite.split(","))
     check_mode(args.perplexity_mode, args.stride)
-    args.config = scheme_config(args.scheme, args.options)
     model_folder(args.model, "--model")
     check_model_takes(args.model, args.config)
 
