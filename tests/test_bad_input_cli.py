@@ -190,7 +190,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("no-such-command", ["nosuch"], ["invalid choice: 'nosuch'", "choose from"]),
     # --- patch: scheme and options
     ("patch-unknown-scheme", ["patch", "{work}/tiny", "nosuch", "--out", OUT], ["unknown scheme 'nosuch'", "available schemes: alibi"]),
-    ("patch-opt-not-number", ["patch", "{work}/tiny", "yarn", "--opt", "factor=abc", "--out", OUT], ["factor must be a number >= 1, got 'abc'"]),
+    ("patch-opt-not-number", ["patch", "{work}/tiny", "yarn", "--opt", "factor=abc", "--out", OUT], ["scheme 'yarn': factor must be a number >= 1, got 'abc'"]),
     ("patch-opt-bool", ["patch", "{work}/tiny", "yarn", "--opt", "factor=true", "--out", OUT], ["factor must be a number >= 1, got True"]),
     ("patch-opt-no-value", ["patch", "{work}/tiny", "rope", "--opt", "theta", "--out", OUT], ["--opt takes key=value, got 'theta'"]),
     ("patch-opt-no-key", ["patch", "{work}/tiny", "rope", "--opt", "=3", "--out", OUT], ["--opt takes key=value"]),
@@ -382,8 +382,8 @@ def test_the_suite_has_80_cases_over_every_subcommand():
 
 PROBE = ("import sys\nfrom hf_posenc.cli import main\n"
          "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
-         "print('EXIT', code, 'torch' in sys.modules, file=sys.stderr)")
-TORCH_FREE = {  # mistakes decided before torch is imported, on this branch alone
+         "print('EXIT', code, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+TORCH_FREE = {  # mistakes decided before torch (and transformers) are imported, on this branch alone
     "bad-flag": ["patch", "m", "rope", "--out", "o", "--bogus"],
     "no-out": ["patch", "m", "rope"],
     "max-windows": ["eval", "--model", "m", "--max-windows", "0", "--out", "o"],
@@ -398,37 +398,33 @@ TORCH_FREE = {  # mistakes decided before torch is imported, on this branch alon
     "recipe-missing": ["train", "nowhere.yaml"],
     "recipe-yaml": ["train", "invalid.yaml"],
     "recipe-field": ["train", "unknown-field.yaml"],
-    "recipe-type": ["train", "type-steps.yaml"],
+    "recipe-section": ["train", "unknown-section.yaml"],
+    "recipe-override": ["train", "ok.yaml", "--trainig.lr", "1"],
+    "recipe-type": ["train", "type-steps.yaml"],  # types are HfArgumentParser's: transformers, never torch
     "out-is-a-file": ["eval", "--model", "m", "--out", "afile"],
-}
-# the scheme and option checks go through PosEncConfig, which the API half of issue 18 makes torch-free
-NEEDS_API = {
+    # scheme names and option domains: PosEncConfig reads them without torch (hf_posenc/domains.py)
     "unknown-scheme": ["patch", "m", "nosuch", "--out", "o"],
     "opt-type": ["patch", "m", "yarn", "--opt", "factor=abc", "--out", "o"],
     "opt-range": ["eval", "--model", "m", "--patch", "rope", "--opt", "theta=-1", "--out", "o"],
+    "opt-unknown": ["patch", "m", "alibi", "--opt", "slopes=1", "--out", "o"],
 }
 
 
-def _probe(work: Path, argv: list[str]) -> tuple[int, bool, str]:
+def _probe(work: Path, argv: list[str]) -> tuple[int, bool, bool, str]:
     cwd = work / "recipes"
     proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
     *message, last = proc.stderr.strip().splitlines()
-    _, code, torch_loaded = last.split()
-    return int(code), torch_loaded == "True", "\n".join(message)
+    _, code, torch_loaded, transformers_loaded = last.split()
+    return int(code), torch_loaded == "True", transformers_loaded == "True", "\n".join(message)
 
 
 @pytest.mark.parametrize("argv", TORCH_FREE.values(), ids=TORCH_FREE.keys())
 def test_usage_errors_are_decided_without_importing_torch(work, argv):
-    code, torch_loaded, message = _probe(work, argv)
+    code, torch_loaded, transformers_loaded, message = _probe(work, argv)
     assert code == 2 and message, message
     assert not torch_loaded, f"{argv}: torch was imported before refusing ({message})"
+    assert transformers_loaded == (argv[1] == "type-steps.yaml"), f"{argv}: transformers imported: {transformers_loaded}"
 
-
-@pytest.mark.parametrize("argv", NEEDS_API.values(), ids=NEEDS_API.keys())
-def test_scheme_mistakes_are_decided_without_importing_torch(work, argv):
-    code, torch_loaded, message = _probe(work, argv)
-    assert code == 2 and message, message
-    assert not torch_loaded, f"{argv}: torch was imported before refusing ({message})"
 
 
 # ---------------------------------------------------------------- what --overwrite may replace

@@ -82,8 +82,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Torch-free first (folders, every flag's domain, the accelerate config), then
-    the suite names and the scheme, then the model's files and what its config.json says it takes."""
+    """Torch-free first (folders, every flag's domain, the scheme and its options, the accelerate
+    config), then the suite names, the model's files and what its config.json says it takes."""
     sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
     check_out(args.out, args.overwrite, sources=sources)
     if args.compare:

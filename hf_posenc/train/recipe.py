@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import yaml
-from transformers import HfArgumentParser
 
 from ..errors import PosEncError
 
@@ -188,35 +188,48 @@ def _unknown(name: str, allowed: list[str], where: str) -> PosEncError:
     return PosEncError(f"{where}: unknown field {name!r}{hint}; allowed: {', '.join(allowed)}")
 
 
-class _SectionParser(HfArgumentParser):
-    """HfArgumentParser over one section, its values from YAML as defaults (TrlParser's way); argparse's
-    errors become PosEncErrors naming the file and the section."""
+@functools.cache
+def _section_parser() -> type:
+    """The parser class, built on first use: transformers is imported only once the YAML, the sections
+    and the field names are known to be right, so those mistakes are refused at once."""
+    from transformers import HfArgumentParser
 
-    def __init__(self, cls: type, values: dict[str, Any], where: str) -> None:
-        super().__init__(cls, prog=where, add_help=False, allow_abbrev=False)
-        self.where = where
-        defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                    for f in dataclasses.fields(cls)}
-        self.set_defaults(**{k: v for k, v in {**defaults, **values}.items() if v is not dataclasses.MISSING})
-        for action in self._actions:
-            action.required = action.required and action.dest not in values
+    class SectionParser(HfArgumentParser):
+        """HfArgumentParser over one section, its values from YAML as defaults (TrlParser's way); argparse's
+        errors become PosEncErrors naming the file and the section."""
 
-    def error(self, message: str) -> NoReturn:
-        raise PosEncError(f"{self.where}: {message}")
+        def __init__(self, cls: type, values: dict[str, Any], where: str) -> None:
+            super().__init__(cls, prog=where, add_help=False, allow_abbrev=False)
+            self.where = where
+            defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                        for f in dataclasses.fields(cls)}
+            self.set_defaults(**{k: v for k, v in {**defaults, **values}.items() if v is not dataclasses.MISSING})
+            for action in self._actions:
+                action.required = action.required and action.dest not in values
+
+        def error(self, message: str) -> NoReturn:
+            raise PosEncError(f"{self.where}: {message}")
+
+    return SectionParser
 
 
-def _build_section(cls: type, values: Any, argv: list[str], where: str) -> Any:
-    """The section's dataclass from its YAML mapping and its `--field value` overrides, type-checked."""
+def _section_values(cls: type, values: Any, where: str) -> dict[str, Any]:
+    """A section's YAML mapping, its field names checked (before any section is parsed)."""
     if values is None:
-        values = {}
+        return {}
     if not isinstance(values, dict):
         raise PosEncError(f"{where}: a section is a mapping of fields, got {type(values).__name__}")
     names = [f.name for f in dataclasses.fields(cls)]
     for name in values:
         if name not in names:
             raise _unknown(name, names, where)
+    return values
+
+
+def _build_section(cls: type, values: dict[str, Any], argv: list[str], where: str) -> Any:
+    """The section's dataclass from its checked YAML mapping and its `--field value` overrides, type-checked."""
     try:
-        (built,) = _SectionParser(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+        (built,) = _section_parser()(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
     except PosEncError:
         raise
     except ValueError as err:  # values left over: `--lr 1 2`
@@ -345,6 +358,7 @@ def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = N
     if missing:
         raise PosEncError(f"{source}: missing section(s) {', '.join(missing)}")
     routed = _route(overrides or [], source)
-    sections = {name: _build_section(cls, data.get(name), routed.get(name, []), f"{source}: {name}")
+    values = {name: _section_values(cls, data.get(name), f"{source}: {name}") for name, cls in SECTIONS.items()}
+    sections = {name: _build_section(cls, values[name], routed.get(name, []), f"{source}: {name}")
                 for name, cls in SECTIONS.items()}
     return validate(Recipe(**sections, source=source))
