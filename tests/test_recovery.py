@@ -253,3 +253,50 @@ def test_run_writes_the_recovery_curve(tmp_path, assets):
     assert (out / "curve.png").stat().st_size > 10_000 and (out / "loss.png").stat().st_size > 0
     run = json.loads((out / "run.json").read_text())
     assert run["teacher_frozen_bytes"] > 0  # norms trained in full: their frozen clone
+
+
+# --- under accelerate DDP and after a kill (slow: real processes) ---
+
+@pytest.mark.slow
+def test_distill_two_processes_match_one(tmp_path, assets):
+    from test_train_distributed import _hf_posenc_train
+
+    common = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
+                           "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
+              "data": {"pose": {"target_length": 96, "chunks": 2}},
+              "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
+    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **common))
+    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **common))
+    proc = run_cli([str(one)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _hf_posenc_train([str(two), "--accelerate-config", "cpu_2proc"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results.load(tmp_path / "two" / "results.json").details["world_size"] == 2
+    loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
+    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
+    curve1, curve2 = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("one", "two"))
+    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
+    for a, b in zip(curve1, curve2):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_distill_resume_after_a_kill_continues_the_same_curve(tmp_path, assets):
+    from test_train_distributed import _kill_after_checkpoint
+
+    sections = {"training": {"max_steps": 8, "save_steps": 2, "deterministic": True, "objective": "distill"},
+                "data": {"pose": {"target_length": 96, "chunks": 3}}, "evaluation": {"every_steps": 2},
+                "peft": {"trainable": ["posenc", "norms"]}, "output": {"save_model": False}}
+    full = write_recipe(tmp_path / "full.yaml", recipe_dict(assets, tmp_path / "full", **sections))
+    cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", **sections))
+    proc = run_cli([str(full)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _kill_after_checkpoint([str(cut)], tmp_path / "cut", step=4)
+    proc = run_cli([str(cut), "--resume"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "cut" / "run.json").read_text())["resumed_from"]
+    la, lb = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("full", "cut"))
+    assert la == lb  # bit for bit: the teacher after a resume is the model before the swap again
+    ca, cb = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("full", "cut"))
+    assert [(r["step"], r["tokens"], r["loss"]) for r in ca] == [(r["step"], r["tokens"], r["loss"]) for r in cb]
+    assert cb[-1]["cpu_s"] > cb[-2]["cpu_s"] > 0  # the clock carried over the resume
