@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import socket
 import math
 import shutil
 import sys
@@ -175,6 +176,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(HERE / "results" / "recovery"))
     parser.add_argument("--work", default="/tmp/hf-posenc-recovery", help="scratch folder for the arms' models")
     args = parser.parse_args()
+    import torch
     from transformers import AutoTokenizer
 
     from hf_posenc import results
@@ -183,8 +185,11 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "recovery.json"
-    found = json.loads(path.read_text()) if path.is_file() else {
-        "settings": {**vars(args), "target_tokens": TARGET, "windows": WINDOWS}, "baselines": None, "arms": {}}
+    found = json.loads(path.read_text()) if path.is_file() else {"baselines": None, "arms": {}}
+    if any(arm["steps"] != args.steps for arm in found["arms"].values()):
+        raise SystemExit(f"{path} holds arms of another --steps; move it away to start over")
+    found["settings"] = {"steps": args.steps, "every": args.every, "target_tokens": TARGET, "windows": WINDOWS,
+                         "threads": torch.get_num_threads(), "host": socket.gethostname()}
 
     source, kwargs = model_source("smollm2")
     streams = texts(AutoTokenizer.from_pretrained(source, **kwargs))

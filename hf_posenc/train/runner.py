@@ -214,6 +214,9 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
     )
     main = accelerator.is_main_process
+    if accelerator.distributed_type == DistributedType.FSDP and recipe.training.objective != "lm":
+        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} is not supported under "
+                          "FSDP yet (its teacher shares the unsharded weights); use DDP (--accelerate-config ddp) or 'lm'")
     if overwrite and main and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     accelerator.wait_for_everyone()
