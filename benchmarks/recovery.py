@@ -175,6 +175,8 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(a["name"] for a in ARMS), help="comma-separated arm names")
     parser.add_argument("--out", default=str(HERE / "results" / "recovery"))
     parser.add_argument("--work", default="/tmp/hf-posenc-recovery", help="scratch folder for the arms' models")
+    parser.add_argument("--merge", nargs="*", default=[], help="recovery.json files of runs in other processes: "
+                        "add their arms to --out's (arms run in parallel on a machine with free cores)")
     args = parser.parse_args()
     import torch
     from transformers import AutoTokenizer
@@ -186,13 +188,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "recovery.json"
     found = json.loads(path.read_text()) if path.is_file() else {"baselines": None, "arms": {}}
-    if any(arm["steps"] != args.steps for arm in found["arms"].values()):
-        raise SystemExit(f"{path} holds arms of another --steps; move it away to start over")
-    found["settings"] = {"steps": args.steps, "every": args.every, "target_tokens": TARGET, "windows": WINDOWS,
+    found["settings"] = {"every": args.every, "target_tokens": TARGET, "windows": WINDOWS,
                          "threads": torch.get_num_threads(), "host": socket.gethostname()}
 
     source, kwargs = model_source("smollm2")
     streams = texts(AutoTokenizer.from_pretrained(source, **kwargs))
+    for other in args.merge:
+        found["arms"].update(json.loads(Path(other).read_text())["arms"])
     chosen = [a for a in ARMS if a["name"] in args.arms.split(",")]
     if found["baselines"] is None:
         schemes = list({a["scheme"]: a["options"] for a in chosen}.items())
