@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .results import Run
 
-__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "results_by_length",
+__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "recovery_curve", "results_by_length",
            "rotary", "save", "series", "shift_fit", "subspace"]
 
 
@@ -100,16 +100,41 @@ def _passkey_heatmap(plt: Any, run: Run, path: Path) -> Path:
 
 
 def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: tuple[str, float] | None = None,
-               points: Sequence[tuple[str, int, float]] = ()) -> Path:
-    """Training loss by step; `reference` a horizontal line (label, loss), `points` held-out (label, step, loss)."""
+               points: Sequence[tuple[str, int, float]] = (), curve: Sequence[dict[str, Any]] = ()) -> Path:
+    """Training loss by step; `reference` a horizontal line (label, loss), `points` held-out (label, step, loss),
+    `curve` the held-out loss every N steps (`hf_posenc.train.curve`)."""
     fig, ax = pyplot().subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in log], [r["loss"] for r in log], label="train loss")
+    if curve:
+        ax.plot([r["step"] for r in curve], [r["loss"] for r in curve], "-.", marker=".", label="held-out loss")
     if reference:
         ax.axhline(reference[1], color="gray", linestyle="--", label=f"{reference[0]}: {reference[1]:.3f}")
     for (label, step, loss), marker in zip(points, "os^"):
         ax.plot([step], [loss], marker, label=f"{label}: {loss:.3f}")
     ax.set(xlabel="optimizer step", ylabel="loss")
     ax.legend()
+    return save(fig, path)
+
+
+def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, reference: dict[str, Any] | None = None,
+                   seq_len: int | None = None) -> Path:
+    """Held-out perplexity at each scored length against optimizer steps, tokens and training CPU seconds
+    (one panel each); `reference` the original model's metrics (dotted lines at the same lengths)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+    lengths = sorted({length for row in curve for length in row["perplexity"]}, key=int)
+    for ax, key, label in zip(axes, ("step", "tokens", "cpu_s"), ("optimizer step", "training tokens", "training CPU seconds")):
+        for i, length in enumerate(lengths):
+            rows = [r for r in curve if length in r["perplexity"]]
+            line, = ax.plot([r[key] for r in rows], [r["perplexity"][length] for r in rows], marker="o", ms=3,
+                            label=f"{length} tokens" + (" (training length)" if str(seq_len) == length else ""))
+            if reference and length in reference.get("perplexity", {}):
+                ax.axhline(reference["perplexity"][length]["perplexity"], color=line.get_color(), linestyle=":",
+                           label=f"before the swap, {length}" if ax is axes[0] else None)
+        ax.set(xlabel=label, yscale="log")
+    axes[0].set_ylabel("held-out perplexity")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Recovery curve")
     return save(fig, path)
 
 

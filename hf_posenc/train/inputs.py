@@ -109,7 +109,12 @@ def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepar
                 f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
                 f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
             )
-        return Prepared(train, evals, eval_ids, None, collate=_stack)
+        if d.pose is None:
+            return Prepared(train, evals, eval_ids, None, collate=_stack)
+        from .pose import PoseRows  # the held-out blocks keep plain positions: the model is scored as it is used
+
+        pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id)
+        return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)
 
     train_raw = raw[d.train_split]
     if has_eval:

@@ -27,6 +27,21 @@ from ..errors import PosEncError
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 
 
+# The keys of the recipe's small mappings, with their type, default and domain (checked by `_check_mapping`).
+POSE_KEYS: dict[str, tuple[type, Any, str]] = {
+    "target_length": (int, None, "> data.seq_len"), "chunks": (int, 2, ">= 1 and <= data.seq_len")}
+DISTILL_KEYS: dict[str, tuple[type, Any, str]] = {
+    "temperature": (float, 1.0, "> 0"), "weight": (float, 1.0, ">= 0"), "hidden_weight": (float, 0.0, ">= 0")}
+
+
+def _yaml_mapping(value: Any) -> Any:
+    """A mapping given on the command line as YAML text; validate() rejects what is not a mapping."""
+    if isinstance(value, str):
+        with contextlib.suppress(yaml.YAMLError):
+            return yaml.safe_load(value)
+    return value
+
+
 def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
     """A dataclass field with help text (peft style); mutable defaults go through default_factory."""
     if isinstance(default, (list, dict)):
@@ -90,6 +105,13 @@ class DataArgs:
     seq_len: int = field(512, help="LM: length of the packed training blocks; classification: truncation length")
     max_train_samples: int | None = field(None, help="cap on training rows (blocks for LM)")
     max_eval_samples: int | None = field(64, help="cap on eval rows (blocks for LM)")
+    pose: dict[str, Any] | str | None = field(
+        None, help="PoSE (Zhu et al. 2024), LM only: {target_length: N, chunks: K} trains seq_len windows on position "
+        "ids split into K chunks with random skips spread over 0..N-1; null: plain positions. "
+        "On the command line as YAML: --data.pose '{target_length: 512, chunks: 2}'")
+
+    def __post_init__(self) -> None:
+        self.pose = _yaml_mapping(self.pose)
 
 
 @dataclasses.dataclass
@@ -109,6 +131,15 @@ class TrainingArgs:
     save_total_limit: int = field(2, help="checkpoints kept")
     logging_steps: int = field(1, help="loss log interval")
     deterministic: bool = field(False, help="torch.use_deterministic_algorithms, for bit-exact resumes")
+    objective: Literal["lm", "distill", "lm+distill"] = field(
+        "lm", help="LM only: next-token loss, distillation from the model before the swap (forward KL on every "
+        "position, Hinton et al. 2015), or both summed")
+    distill: dict[str, Any] | str | None = field(
+        {}, help="for objective distill / lm+distill: {temperature: T (1.0), weight: w (1.0), hidden_weight: h (0.0)}; "
+        "loss = [lm +] w * T^2 * KL(teacher_T || student_T) + h * mean per-layer hidden-state MSE")
+
+    def __post_init__(self) -> None:
+        self.distill = _yaml_mapping(self.distill) or {}
 
 
 @dataclasses.dataclass
@@ -121,6 +152,8 @@ class EvaluationArgs:
         [], help="LM: perplexity_by_length on held-out text at these lengths (data.seq_len is always scored, "
         "on the held-out blocks)")
     max_windows: int | None = field(8, help="windows per length for perplexity_by_length")
+    every_steps: int = field(0, help="evaluate every N optimizer steps (0: never): the recovery curve in results.json "
+                             "(details.curve: perplexity by steps, tokens, wall and CPU seconds) and loss.png")
 
 
 @dataclasses.dataclass
@@ -287,7 +320,42 @@ def validate(recipe: Recipe) -> Recipe:
             raise PosEncError(f"{s}: posenc: {err}") from None
     elif recipe.posenc.options:
         raise PosEncError(f"{s}: posenc.options given without posenc.scheme")
+    _check(e.every_steps >= 0, s, "evaluation.every_steps", f"must be >= 0 (0: never), got {e.every_steps}")
+    lm_only = recipe.model.task == "causal_lm"
+    if d.pose is not None:
+        _check(lm_only, s, "data.pose", "PoSE trains causal LMs only (model.task: causal_lm)")
+        d.pose = _check_mapping(d.pose, POSE_KEYS, s, "data.pose")
+        _check(d.pose["target_length"] > d.seq_len, s, "data.pose.target_length",
+               f"must be > data.seq_len={d.seq_len} (the window's positions spread over the target), "
+               f"got {d.pose['target_length']}")
+        _check(1 <= d.pose["chunks"] <= d.seq_len, s, "data.pose.chunks",
+               f"must be in 1..data.seq_len={d.seq_len}, got {d.pose['chunks']}")
+    _check(t.objective == "lm" or lm_only, s, "training.objective",
+           f"{t.objective!r} distils a causal LM; model.task {recipe.model.task!r} takes 'lm' only")
+    _check(t.objective != "lm" or not t.distill, s, "training.distill",
+           "given with training.objective 'lm'; use objective 'distill' or 'lm+distill'")
+    t.distill = _check_mapping(t.distill, DISTILL_KEYS, s, "training.distill")
+    for key, low in (("temperature", "> 0"), ("weight", ">= 0"), ("hidden_weight", ">= 0")):
+        value = t.distill[key]
+        _check(value > 0 if low == "> 0" else value >= 0, s, f"training.distill.{key}", f"must be {low}, got {value}")
     return recipe
+
+
+def _check_mapping(value: Any, keys: dict[str, tuple[type, Any, str]], source: str, where: str) -> dict[str, Any]:
+    """A small mapping field with its defaults filled in, its keys and types checked (domains: the caller)."""
+    allowed = ", ".join(f"{k} ({tp.__name__}, {rule})" for k, (tp, _, rule) in keys.items())
+    _check(isinstance(value, dict), source, where, f"must be a mapping of {allowed}; got {value!r}")
+    for name in value:
+        if name not in keys:
+            raise _unknown(name, list(keys), f"{source}: {where}")
+    filled = {}
+    for name, (tp, default, rule) in keys.items():
+        item = value.get(name, default)
+        _check(item is not None, source, f"{where}.{name}", f"is required ({tp.__name__}, {rule})")
+        _check(_matches(item, tp) and (tp is not float or math.isfinite(item)), source, f"{where}.{name}",
+               f"expected a finite {tp.__name__} ({rule}), got {item!r}")
+        filled[name] = float(item) if tp is float else item
+    return filled
 
 
 def _route(overrides: list[str], source: str) -> dict[str, list[str]]:

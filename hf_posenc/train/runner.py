@@ -23,7 +23,7 @@ from ..errors import PosEncError
 from ..evaluation import classification, perplexity_by_length, processes
 from ..patching import describe
 from ..results import write_json
-from . import inputs, modeling
+from . import curve, inputs, modeling, objectives
 from .recipe import Recipe
 
 RUN_FILE = "run.json"
@@ -47,6 +47,8 @@ class TrainerState:
     original: dict[str, Any] | None = None
     before: dict[str, Any] | None = None
     train_seconds: float = 0.0
+    clock: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])  # training wall, CPU s (curve.Clock)
+    curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluation.every_steps points
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -224,6 +226,9 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
     )
     main = accelerator.is_main_process
+    if accelerator.distributed_type == DistributedType.FSDP and recipe.training.objective != "lm":
+        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} is not supported under "
+                          "FSDP yet (its teacher shares the unsharded weights); use DDP (--accelerate-config ddp) or 'lm'")
     if overwrite and main and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     accelerator.wait_for_everyone()
@@ -240,10 +245,17 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and recipe.model.task == "causal_lm" and latest is None:
         original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
+    objective, teacher = objectives.build(recipe, model)  # the teacher is the model before the swap
     posenc_names = modeling.apply_posenc(model, recipe)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = modeling.select_trainable(model, recipe, posenc_names)
+    if teacher is not None and main:
+        cloned = teacher.freeze_trained() / 2**20
+        print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
+              f"{cloned:.1f} MiB cloned for the parameters trained in full", flush=True)
+    elif teacher is not None:
+        teacher.freeze_trained()
 
     sampler = inputs.EpochSampler(len(data.train), t.batch_size, t.seed)
     if sampler.steps_per_epoch == 0:
@@ -281,11 +293,16 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
             "host": socket.gethostname(), "trainable_parameters": n_trainable,
             "total_parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
             "resumed_from": str(latest) if latest else None,
+            "teacher_frozen_bytes": teacher.frozen_bytes if teacher is not None else None,
         })
     accelerator.wait_for_everyone()
 
     if recipe.evaluation.before and state.before is None:
         state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
+    every = recipe.evaluation.every_steps if recipe.model.task == "causal_lm" else 0
+    if every and not state.curve and state.before is not None:
+        state.curve.append(curve.point(0, 0, 0.0, 0.0, state.before, recipe.data.seq_len))
+    clock = curve.Clock(*state.clock)
 
     bar = tqdm(total=t.max_steps, initial=state.step, disable=None if main else True, desc="train", unit="step",
                dynamic_ncols=True)  # None: off when stderr is not a terminal
@@ -297,13 +314,14 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         sampler.set_position(state.epoch, state.offset)
         for batch in loader:
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss = objective(model, batch)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and t.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            n_tok = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            mask = batch.get("attention_mask")  # a PoSE row of several documents has a 4-D one
+            n_tok = int(mask.sum()) if mask is not None and mask.ndim == 2 else batch["input_ids"].numel()
             window += torch.tensor([loss.item(), 1.0, n_tok], dtype=torch.float64)
             samples, tokens = samples + batch["input_ids"].shape[0], tokens + n_tok
             if not accelerator.sync_gradients:
@@ -323,10 +341,19 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
                 bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 window.zero_()
                 tick = time.perf_counter()
+            if every and state.step % every == 0:
+                wall, cpu = clock.totals(lambda x: accelerator.reduce(x.to(accelerator.device), "sum").cpu())
+                n = int(accelerator.reduce(torch.tensor([tokens], device=accelerator.device), "sum").item())
+                metrics = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
+                state.curve.append(curve.point(state.step, n, wall, cpu, metrics, recipe.data.seq_len))
+                clock.resume()
+                tick = time.perf_counter()
             if t.save_steps and state.step % t.save_steps == 0 and state.step < t.max_steps:
+                state.clock = list(clock.totals(lambda x: accelerator.reduce(x.to(accelerator.device), "sum").cpu()))
                 counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
                 state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
                 _save_checkpoint(accelerator, out, state, t.save_total_limit)
+                clock.resume()
                 tick = time.perf_counter()
             if state.step >= t.max_steps:
                 break
@@ -342,6 +369,7 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         "steps": state.step, "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
         "train_seconds": state.train_seconds,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
+        **({"curve": state.curve} if every else {}),
     }
     unwrapped = accelerator.unwrap_model(model)
     swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
@@ -358,7 +386,10 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
                 state.log, out / "loss.png",
                 reference=("eval, before the swap", losses["original"]) if "original" in losses else None,
                 points=[(f"eval {label}", step, losses[label])
-                        for label, step in (("before training", 0), ("after training", state.step)) if label in losses])
+                        for label, step in (("before training", 0), ("after training", state.step)) if label in losses],
+                curve=state.curve)
+            if state.curve:
+                plots.recovery_curve(state.curve, out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len)
     if recipe.output.save_model:
         weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
         if main:

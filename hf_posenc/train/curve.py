@@ -1,0 +1,48 @@
+"""The recovery curve: held-out perplexity every `evaluation.every_steps` optimizer steps, against steps,
+tokens, and the wall and CPU seconds spent training (evaluation and checkpoints not counted)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+
+class Clock:
+    """Training time of this session, on top of what earlier sessions (a resumed run) spent.
+
+    Wall seconds are the main process's; CPU seconds are `time.process_time()` summed over processes,
+    so two processes sharing the same cores cost what one would. `pause`/`resume` leave out evaluation
+    and checkpoint writes.
+    """
+
+    def __init__(self, wall: float = 0.0, cpu: float = 0.0) -> None:
+        self.base_wall, self.base_cpu = wall, cpu
+        self.wall = self.cpu = 0.0  # this session, this process
+        self._tick: tuple[float, float] | None = None
+        self.resume()
+
+    def resume(self) -> None:
+        self._tick = (time.perf_counter(), time.process_time())
+
+    def pause(self) -> None:
+        if self._tick is not None:
+            self.wall += time.perf_counter() - self._tick[0]
+            self.cpu += time.process_time() - self._tick[1]
+            self._tick = None
+
+    def totals(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
+        """(wall, cpu) seconds so far over every session; `reduce` sums a tensor over processes (collective).
+        Leaves the clock paused: `resume` when training goes on."""
+        self.pause()
+        cpu = float(reduce(torch.tensor([self.cpu], dtype=torch.float64)).item())
+        return self.base_wall + self.wall, self.base_cpu + cpu
+
+
+def point(step: int, tokens: int, wall: float, cpu: float, metrics: dict[str, Any], seq_len: int) -> dict[str, Any]:
+    """One row of `results.json`'s `details.curve`: perplexity at every scored length at this step."""
+    table = metrics["perplexity"]
+    return {"step": step, "tokens": tokens, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "loss": table[str(seq_len)]["loss"],
+            "perplexity": {length: cell["perplexity"] for length, cell in table.items()}}
