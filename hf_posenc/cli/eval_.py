@@ -8,7 +8,8 @@ from pathlib import Path
 from ..errors import PosEncError
 from . import check_model_takes, check_out, clear_out, float_list, int_list, parse_options, scheme_config
 
-SUITE_NAMES = "perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition"
+SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
+              "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some)")
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,8192 --out out/orig\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
+        "  hf-posenc eval --model smollm2 --patch yarn --opt factor=2 --suite ruler --lengths 1024,4096 --out out/ruler\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
@@ -39,7 +41,11 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                         help="same_target: tokens scored per window (default: half the shortest length)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey needle depths in [0, 1]")
-    parser.add_argument("--trials", type=int, default=2, help="passkey prompts per length and depth")
+    parser.add_argument("--trials", type=int, default=4,
+                        help="passkey prompts per length and depth (default 4 x 5 depths = 20 per length)")
+    parser.add_argument("--samples", type=int, default=20, help="RULER prompts per task and length")
+    parser.add_argument("--gen-tokens", type=int, default=None,
+                        help="RULER: cap the greedy answer at N tokens (default: each task's own, 30-128)")
     parser.add_argument("--task-lengths", default="2,4,8,16", help="digits per example for copy/reverse/addition")
     parser.add_argument("--examples", type=int, default=20, help="examples per task length (copy/reverse/addition)")
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
@@ -93,6 +99,11 @@ def check(args: argparse.Namespace) -> None:
     from ..evaluation.suites import parse_suites
 
     args.suites = parse_suites(args.suite.split(","))
+    if args.samples <= 0 or args.trials <= 0 or (args.gen_tokens is not None and args.gen_tokens <= 0):
+        raise PosEncError(f"--samples, --trials and --gen-tokens count prompts and tokens: give positive numbers, got "
+                          f"{args.samples}, {args.trials}, {args.gen_tokens}")
+    if args.accelerate_config is not None and any(s.startswith("ruler") for s in args.suites):
+        raise PosEncError("--suite ruler runs in one process (lm-eval's generate loop); drop --accelerate-config")
     args.lengths = int_list(args.lengths, "length")
     args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
     if any(not 0 <= depth <= 1 for depth in args.depths):
@@ -144,7 +155,8 @@ def main(args: argparse.Namespace) -> int:
         model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
         max_windows=args.max_windows, perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens,
-        batch_size=args.batch_size, depths=args.depths, trials=args.trials,
+        batch_size=args.batch_size, depths=args.depths, trials=args.trials, samples=args.samples,
+        gen_tokens=args.gen_tokens,
         task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
         baseline=not args.no_baseline, distributed=distributed,
     )
