@@ -109,7 +109,8 @@ def _task(task: str, tokenizer_dir: str, length: int, seed: int, gen_tokens: int
     config = load_yaml(manager.task_index[name].yaml_path, resolve_func=True)
     override = {**config, "custom_dataset": _offline_generator(config["custom_dataset"])}
     if gen_tokens is not None:
-        override["generation_kwargs"] = {**config["generation_kwargs"], "max_gen_toks": gen_tokens}
+        own = config["generation_kwargs"]["max_gen_toks"]
+        override["generation_kwargs"] = {**config["generation_kwargs"], "max_gen_toks": min(own, gen_tokens)}
     random.seed(seed)  # the generators draw needles, keys and depths from the global generators
     np.random.seed(seed)
     _TASKS[key] = manager.load([override])["tasks"][name]
@@ -141,7 +142,9 @@ def ruler(
         tasks: names from `RULER_TASKS`; lengths: prompt + answer budget in tokens (RULER's max_seq_length).
         samples: prompts per task and length (the first `samples` of lm-eval's generated ones).
         seed: lm-eval's random seed for the samples drawn and generation.
-        gen_tokens: cap the greedy answer at this many tokens (default: each task's own, 30-128).
+        gen_tokens: cap the greedy answer at this many tokens (default: each task's own, 30-128; a
+            needle's 7-digit number takes ~8 SmolLM2 tokens, the rest of RULER's 128 is the cost of a
+            model that keeps talking).
     Returns:
         {task: {length: {"score", "n", "low", "high", "tokens" (mean prompt tokens), "haystack"?}}}:
         score is lm-eval's per-sample score (the share of the expected strings found in the answer)
