@@ -74,12 +74,17 @@ def test_ruler_suite_names_parse_and_mistakes_name_the_allowed_tasks():
         parse_suites(["ruler:qa_squad"])
 
 
-def test_bad_ruler_task_exits_2_before_any_load(tmp_path, capsys):
+@pytest.mark.parametrize("args,message", [
+    (["--suite", "ruler:nosuch"], "unknown RULER task 'nosuch'; choose from niah_single_1, niah_single_2"),
+    (["--suite", "ruler", "--samples", "501"], "RULER makes 500 prompts per task and length"),
+    (["--suite", "ruler", "--samples", "0"], "give positive numbers"),
+    (["--suite", "ruler:vt", "--accelerate-config", "cpu_2proc"], "runs in one process"),
+])
+def test_bad_ruler_options_exit_2_before_any_load(tmp_path, capsys, args, message):
     # the model does not exist: reaching any load would fail differently
-    code = cli.main(["eval", "--model", str(tmp_path / "absent"), "--suite", "ruler:nosuch", "--out",
-                     str(tmp_path / "out")])
+    code = cli.main(["eval", "--model", str(tmp_path / "absent"), *args, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == 2 and "unknown RULER task 'nosuch'" in err and "niah_multikey_1" in err
+    assert code == 2 and message in err, err
     assert not (tmp_path / "out").exists()
 
 

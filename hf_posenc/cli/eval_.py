@@ -102,6 +102,10 @@ def check(args: argparse.Namespace) -> None:
     if args.samples <= 0 or args.trials <= 0 or (args.gen_tokens is not None and args.gen_tokens <= 0):
         raise PosEncError(f"--samples, --trials and --gen-tokens count prompts and tokens: give positive numbers, got "
                           f"{args.samples}, {args.trials}, {args.gen_tokens}")
+    from ..evaluation.ruler import MAX_SAMPLES
+
+    if args.samples > MAX_SAMPLES and any(s.startswith("ruler") for s in args.suites):
+        raise PosEncError(f"--samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {args.samples}")
     if args.accelerate_config is not None and any(s.startswith("ruler") for s in args.suites):
         raise PosEncError("--suite ruler runs in one process (lm-eval's generate loop); drop --accelerate-config")
     args.lengths = int_list(args.lengths, "length")

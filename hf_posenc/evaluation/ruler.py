@@ -43,6 +43,7 @@ NOT_OFFLINE = {
 HAYSTACK = "kjv"  # the prose of the essay haystack, a `hf_posenc.data.long_text` name
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
+MAX_SAMPLES = 500  # lm-eval's RULER generators make 500 prompts per task and length
 
 
 def parse_tasks(names: Sequence[str]) -> list[str]:
@@ -140,8 +141,8 @@ def ruler(
     Args:
         model, tokenizer: the (patched) model as loaded and its tokenizer (sizes the prompts).
         tasks: names from `RULER_TASKS`; lengths: prompt + answer budget in tokens (RULER's max_seq_length).
-        samples: prompts per task and length (the first `samples` of lm-eval's generated ones).
-        seed: lm-eval's random seed for the samples drawn and generation.
+        samples: prompts per task and length, up to `MAX_SAMPLES` (the first of lm-eval's generated ones).
+        seed: seeds the generators' draws (needles, keys, depths); answers are greedy.
         gen_tokens: cap the greedy answer at this many tokens (default: each task's own, 30-128; a
             needle's 7-digit number takes ~8 SmolLM2 tokens, the rest of RULER's 128 is the cost of a
             model that keeps talking).
@@ -156,6 +157,9 @@ def ruler(
     from ..integrations.lm_eval import PosEncLM
 
     tasks = parse_tasks(tasks)
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise PosEncError(f"RULER samples per task and length must be in 1..{MAX_SAMPLES} (what lm-eval's "
+                          f"generators make), got {samples}")
     lm = PosEncLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max(lengths) + 128)
     scores: dict[str, dict[int, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-posenc-ruler-") as folder:
