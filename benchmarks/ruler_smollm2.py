@@ -27,7 +27,7 @@ import torch
 
 import hf_posenc
 from hf_posenc import plots, results
-from hf_posenc.evaluation.ruler import HAYSTACK, ruler
+from hf_posenc.evaluation.ruler import HAYSTACK, ruler_scores
 from hf_posenc.loading import load
 
 OUT = Path(__file__).parent / "results" / "ruler_smollm2.json"
@@ -73,7 +73,8 @@ def main() -> None:
             runs[arm].posenc = model.config.posenc if hf_posenc.describe(model) else None
             for task in tasks:
                 start = time.perf_counter()
-                cell = ruler(model, tokenizer, [task], [length], args.samples, gen_tokens=args.gen_tokens)[task][length]
+                scores = ruler_scores(model, tokenizer, [task], [length], args.samples, gen_tokens=args.gen_tokens)
+                cell = scores[task][length]
                 cell["seconds"] = round(time.perf_counter() - start, 1)
                 runs[arm].put(f"ruler {task}", length, cell)
                 record.save(out)

@@ -65,7 +65,8 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
             lengths, values = series(run, metric, field)
             bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(metric) if field in cell and "low" in cell]
             if len(bounds) == len(values):  # the rate's 95% Wilson interval as error bars
-                errors = [[v - lo for v, (lo, _) in zip(values, bounds)], [hi - v for v, (_, hi) in zip(values, bounds)]]
+                errors = [[v - lo for v, (lo, _) in zip(values, bounds)],
+                          [hi - v for v, (_, hi) in zip(values, bounds)]]
                 ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=run.label)
             else:
                 ax.plot(lengths, values, marker="o", label=run.label)

@@ -126,7 +126,7 @@ def _fingerprint(tokenizer_dir: str) -> str:
     return digest.hexdigest()
 
 
-def ruler(
+def ruler_scores(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     tasks: Sequence[str],

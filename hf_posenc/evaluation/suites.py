@@ -25,7 +25,7 @@ from .long_context import (
     tokens_needed,
 )
 from .processes import main_process_first, rank_and_world
-from .ruler import HAYSTACK, RULER_TASKS, parse_tasks, ruler
+from .ruler import HAYSTACK, RULER_TASKS, parse_tasks, ruler_scores
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
 
@@ -110,7 +110,7 @@ def run_suites(
         name: the model's name or path, for the results; scheme, options: the patch applied after loading.
         text, text_config, text_column: the long text for perplexity ("kjv" offline, or a datasets name).
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
-        samples, gen_tokens: RULER prompts per task and length, and the cap on answer tokens (see `ruler`).
+        samples, gen_tokens: RULER prompts per task and length, and the cap on answer tokens (see `ruler_scores`).
         perplexity_mode, target_tokens: `perplexity_by_length`'s mode and target (same_target: the same
             `target_tokens` tokens, default half the shortest length, are scored at every length).
         task_lengths, examples: digits and examples per length of the synthetic tasks.
@@ -217,8 +217,9 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
             put("passkey", length, cell)
     for task in ruler_tasks(suites):
         for length in lengths:
-            put(f"ruler {task}", length, ruler(model, tokenizer, [task], [length], s["samples"], seed=s["seed"],
-                                               gen_tokens=s["gen_tokens"])[task][length])
+            scores = ruler_scores(model, tokenizer, [task], [length], s["samples"], seed=s["seed"],
+                                  gen_tokens=s["gen_tokens"])
+            put(f"ruler {task}", length, scores[task][length])
     for suite, (dataset, config, split) in SENTIMENT.items():
         if suite in suites:
             with main_process_first(s["distributed"]):
