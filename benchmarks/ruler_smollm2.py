@@ -13,7 +13,8 @@ prefill and a 128-token greedy answer as much again, so answers are capped (`--g
 a needle's 7-digit number is ~8 SmolLM2 tokens; vt keeps RULER's 30 only if the cap allows) and the
 committed run is what fitted before the deadline (see the README's RULER section).
 
-Run: `.venv/bin/python benchmarks/ruler_smollm2.py [--tasks ... --lengths ... --samples N --arms ...]`.
+Run: `.venv/bin/python benchmarks/ruler_smollm2.py [--tasks ... --lengths ... --samples N --arms ...]`;
+`--report-only` redraws the plot and table from the JSON (of a run stopped early: cells not reached are "–").
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=16)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--report-only", action="store_true",
+                        help="only redraw the plot and table from --out (e.g. of a run stopped at the deadline)")
     args = parser.parse_args()
+    if args.report_only:
+        write_report(results.load(args.out), Path(args.out))
+        return
     tasks, arms = args.tasks.split(","), args.arms.split(",")
     lengths = [int(n) for n in args.lengths.split(",")]
     torch.manual_seed(0)

@@ -124,6 +124,8 @@ def run_suites(
             as one process would; only the first writes files.
     """
     suites = parse_suites(suites)
+    if distributed and ruler_tasks(suites):
+        raise PosEncError("the ruler suite runs in one process (lm-eval's generate loop): run it without distributed")
     lengths = check_lengths(lengths)
     check_mode(perplexity_mode, stride)
     if perplexity_mode == "same_target" and target_tokens is None:
