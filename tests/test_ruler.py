@@ -190,3 +190,23 @@ def test_nothing_is_downloaded_in_a_fresh_process(tmp_path):
     assert "punkt" not in proc.stderr.lower()
     cell = json.loads((out / "results.json").read_text())["runs"][0]["metrics"]["ruler niah_single_2"]["512"]
     assert cell["n"] == 2 and cell["haystack"] == "kjv"
+
+
+def test_cards_carry_rates_with_n_and_interval(tmp_path):
+    from hf_posenc import hub
+
+    posenc = {"format": 1, "scheme": "yarn", "options": {"factor": 2.0}, "from": "rope"}
+    run = results.Run("smollm2 yarn(factor=2.0)", "yarn", {"factor": 2.0}, posenc)
+    run.put("ruler niah_single_2", 1024, {"score": 0.7, "tokens": 880, "haystack": "kjv", **rate_fields(7, 10)})
+    run.put("passkey", 1024, {"accuracy": 0.5, "trials": 20, "by_depth": {}, **rate_fields(10, 20)})
+    folder = tmp_path / "eval-yarn"
+    folder.mkdir()
+    results.Results("eval", "smollm2", runs=[run], settings={"suite": ["passkey", "ruler:niah_single_2"]}).save(
+        folder / "results.json", complete=True)
+    card = hub.model_card(folder)
+    assert "| ruler niah_single_2 score | 1024 tokens | 0.70 [0.40, 0.89] (n=10) |" in card.text
+    assert "| passkey accuracy | 1024 tokens | 0.50 [0.30, 0.70] (n=20) |" in card.text
+    entry = next(e for e in card.data.eval_results if e.task_name == "RULER niah_single_2")
+    assert entry.metric_value == 0.7 and entry.metric_args == {"n": 10, "ci95_low": 0.3968, "ci95_high": 0.8922,
+                                                               "context_length": 1024}
+    assert "RULER" in entry.dataset_name and "KJV" in entry.dataset_name
