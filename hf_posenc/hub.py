@@ -58,6 +58,7 @@ EVAL_DATASETS = {
     "passkey": ("passkey", "Passkey retrieval (synthetic; prompt of Mohtashami & Jaggi 2023)"),
     "rotten_tomatoes": ("rotten_tomatoes", "Rotten Tomatoes sentences (offline, from the vaderSentiment sdist)"),
     "sst2": ("glue", "GLUE SST-2"),
+    "ruler": ("ruler", "RULER synthetic tasks (Hsieh et al. 2024, lm-eval's generators; essay haystack: the KJV)"),
 }
 # metric table -> (model-index task type, task name)
 TASKS = {
@@ -67,6 +68,7 @@ TASKS = {
     "reverse": ("text-generation", "Length generalisation"),
     "addition": ("text-generation", "Length generalisation"),
     "classification": ("text-classification", "Text classification"),
+    **{f"ruler {task}": ("text-generation", f"RULER {task}") for task in results.RULER_TASKS},
 }
 
 
@@ -138,8 +140,8 @@ def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
         kind, name = EVAL_DATASETS.get(key, (key, key))
         _, config, split = SENTIMENT.get(key, (None, None, None))
         return {"dataset_type": kind, "dataset_name": name, "dataset_config": config, "dataset_split": split}
-    if metric == "passkey":
-        return dict(zip(("dataset_type", "dataset_name"), EVAL_DATASETS["passkey"]))
+    if metric == "passkey" or metric.startswith("ruler "):
+        return dict(zip(("dataset_type", "dataset_name"), EVAL_DATASETS[metric.split()[0]]))
     return {"dataset_type": f"synthetic-{metric}", "dataset_name": f"Synthetic {metric} task (hf-posenc)"}
 
 
@@ -152,7 +154,9 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
     entries = []
     for metric, spec in results.METRICS.items():
         for key, cell in run.cells(metric):
-            args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode") if k in cell}
+            args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode", "n") if k in cell}
+            if "low" in cell:  # the rate's 95% Wilson interval
+                args.update(ci95_low=round(cell["low"], 4), ci95_high=round(cell["high"], 4))
             if key.isdigit() and spec.key == "tokens":
                 args["context_length"] = int(key)
             for field in spec.fields:
@@ -174,7 +178,9 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
                 values = []
                 for run in record.runs:
                     cell = run.metrics.get(metric, {}).get(key)
-                    values.append("–" if cell is None else _fmt(cell[field]) if field in cell else _skipped(cell))
+                    values.append("–" if cell is None else _skipped(cell) if field not in cell
+                                  else results.format_rate(cell[field], cell["n"], cell["low"], cell["high"])
+                                  if field == spec.rate and "low" in cell else _fmt(cell[field]))
                 rows.append((results.field_name(metric, field), _setting(metric, key), values))
     return [run.label for run in record.runs], rows
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .results import Run
+from .results import RULER_TASKS, Run
 
-__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "recovery_curve", "results_by_length",
-           "rotary", "save", "series", "shift_fit", "subspace"]
+__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "recovery_curve",
+           "results_by_length", "rotary", "ruler_heatmap", "save", "series", "shift_fit", "subspace"]
 
 
 def pyplot() -> Any:
@@ -48,7 +48,8 @@ def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
 
 def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
     """perplexity.png (a line per run), passkey.png (a length x depth heatmap for one run, mean accuracy
-    lines for several) and length_generalization.png; returns the files written."""
+    lines with their 95% intervals for several), length_generalization.png and ruler.png (`ruler_heatmap`);
+    returns the files written."""
     plt, out, written = pyplot(), Path(out), []
     for metric, ylabel, title in (("perplexity", "perplexity", "Perplexity by context length"),
                                   ("passkey", "passkey accuracy", "Passkey retrieval")):
@@ -61,7 +62,14 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in drawn:
-            ax.plot(*series(run, metric, field), marker="o", label=run.label)
+            lengths, values = series(run, metric, field)
+            bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(metric) if field in cell and "low" in cell]
+            if len(bounds) == len(values):  # the rate's 95% Wilson interval as error bars
+                errors = [[v - lo for v, (lo, _) in zip(values, bounds)],
+                          [hi - v for v, (_, hi) in zip(values, bounds)]]
+                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=run.label)
+            else:
+                ax.plot(lengths, values, marker="o", label=run.label)
         ax.set(xlabel="context length (tokens)", ylabel=ylabel, title=title)
         if metric == "perplexity":
             ax.set_yscale("log")
@@ -78,7 +86,36 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
         ax.set(xlabel="task length (digits)", ylabel="exact match", ylim=(-0.05, 1.05), title="Length generalisation")
         ax.legend(fontsize=8)
         written.append(save(fig, out / "length_generalization.png"))
+    if any(metric.startswith("ruler ") for run in runs for metric in run.metrics):
+        written.append(ruler_heatmap(runs, out / "ruler.png"))
     return written
+
+
+def ruler_heatmap(runs: Sequence[Run], path: str | Path) -> Path:
+    """RULER scores, one panel per run: a row per task, a column per context length, each cell its score
+    and 95% Wilson interval (n in the title when all cells share it)."""
+    plt = pyplot()
+    tables = sorted({m for run in runs for m in run.metrics if m.startswith("ruler ")},
+                    key=lambda m: RULER_TASKS.index(m.removeprefix("ruler ")))
+    lengths = sorted({int(key) for run in runs for m in tables for key, _ in run.cells(m)})
+    fig, axes = plt.subplots(1, len(runs), figsize=(1.3 * len(lengths) * len(runs) + 2.5, 0.55 * len(tables) + 1.6),
+                             squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        cells = [[run.metrics.get(m, {}).get(str(L), {}) for L in lengths] for m in tables]
+        grid = [[cell.get("score", float("nan")) for cell in row] for row in cells]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for i, row in enumerate(cells):
+            for j, cell in enumerate(row):
+                text = (f"{cell['score']:.2f}\n[{cell['low']:.2f},{cell['high']:.2f}]" if "low" in cell
+                        else "skipped" if "skipped" in cell else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
+        ns = {cell["n"] for row in cells for cell in row if "n" in cell}
+        ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
+        ax.set_yticks(range(len(tables)), [m.removeprefix("ruler ") for m in tables])
+        ax.set(xlabel="context length (tokens)", title=run.label + (f" (n={ns.pop()})" if len(ns) == 1 else ""))
+    fig.colorbar(image, ax=axes[0].tolist(), label="RULER score")
+    fig.suptitle("RULER (Hsieh et al. 2024): score [95% Wilson interval]", fontsize=10)
+    return save(fig, path, bbox_inches="tight")
 
 
 def _passkey_heatmap(plt: Any, run: Run, path: Path) -> Path:

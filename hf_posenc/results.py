@@ -9,6 +9,12 @@ metric tables, keyed the same way wherever they come from:
     passkey                  context length (tokens) -> {accuracy, by_depth: {depth: accuracy}, trials, tokens}
     copy, reverse, addition  task length (digits)    -> {exact_match}
     classification           dataset name            -> {accuracy, f1, examples, mode[, loss]}
+    ruler <task>             context length (tokens) -> {score, tokens[, haystack]}  (RULER_TASKS)
+
+Every rate (passkey accuracy, exact match, classification accuracy, RULER score) carries its trial
+count `n` and 95% Wilson interval `low`, `high` (`hf_posenc.stats`) in the same cell; tables print
+them as `0.83 [0.55, 0.95] (n=12)`. Format 3 added them (and the RULER tables) to format 2, which is
+still read: its rates print without an interval.
 
 A cell that could not be measured is {"skipped": reason}. Files are replaced atomically, so a crash
 leaves the last complete version, and `load` refuses any other format with a message naming it.
@@ -32,30 +38,38 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import PosEncError
+from .stats import intervals_overlap
 
-__all__ = ["FORMAT", "METRICS", "Metric", "Results", "Run", "field_name", "key_order", "load", "markdown", "run_label",
-           "versions", "write_json"]
+__all__ = ["FORMAT", "METRICS", "READS", "RULER_TASKS", "Metric", "Results", "Run", "field_name", "format_rate",
+           "interval", "interval_notes", "key_order", "load", "markdown", "run_label", "versions", "write_json"]
 
-FORMAT = 2
+FORMAT = 3
+READS = (2, 3)  # format 2 is format 3 without n/low/high and RULER tables
+# RULER's synthetic tasks (Hsieh et al. 2024) as lm-eval 0.4.13 ships them; one metric table each.
+RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
 Kind = Literal["eval", "train", "demo"]
 KINDS: tuple[str, ...] = Kind.__args__
 
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-    """How a metric table reads: the headline fields of a cell, and what its keys count."""
+    """How a metric table reads: the headline fields of a cell, what its keys count, and which field is
+    a rate whose n and Wilson interval the cell carries."""
 
     fields: tuple[str, ...]
     key: str
+    rate: str | None = None
 
 
 METRICS: dict[str, Metric] = {
     "perplexity": Metric(("perplexity",), "tokens"),
-    "passkey": Metric(("accuracy",), "tokens"),
-    "copy": Metric(("exact_match",), "digits"),
-    "reverse": Metric(("exact_match",), "digits"),
-    "addition": Metric(("exact_match",), "digits"),
-    "classification": Metric(("accuracy", "f1"), "dataset"),
+    "passkey": Metric(("accuracy",), "tokens", "accuracy"),
+    "copy": Metric(("exact_match",), "digits", "exact_match"),
+    "reverse": Metric(("exact_match",), "digits", "exact_match"),
+    "addition": Metric(("exact_match",), "digits", "exact_match"),
+    "classification": Metric(("accuracy", "f1"), "dataset", "accuracy"),
+    **{f"ruler {task}": Metric(("score",), "tokens", "score") for task in RULER_TASKS},
 }
 
 
@@ -148,14 +162,14 @@ def load(path: str | os.PathLike) -> Results:
                           f"eval, train or demo") from err
     if not isinstance(data, dict):
         raise PosEncError(f"{path} is not a results file: it holds a JSON {type(data).__name__}, not an object")
-    if data.get("format") != FORMAT:
-        raise PosEncError(f"{path} holds {_format_name(data)}; this hf-posenc reads results format {FORMAT}: "
-                          f"rerun the command that wrote it")
+    if data.get("format") not in READS:
+        raise PosEncError(f"{path} holds {_format_name(data)}; this hf-posenc reads results formats "
+                          f"{', '.join(map(str, READS))}: rerun the command that wrote it")
     try:
         runs = [Run(**run) for run in data.pop("runs")]
         return Results(**data, runs=runs)
     except (KeyError, TypeError) as err:
-        raise PosEncError(f"{path} is not a valid format-{FORMAT} results file ({err})") from err
+        raise PosEncError(f"{path} is not a valid format-{data['format']} results file ({err})") from err
 
 
 def run_label(model: str, scheme: str | None, options: dict[str, Any]) -> str:
@@ -179,10 +193,23 @@ def field_name(metric: str, field: str) -> str:
     return metric if field == metric else f"{metric} {field.replace('_', ' ')}"
 
 
-def _value(cell: dict[str, Any], field: str) -> str:
-    if field in cell:
-        return f"{cell[field]:.4g}"
-    return f"skipped ({str(cell.get('skipped', '?'))[:60]})"
+def _value(cell: dict[str, Any], field: str, rate: str | None = None) -> str:
+    if field not in cell:
+        return f"skipped ({str(cell.get('skipped', '?'))[:60]})"
+    if field == rate and "n" in cell:
+        return format_rate(cell[field], cell["n"], cell["low"], cell["high"])
+    return f"{cell[field]:.4g}"
+
+
+def format_rate(value: float, n: int, low: float, high: float) -> str:
+    """A rate as tables print it: '0.83 [0.55, 0.95] (n=12)'."""
+    return f"{value:.2f} [{low:.2f}, {high:.2f}] (n={n})"
+
+
+def interval(cell: dict[str, Any], metric: str) -> tuple[float, float] | None:
+    """The 95% interval of a cell's rate, or None (not a rate, skipped, or a format-2 cell)."""
+    rate = METRICS[metric].rate
+    return (cell["low"], cell["high"]) if rate in cell and "low" in cell else None
 
 
 def markdown(runs: list[Run]) -> str:
@@ -193,5 +220,27 @@ def markdown(runs: list[Run]) -> str:
             for key, cell in run.cells(metric):
                 unit = f" {spec.key}" if key.isdigit() else ""
                 for field in spec.fields:
-                    lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | {_value(cell, field)} |")
+                    lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | "
+                                 f"{_value(cell, field, spec.rate)} |")
     return "\n".join(lines)
+
+
+def interval_notes(runs: list[Run]) -> list[str]:
+    """For every table cell two or more runs measured as a rate, whether each pair's 95% intervals
+    overlap (the runs are not shown to differ) or are apart (they differ at that level)."""
+    notes = []
+    for metric, spec in METRICS.items():
+        keys = sorted({key for run in runs for key, _ in run.cells(metric)}, key=key_order)
+        for key in keys:
+            measured = [(run.label, cell) for run in runs if (cell := run.metrics.get(metric, {}).get(key))
+                        and interval(cell, metric)]
+            for i, (a, ca) in enumerate(measured):
+                for b, cb in measured[i + 1:]:
+                    overlap = intervals_overlap(interval(ca, metric), interval(cb, metric))
+                    unit = f" {spec.key}" if key.isdigit() else ""
+                    verdict = ("intervals overlap: not shown to differ" if overlap
+                               else "intervals apart: they differ (95%)")
+                    notes.append(f"{field_name(metric, spec.rate)} @ {key}{unit}: {a} "
+                                 f"{format_rate(ca[spec.rate], ca['n'], ca['low'], ca['high'])} vs {b} "
+                                 f"{format_rate(cb[spec.rate], cb['n'], cb['low'], cb['high'])}: {verdict}")
+    return notes

@@ -206,8 +206,9 @@ def test_passkey_prompt_is_the_landmark_prompt_within_length():
 def test_passkey_accuracy_of_a_rigged_model_is_one():
     result = evaluation.passkey(InductionLM(), char_tokenizer(), [400, 700], depths=[0.0, 0.5, 1.0], trials=2)
     for length, cell in result.items():
-        assert cell["accuracy"] == 1.0 and cell["trials"] == 6
+        assert cell["accuracy"] == 1.0 and cell["trials"] == cell["n"] == 6
         assert set(cell["by_depth"].values()) == {1.0}
+        assert cell["high"] == 1.0 and round(cell["low"], 4) == 0.6097  # Wilson 6/6: 6 / (6 + 1.96^2)
         assert cell["tokens"] <= length
 
 
@@ -360,7 +361,7 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     assert peaks.keys() == {yarn.label, baseline.label} and all(50 < mb < 24 * 2**10 for mb in peaks.values())
     assert set(yarn.metrics) == {"perplexity", "passkey", "copy"}
     assert "too short" in yarn.metrics["passkey"]["64"]["skipped"]
-    assert set(yarn.metrics["copy"]["3"]) == {"exact_match"}
+    assert set(yarn.metrics["copy"]["3"]) == {"exact_match", "n", "low", "high"} and yarn.metrics["copy"]["3"]["n"] == 3
     assert (tmp_path / "orig" / "passkey.png").is_file()
     assert cli.main(["eval", "--compare", *map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp" / "compare.md").read_text()

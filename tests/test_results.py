@@ -43,7 +43,7 @@ def test_results_round_trip_through_save_and_load(tmp_path):
     ({"format": 1, "label": "x", "model": "m", "results": {"ppl": {}}}, r"results format 1 \(hf-posenc 0.1 `eval`\)"),
     ({"scheme": "alibi", "before": {"loss": 1.0}, "after": {"loss": 0.5}}, "without a format field .*`train` or `demo`"),
     ({"model": "smollm2", "runs": [{"label": "x", "results": {"ppl": {}}}]}, "without a format field"),
-    ({"format": 3, "kind": "eval"}, "results format 3, from a newer hf-posenc"),
+    ({"format": 4, "kind": "eval"}, "results format 4, from a newer hf-posenc"),
     ({"format": 2, "kind": "eval", "model": "m", "runs": [], "surprise": 1}, "not a valid format-2 results file"),
     ([1, 2], "not a results file: it holds a JSON list"),
 ])
@@ -52,6 +52,14 @@ def test_other_formats_are_refused_naming_them(tmp_path, content, message):
     path.write_text(json.dumps(content))
     with pytest.raises(PosEncError, match=message):
         results.load(path)
+
+
+def test_format_2_files_still_load_and_print_without_intervals(tmp_path):
+    run = {"label": "m", "metrics": {"passkey": {"1024": {"accuracy": 0.5, "trials": 2}}}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": 2, "kind": "eval", "model": "m", "runs": [run]}))
+    loaded = results.load(path)
+    assert loaded.format == 2 and "| m | passkey accuracy @ 1024 tokens | 0.5 |" in results.markdown(loaded.runs)
 
 
 def test_a_card_refuses_an_old_results_file_instead_of_guessing(tmp_path):
@@ -86,6 +94,9 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     table = (out / "results.md").read_text().splitlines()
     assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 4
     assert table[3].startswith(f"| yarn x2 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |")
+    # passkey: 2 keys x 5 depths per length (48 one-character tokens are too few for its prompt: skipped)
+    assert record.settings["trials"] * len(record.settings["depths"]) == 10
+    assert "skipped" in yarn.metrics["passkey"]["48"] and table[3].endswith("| skipped | skipped |")
     assert (out / "perplexity.png").stat().st_size > 1000 and (out / "inspect" / "rotary.png").stat().st_size > 1000
     # the recovered model reloads patched, its card carries its eval results as model-index, the repo is staged
     recovered = out / "smollm2-alibi-recovered"

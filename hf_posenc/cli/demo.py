@@ -30,6 +30,10 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 RECOVERED = "alibi, {steps} recovery steps"
 RECIPE = "recipes/smollm2-135m/alibi/config_smoke.yaml"
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
+# Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
+# wider than +-0.31 (one prompt per cell could only say 0% or 100%).
+PASSKEY_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+PASSKEY_TRIALS = 2
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -75,13 +79,15 @@ def main(args: argparse.Namespace) -> int:
 
     out, t0 = clear_out(args.out, "demo", [args.model]), time.perf_counter()
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
-                "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": [0.5], "trials": 1,
+                "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),
+                "trials": PASSKEY_TRIALS,
                 "recovery_steps": args.steps}
     record = results.Results("demo", args.model, settings=settings)
     model, tokenizer = load(args.model, dtype=torch.float32)
     print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
           f"perplexity of the same {args.target_tokens} target tokens x {args.windows} places of the King James "
-          f"Bible at every length {args.lengths}, passkey at depth 0.5", flush=True)
+          f"Bible at every length {args.lengths}, passkey {PASSKEY_TRIALS} keys x {len(PASSKEY_DEPTHS)} depths",
+          flush=True)
     where: dict[str, Path] = {}
     for label, scheme, options in RUNS:
         if scheme is not None:
@@ -137,7 +143,7 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
     t0 = time.perf_counter()
     scored = run_suites(model, tokenizer, ["perplexity", "passkey"], args.lengths, out, name=args.model,
                         scheme=scheme, options=options, max_windows=args.windows, target_tokens=args.target_tokens,
-                        depths=(0.5,), trials=1)
+                        depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS)
     run = scored.runs[0]
     run.label, run.seconds = label, round(time.perf_counter() - t0, 1)
     return run
@@ -168,9 +174,13 @@ def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
 
 
 def _row(run: results.Run, lengths: list[int]) -> str:
-    def value(metric: str, field: str, n: int, fmt: str) -> str:
+    def value(metric: str, field: str, n: int) -> str:
         cell = run.metrics.get(metric, {}).get(str(n), {})
-        return format(cell[field], fmt) if field in cell else "skipped"
+        if field not in cell:
+            return "skipped"
+        if "low" in cell:
+            return results.format_rate(cell[field], cell["n"], cell["low"], cell["high"])
+        return f"{cell[field]:.2f}"
 
-    return (f"| {run.label} | " + " | ".join(value("perplexity", "perplexity", n, ".2f") for n in lengths) + " | "
-            + " | ".join(value("passkey", "accuracy", n, ".0%") for n in lengths) + " |")
+    return (f"| {run.label} | " + " | ".join(value("perplexity", "perplexity", n) for n in lengths) + " | "
+            + " | ".join(value("passkey", "accuracy", n) for n in lengths) + " |")

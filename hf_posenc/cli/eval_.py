@@ -10,7 +10,8 @@ from ..folders import check_out, clear_out
 from . import check_model_takes, float_list, int_list, parse_options, scheme_config
 from .checks import at_least, model_folder
 
-SUITE_NAMES = "perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition"
+SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
+              "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some)")
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,8192 --out out/orig\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
+        "  hf-posenc eval --model smollm2 --patch yarn --opt factor=2 --suite ruler --lengths 1024,4096 --out out/ruler\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
@@ -41,7 +43,11 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                         help="same_target: tokens scored per window (default: half the shortest length)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey needle depths in [0, 1]")
-    parser.add_argument("--trials", type=int, default=2, help="passkey prompts per length and depth")
+    parser.add_argument("--trials", type=int, default=4,
+                        help="passkey prompts per length and depth (default 4 x 5 depths = 20 per length)")
+    parser.add_argument("--samples", type=int, default=20, help="RULER prompts per task and length")
+    parser.add_argument("--gen-tokens", type=int, default=None,
+                        help="RULER: cap the greedy answer at N tokens (default: each task's own, 30-128)")
     parser.add_argument("--task-lengths", default="2,4,8,16", help="digits per example for copy/reverse/addition")
     parser.add_argument("--examples", type=int, default=20, help="examples per task length (copy/reverse/addition)")
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
@@ -95,7 +101,8 @@ def check(args: argparse.Namespace) -> None:
         return
     if not args.model:
         raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
-    at_least(args, max_windows=1, batch_size=1, trials=1, examples=1, limit=1, stride=1, seed=0)
+    at_least(args, max_windows=1, batch_size=1, trials=1, examples=1, limit=1, stride=1, seed=0, samples=1,
+             gen_tokens=1)
     args.lengths = int_list(args.lengths, "length")
     args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
     if any(not 0 <= depth <= 1 for depth in args.depths):
@@ -114,6 +121,13 @@ def check(args: argparse.Namespace) -> None:
 
     args.suites = parse_suites(args.suite.split(","))
     check_mode(args.perplexity_mode, args.stride)
+    if any(s.startswith("ruler") for s in args.suites):
+        from ..evaluation.ruler import MAX_SAMPLES
+
+        if args.samples > MAX_SAMPLES:
+            raise PosEncError(f"--samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {args.samples}")
+        if args.accelerate_config is not None:
+            raise PosEncError("--suite ruler runs in one process (lm-eval's generate loop); drop --accelerate-config")
     model_folder(args.model, "--model")
     check_model_takes(args.model, args.config)
 
@@ -153,7 +167,8 @@ def main(args: argparse.Namespace) -> int:
         model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
         text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
         max_windows=args.max_windows, perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens,
-        batch_size=args.batch_size, depths=args.depths, trials=args.trials,
+        batch_size=args.batch_size, depths=args.depths, trials=args.trials, samples=args.samples,
+        gen_tokens=args.gen_tokens,
         task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
         baseline=not args.no_baseline, distributed=distributed,
     )

@@ -9,6 +9,7 @@ aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_pos
     long_context  perplexity by length (same targets at every length, or sliding windows), prefix
                   perplexity, passkey retrieval
     tasks         length generalisation, sentiment classification
+    ruler         RULER's synthetic tasks through lm-eval's generators and scorer, offline
     suites        the named suites, results.json as they run, compare
     processes     the same scores split over the processes of a launch (distributed=True)
 """
@@ -25,6 +26,7 @@ from .long_context import (
     target_ends,
 )
 from .scoring import LENGTH_LIMITS, METRICS_DIR, load_metric, text_token_ids
+from .ruler import RULER_TASKS, ruler_scores
 from .suites import SUITES, compare, run_suites
 from .tasks import SENTIMENT_PROMPT, classification, length_generalization
 
@@ -35,6 +37,7 @@ __all__ = [
     "PASSKEY_QUESTION",
     "PASSKEY_TASK",
     "PERPLEXITY_MODES",
+    "RULER_TASKS",
     "SENTIMENT_PROMPT",
     "SUITES",
     "classification",
@@ -45,6 +48,7 @@ __all__ = [
     "passkey_prompt",
     "perplexity_by_length",
     "prefix_perplexity",
+    "ruler_scores",
     "run_suites",
     "target_ends",
     "text_token_ids",

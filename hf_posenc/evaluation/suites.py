@@ -14,6 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe, unpatch
+from ..stats import rate_fields
 from .long_context import (
     DEFAULT_MODE,
     PERPLEXITY_MODES,
@@ -24,24 +25,52 @@ from .long_context import (
     tokens_needed,
 )
 from .processes import main_process_first, rank_and_world
+from .ruler import HAYSTACK, RULER_TASKS, parse_tasks, ruler_scores
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
 
 # Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
 # `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
 SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}
-SUITES = ("perplexity", "passkey", *SENTIMENT, *data.SYNTHETIC_TASKS)
+SUITES = ("perplexity", "passkey", *SENTIMENT, *data.SYNTHETIC_TASKS, "ruler")
 ALIASES = {"ppl": "perplexity"}
 
 
 def parse_suites(names: Sequence[str]) -> list[str]:
-    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError."""
-    suites = [ALIASES.get(s.strip(), s.strip()) for s in names if s.strip()]
-    unknown = [s for s in suites if s not in SUITES]
-    if unknown or not suites:
-        raise PosEncError(f"unknown suite {', '.join(map(repr, unknown)) or '(none)'}; choose from "
-                          f"{', '.join(SUITES)} (ppl = perplexity)")
+    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError.
+
+    `ruler` is every offline RULER task; `ruler:<task>` a subset, and the names after it that are not
+    suites are more of its tasks (`ruler:niah_single_1,vt,ppl`); the suite is kept as `ruler:<tasks>`.
+    """
+    suites: list[str] = []
+    named: list[str] | None = None  # the tasks of the ruler suite, while its names are being read
+    for name in (ALIASES.get(n.strip(), n.strip()) for n in names if n.strip()):
+        if name == "ruler" or name.startswith("ruler:"):
+            named = [task for task in name.partition(":")[2].split(",") if task]
+            suites.append("ruler")
+        elif named is not None and name not in SUITES:
+            named.append(name)
+        elif name in SUITES:
+            suites.append(name)
+        else:
+            raise PosEncError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (ppl = perplexity; "
+                              f"ruler:<task>,<task> for some RULER tasks)")
+    if not suites:
+        raise PosEncError(f"no suite given; choose from {', '.join(SUITES)} (ppl = perplexity)")
+    if named is not None:
+        suites[suites.index("ruler")] = _ruler_suite(named)
     return suites
+
+
+def _ruler_suite(tasks: list[str]) -> str:
+    chosen = parse_tasks([t for t in tasks if t])
+    return "ruler" if chosen == list(RULER_TASKS) else "ruler:" + ",".join(chosen)
+
+
+def ruler_tasks(suites: Sequence[str]) -> list[str]:
+    """The RULER tasks a parsed suite list runs (none if it has no ruler suite)."""
+    return next((parse_tasks(s.removeprefix("ruler").removeprefix(":").split(",")) for s in suites
+                 if s.startswith("ruler")), [])
 
 
 def run_suites(
@@ -63,7 +92,9 @@ def run_suites(
     target_tokens: int | None = None,
     batch_size: int = 1,
     depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-    trials: int = 2,
+    trials: int = 4,
+    samples: int = 20,
+    gen_tokens: int | None = None,
     task_lengths: Sequence[int] = (2, 4, 8, 16),
     examples: int = 20,
     limit: int | None = None,
@@ -79,6 +110,7 @@ def run_suites(
         name: the model's name or path, for the results; scheme, options: the patch applied after loading.
         text, text_config, text_column: the long text for perplexity ("kjv" offline, or a datasets name).
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
+        samples, gen_tokens: RULER prompts per task and length, and the cap on answer tokens (see `ruler_scores`).
         perplexity_mode, target_tokens: `perplexity_by_length`'s mode and target (same_target: the same
             `target_tokens` tokens, default half the shortest length, are scored at every length).
         task_lengths, examples: digits and examples per length of the synthetic tasks.
@@ -92,6 +124,8 @@ def run_suites(
             as one process would; only the first writes files.
     """
     suites = parse_suites(suites)
+    if distributed and ruler_tasks(suites):
+        raise PosEncError("the ruler suite runs in one process (lm-eval's generate loop): run it without distributed")
     lengths = check_lengths(lengths)
     check_mode(perplexity_mode, stride)
     if perplexity_mode == "same_target" and target_tokens is None:
@@ -109,7 +143,8 @@ def run_suites(
     record = results.Results("eval", name, runs=[run], settings={
         "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
         "max_windows": max_windows, "perplexity_mode": perplexity_mode, "target_tokens": target_tokens,
-        "batch_size": batch_size, "depths": list(depths), "trials": trials,
+        "batch_size": batch_size, "depths": list(depths), "trials": trials, "samples": samples,
+        "gen_tokens": gen_tokens, **({"haystack": HAYSTACK} if ruler_tasks(suites) else {}),
         "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
         "dtype": dtype or str(model.dtype).removeprefix("torch.")},
         details={"processes": world})
@@ -122,7 +157,7 @@ def run_suites(
     save()
     settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
                     max_windows=max_windows, mode=perplexity_mode, target=target_tokens, batch_size=batch_size,
-                    depths=depths, trials=trials,
+                    depths=depths, trials=trials, samples=samples, gen_tokens=gen_tokens,
                     task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
                     progress=main, distributed=distributed)
     peaks = record.details.setdefault("peak_memory_mb", {})
@@ -182,6 +217,11 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
             if "by_depth" in cell:
                 cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
             put("passkey", length, cell)
+    for task in ruler_tasks(suites):
+        for length in lengths:
+            scores = ruler_scores(model, tokenizer, [task], [length], s["samples"], seed=s["seed"],
+                                  gen_tokens=s["gen_tokens"])
+            put(f"ruler {task}", length, scores[task][length])
     for suite, (dataset, config, split) in SENTIMENT.items():
         if suite in suites:
             with main_process_first(s["distributed"]):
@@ -194,16 +234,20 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
             for length in check_lengths(list(s["task_lengths"]), "task length"):
                 shots = data.synthetic_task(task, length, 3, seed=s["seed"] + 1000)
                 prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
-                scored = length_generalization(model, tokenizer, data.synthetic_task(task, length, s["examples"], s["seed"]),
-                                               prefix=prefix, batch_size=max(s["batch_size"], 8), **shared)
-                put(task, length, {"exact_match": scored["exact_match"]})
+                examples = data.synthetic_task(task, length, s["examples"], s["seed"])
+                scored = length_generalization(model, tokenizer, examples, prefix=prefix,
+                                               batch_size=max(s["batch_size"], 8), **shared)
+                n = len(examples)
+                put(task, length, {"exact_match": scored["exact_match"],
+                                   **rate_fields(round(scored["exact_match"] * n), n)})
 
 
 # eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)
 SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows", "target_tokens"),
                   "passkey": ("depths", "trials", "seed"),
                   **{suite: ("limit", "seed") for suite in SENTIMENT},
-                  **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS}}
+                  **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS},
+                  "ruler": ("samples", "gen_tokens", "seed", "haystack")}
 
 
 def measured_with(record: results.Results) -> dict[str, Any]:
@@ -217,7 +261,7 @@ def measured_with(record: results.Results) -> dict[str, Any]:
     if record.kind == "demo":
         return {"method": _method(settings, "perplexity of the first L tokens"), "text": settings.get("text"),
                 **{key: settings[key] for key in ("max_windows", "target_tokens") if key in settings}}
-    keys = {key for suite in settings.get("suite", []) for key in SUITE_SETTINGS.get(suite, ())}
+    keys = {key for suite in settings.get("suite", []) for key in SUITE_SETTINGS.get(suite.partition(":")[0], ())}
     return {"method": _method(settings, PERPLEXITY_MODES["sliding"]), "dtype": settings.get("dtype"),
             **{key: settings.get(key) for key in keys}}
 
@@ -245,6 +289,7 @@ def compare(paths: Sequence[str | Path], out: str | Path, *, records: Sequence[r
 
     Files measured differently (`measured_with`: text, windows, dtype, method) are refused unless
     `mixed`, in which case each run is marked with its file and the table ends with what differs.
+    For every rate two runs both measured, the table says whether their 95% intervals overlap.
     """
     loaded = list(records) if records is not None else [results.load(path) for path in paths]
     differ = differing_settings(loaded, mixed)
@@ -256,6 +301,9 @@ def compare(paths: Sequence[str | Path], out: str | Path, *, records: Sequence[r
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table = results.markdown(runs)
+    notes = results.interval_notes(runs)
+    if notes:
+        table += "\n\n95% Wilson intervals of the same cell in two runs:\n" + "\n".join(f"- {n}" for n in notes)
     if differ:
         table += "\n\n" + "\n".join(f"[{n}] {path}: " + ", ".join(f"{k}={s.get(k)}" for k in differ)
                                     for n, (path, s) in enumerate(zip(paths, settings), 1))

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from ..stats import rate_fields
 from .processes import across_processes
 from .scoring import (
     CAUSAL_LM_CLASSES,
@@ -80,7 +81,8 @@ def classification(
     A `*ForSequenceClassification` model predicts the argmax of its logits; a causal LM predicts
     the label word (" negative" / " positive") it scores higher after a review prompt.
     `distributed` splits the texts over the processes (see `processes.across_processes`).
-    Returns {"accuracy", "f1", "examples", "mode" ("classifier" or "zero-shot")}.
+    Returns {"accuracy", "f1", "examples", "mode" ("classifier" or "zero-shot"), "n", "low", "high" (the
+    accuracy's 95% Wilson interval)}.
     """
     for column in (text_column, label_column):
         if column not in dataset.column_names:
@@ -109,7 +111,8 @@ def classification(
     scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(
         predictions=predictions, references=labels
     )
-    return {**scores, "examples": len(labels), "mode": mode}
+    n = len(labels)
+    return {**scores, "examples": n, "mode": mode, **rate_fields(round(scores["accuracy"] * n), n)}
 
 
 def _classifier_predict(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[int]:
