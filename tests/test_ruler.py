@@ -77,7 +77,7 @@ def test_ruler_suite_names_parse_and_mistakes_name_the_allowed_tasks():
 @pytest.mark.parametrize("args,message", [
     (["--suite", "ruler:nosuch"], "unknown RULER task 'nosuch'; choose from niah_single_1, niah_single_2"),
     (["--suite", "ruler", "--samples", "501"], "RULER makes 500 prompts per task and length"),
-    (["--suite", "ruler", "--samples", "0"], "give positive numbers"),
+    (["--suite", "ruler", "--samples", "0"], "--samples must be an integer >= 1, got 0"),
     (["--suite", "ruler:vt", "--accelerate-config", "cpu_2proc"], "runs in one process"),
 ])
 def test_bad_ruler_options_exit_2_before_any_load(tmp_path, capsys, args, message):
