@@ -148,24 +148,38 @@ def markdown(found: dict[str, Any]) -> str:
 
 
 def plot(found: dict[str, Any], path: Path) -> None:
-    """Held-out KJV perplexity at the training length against training CPU seconds, one panel per target."""
+    """Left: held-out KJV perplexity at the training length (the runner's curve) against training CPU seconds.
+    Right: the final same-target perplexity on each text, with the original model and the untrained swaps."""
+    import numpy as np
+
     from hf_posenc import plots
 
     plt = plots.pyplot()
-    groups = sorted({arm["scheme"] for arm in found["arms"].values()})
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), squeeze=False)
-    original = found["baselines"]["original (rope)"]["kjv held-out"]["128"]
-    for ax, scheme in zip(axes[0], groups):
-        for arm in (a for a in found["arms"].values() if a["scheme"] == scheme):
-            key = str(arm["seq_len"])
-            ax.plot([r["cpu_s"] for r in arm["curve"]], [r["perplexity"][key] for r in arm["curve"]], marker="o",
-                    ms=3, label=arm["name"])
-        ax.axhline(original, color="gray", linestyle=":", label=f"original, same-target @128: {original:.1f}")
-        ax.axhline(2 * original, color="gray", linestyle="--", label="2x original")
-        ax.set(title=f"SmolLM2-135M -> {scheme}", xlabel="training CPU seconds", ylabel="held-out KJV perplexity",
-               yscale="log")
-        ax.legend(fontsize=7)
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4))
+    for arm in found["arms"].values():
+        key = str(arm["seq_len"])
+        curves.plot([r["cpu_s"] for r in arm["curve"]], [r["perplexity"][key] for r in arm["curve"]], marker="o",
+                    ms=3, label=f"{arm['name']} ({arm['steps']} steps)")
+    curves.set(title="Recovery curve: SmolLM2-135M after the swap", xlabel="training CPU seconds",
+               ylabel="held-out KJV perplexity (128-token blocks)", yscale="log")
+    curves.legend(fontsize=7)
+    rows = {**found["baselines"], **{name: arm["final"] for name, arm in found["arms"].items()}}
+    streams, width = list(found["baselines"]["original (rope)"]), 0.8 / len(rows)
+    for i, (label, final) in enumerate(rows.items()):
+        bars.bar(np.arange(len(streams)) + i * width, [final[s]["128"] for s in streams], width, label=label)
+    bars.set_xticks(np.arange(len(streams)) + 0.4 - width / 2, [f"{s} @ 128" for s in streams])
+    bars.set(title="After training: same-target perplexity (64 tokens x 4 places)", yscale="log", ylabel="perplexity")
+    bars.legend(fontsize=7)
     plots.save(fig, path)
+
+
+def write(found: dict[str, Any], out: Path) -> None:
+    from hf_posenc import results
+
+    results.write_json(out / "recovery.json", found)
+    if found["arms"]:
+        (out / "recovery.md").write_text(markdown(found))
+        plot(found, out / "recovery.png")
 
 
 def main() -> int:
@@ -181,7 +195,6 @@ def main() -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from hf_posenc import results
     from hf_posenc.models import model_source
 
     out = Path(args.out)
@@ -199,15 +212,14 @@ def main() -> int:
     if found["baselines"] is None:
         schemes = list({a["scheme"]: a["options"] for a in chosen}.items())
         found["baselines"] = baselines(streams, schemes)
-        results.write_json(path, found)
+        write(found, out)
     for arm in chosen:
         if arm["name"] in found["arms"]:
             continue
         print(f"== {arm['name']}", flush=True)
         found["arms"][arm["name"]] = run_arm(arm, args, streams)
-        results.write_json(path, found)
-        (out / "recovery.md").write_text(markdown(found))
-        plot(found, out / "recovery.png")
+        write(found, out)
+    write(found, out)
     print(markdown(found))
     return 0
 

@@ -34,7 +34,7 @@ def test_bad_names_and_tasks_fail_fast_naming_what_is_allowed(tmp_path):
     start = time.monotonic()
     with pytest.raises(PosEncError, match="is not a model folder, a Hub id .* or one of smollm2, minilm"):
         loading.load_model(str(tmp_path / "missing"))
-    with pytest.raises(PosEncError, match="cannot load the weights of 'no-such-user/no-such-model' \\(OSError"):
+    with pytest.raises(PosEncError, match="cannot load the config of 'no-such-user/no-such-model' \\(OSError"):
         loading.load_model("no-such-user/no-such-model")  # HF_HUB_OFFLINE: fails at once
     assert time.monotonic() - start < 10
     tiny_model("gpt2").save_pretrained(tmp_path / "gpt2")
