@@ -14,7 +14,10 @@ general ability rather than the Bible's.
     OMP_NUM_THREADS=1 python benchmarks/recovery.py --arms alibi-lm-lora --steps 25
 
 Each arm is written as soon as it finishes (benchmarks/results/recovery/recovery.json, .md, .png),
-so an interrupted run keeps what it measured; a rerun skips the arms already there.
+so an interrupted run keeps what it measured; a rerun skips the arms already there. Arms run in other
+processes (`--out elsewhere`) join with `--merge elsewhere/recovery.json`. The committed results are
+the three alibi LoRA objectives only (lm 40 steps, distill and lm+distill 30, curve every 10), what a
+2-core machine shared by five jobs allowed; see the README's "Recovery" section.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Callable, Literal, NoReturn
 
 import yaml
 
@@ -32,6 +32,7 @@ POSE_KEYS: dict[str, tuple[type, Any, str]] = {
     "target_length": (int, None, "> data.seq_len"), "chunks": (int, 2, ">= 1 and <= data.seq_len")}
 DISTILL_KEYS: dict[str, tuple[type, Any, str]] = {
     "temperature": (float, 1.0, "> 0"), "weight": (float, 1.0, ">= 0"), "hidden_weight": (float, 0.0, ">= 0")}
+BOUNDS: dict[str, Callable[[float], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
 
 
 def _yaml_mapping(value: Any) -> Any:
@@ -335,9 +336,8 @@ def validate(recipe: Recipe) -> Recipe:
     _check(t.objective != "lm" or not t.distill, s, "training.distill",
            "given with training.objective 'lm'; use objective 'distill' or 'lm+distill'")
     t.distill = _check_mapping(t.distill, DISTILL_KEYS, s, "training.distill")
-    for key, low in (("temperature", "> 0"), ("weight", ">= 0"), ("hidden_weight", ">= 0")):
-        value = t.distill[key]
-        _check(value > 0 if low == "> 0" else value >= 0, s, f"training.distill.{key}", f"must be {low}, got {value}")
+    for key, (_, _, rule) in DISTILL_KEYS.items():
+        _check(BOUNDS[rule](t.distill[key]), s, f"training.distill.{key}", f"must be {rule}, got {t.distill[key]}")
     return recipe
 
 

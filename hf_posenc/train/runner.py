@@ -250,12 +250,11 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = modeling.select_trainable(model, recipe, posenc_names)
-    if teacher is not None and main:
+    if teacher is not None:
         cloned = teacher.freeze_trained() / 2**20
-        print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
-              f"{cloned:.1f} MiB cloned for the parameters trained in full", flush=True)
-    elif teacher is not None:
-        teacher.freeze_trained()
+        if main:
+            print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
+                  f"{cloned:.1f} MiB cloned for the parameters trained in full", flush=True)
 
     sampler = inputs.EpochSampler(len(data.train), t.batch_size, t.seed)
     if sampler.steps_per_epoch == 0:
@@ -274,6 +273,8 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     scheduler = get_scheduler("constant_with_warmup" if t.scheduler == "constant" else t.scheduler, optimizer,
                               num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    if teacher is not None:  # its clones and buffers follow the student to the device (shared tensors already did)
+        teacher.model.to(accelerator.device)
 
     rank, n_trainable = accelerator.process_index, sum(p.numel() for p in params)
     state = TrainerState(samples=[0] * world, tokens=[0] * world, original=original)
