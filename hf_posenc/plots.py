@@ -92,29 +92,28 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
 
 
 def ruler_heatmap(runs: Sequence[Run], path: str | Path) -> Path:
-    """RULER scores, one panel per run: a row per task, a column per context length, each cell its score
-    and 95% Wilson interval (n in the title when all cells share it)."""
+    """RULER scores as one heat-map: a row per run and task, a column per context length, each cell its
+    score and 95% Wilson interval (n in the title when all cells share it)."""
     plt = pyplot()
     tables = sorted({m for run in runs for m in run.metrics if m.startswith("ruler ")},
                     key=lambda m: RULER_TASKS.index(m.removeprefix("ruler ")))
-    lengths = sorted({int(key) for run in runs for m in tables for key, _ in run.cells(m)})
-    fig, axes = plt.subplots(1, len(runs), figsize=(1.3 * len(lengths) * len(runs) + 2.5, 0.55 * len(tables) + 1.6),
-                             squeeze=False)
-    for ax, run in zip(axes[0], runs):
-        cells = [[run.metrics.get(m, {}).get(str(L), {}) for L in lengths] for m in tables]
-        grid = [[cell.get("score", float("nan")) for cell in row] for row in cells]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        for i, row in enumerate(cells):
-            for j, cell in enumerate(row):
-                text = (f"{cell['score']:.2f}\n[{cell['low']:.2f},{cell['high']:.2f}]" if "low" in cell
-                        else "skipped" if "skipped" in cell else "")
-                ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
-        ns = {cell["n"] for row in cells for cell in row if "n" in cell}
-        ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
-        ax.set_yticks(range(len(tables)), [m.removeprefix("ruler ") for m in tables])
-        ax.set(xlabel="context length (tokens)", title=run.label + (f" (n={ns.pop()})" if len(ns) == 1 else ""))
-    fig.colorbar(image, ax=axes[0].tolist(), label="RULER score")
-    fig.suptitle("RULER (Hsieh et al. 2024): score [95% Wilson interval]", fontsize=10)
+    rows = [(run, m) for run in runs for m in tables if run.metrics.get(m)]
+    lengths = sorted({int(key) for run, m in rows for key, _ in run.cells(m)})
+    cells = [[run.metrics[m].get(str(L), {}) for L in lengths] for run, m in rows]
+    fig, ax = plt.subplots(figsize=(1.6 * len(lengths) + 4, 0.45 * len(rows) + 1.6))
+    image = ax.imshow([[c.get("score", float("nan")) for c in row] for row in cells], vmin=0, vmax=1,
+                      cmap="RdYlGn", aspect="auto")
+    for i, row in enumerate(cells):
+        for j, cell in enumerate(row):
+            text = (f"{cell['score']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]" if "low" in cell
+                    else "skipped" if "skipped" in cell else "")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+    ns = {cell["n"] for row in cells for cell in row if "n" in cell}
+    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
+    ax.set_yticks(range(len(rows)), [f"{run.label}: {m.removeprefix('ruler ')}" for run, m in rows])
+    ax.set(xlabel="context length (tokens)",
+           title="RULER score [95% Wilson interval]" + (f", n={ns.pop()} per cell" if len(ns) == 1 else ""))
+    fig.colorbar(image, ax=ax, label="score")
     return save(fig, path, bbox_inches="tight")
 
 
