@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import compat, saving
+from . import compat, saving, seq2seq
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
@@ -125,8 +125,13 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
         config = PosEncConfig(scheme, **options)
     else:
         raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
-    adapter = adapter_for(model)
     spec = get_scheme(config.scheme)
+    if seq2seq.is_seq2seq(model):
+        return _patch_stacks(model, config, spec)
+    if config.stacks is not None:
+        raise PosEncError(f"stacks={list(config.stacks)} applies to encoder-decoder models; {model.config.model_type!r} "
+                          "has one attention stack")
+    adapter = adapter_for(model)
     if (reason := adapter.why_not(spec)) is not None:
         raise PosEncError(
             f"{model.config.model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
@@ -139,6 +144,24 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
     state = PatchState(config)
     try:
         _install(model, adapter, spec, facts, state)
+    except BaseException:
+        state.rollback()
+        if previous is not None:
+            patch(model, previous)
+        raise
+    setattr(model, STATE_ATTR, state)
+    return model
+
+
+def _patch_stacks(model: nn.Module, config: PosEncConfig, spec: Scheme) -> nn.Module:
+    """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq)."""
+    if (reason := seq2seq.why_not(model, spec, config.stacks)) is not None:
+        raise PosEncError(f"{model.config.model_type!r} cannot take scheme {spec.name!r} ({reason})")
+    previous = describe(model)
+    unpatch(model)
+    state = PatchState(config)
+    try:
+        seq2seq.install(model, config, spec, state)
     except BaseException:
         state.rollback()
         if previous is not None:
