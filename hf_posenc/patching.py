@@ -191,7 +191,7 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     model.save_pretrained = functools.partial(saving.save_pretrained, model)
     state.undo.append(functools.partial(delattr, model, "save_pretrained"))
     if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
+        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
                      bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
                      carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)

@@ -82,6 +82,7 @@ class Adapter:
     bias_table: str | None = None  # T5's bucket table: one layer computes the bias the stack shares (zeroed when off)
     alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
     trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
+    positions_field: str = "max_position_embeddings"  # the config field sizing the table (quirks.POSITIONS_FIELDS)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
 
     def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
@@ -116,6 +117,7 @@ class Adapter:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
+        table = table if table is not None else getattr(slot, "weights", None)  # fixed tables kept as a buffer (M2M100)
         embeddings = model.get_input_embeddings().weight
         rope = compat.rope_parameters(config) if self.rotary else None
         buckets = get_module(base, self.bias_table).weight if self.bias_table else None
@@ -128,7 +130,7 @@ class Adapter:
             num_heads=heads,
             head_dim=head_dim,
             # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
-            max_positions=(getattr(config, "max_position_embeddings", None) or self.trained_length or 0)
+            max_positions=(getattr(config, self.positions_field, None) or self.trained_length or 0)
             - self.ids_offset(config),
             causal=self.causal,
             rope_parameters=rope,

@@ -23,7 +23,7 @@ from .base import PACKED_SPLITS
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problem,
                      relays_kwargs, takes_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
-from .quirks import ROPE_SWITCHES, packed_layout
+from .quirks import POSITIONS_FIELDS, ROPE_SWITCHES, packed_layout
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
@@ -189,7 +189,7 @@ def discover(model: nn.Module) -> Structure:
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
         slot_offset=_slot_offset(slot_module),
         slot_adds_offset=_adds_offset(slot_module),
-        slot_learned=slot_module is not None and any(True for _ in slot_module.parameters()),
+        slot_learned=slot_module is not None and any(p.requires_grad for p in slot_module.parameters()),
         slot_call=slot_call(slot_module) if slot_module is not None else None,
         slot_width=_slot_width(slot_module),
         token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
@@ -208,7 +208,7 @@ def discover(model: nn.Module) -> Structure:
         causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
-        max_positions=getattr(text, "max_position_embeddings", None),
+        max_positions=getattr(text, POSITIONS_FIELDS.get(config.model_type, "max_position_embeddings"), None),
         latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
         unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []),

@@ -22,7 +22,7 @@ from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import OUTSIDE, Structure, discover
 from .quirks import (ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES,
-                     TRAINED_LENGTHS)
+                     POSITIONS_FIELDS, TRAINED_LENGTHS)
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
@@ -106,6 +106,7 @@ def adapter_from(s: Structure) -> Adapter:
         native_bias_switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if s.native_bias_kind else None,
         alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0) if s.native_bias_kind == "alibi" else 1.0,
         trained_length=TRAINED_LENGTHS.get(s.model_type),
+        positions_field=POSITIONS_FIELDS.get(s.model_type, "max_position_embeddings"),
         gaps=gaps(s),
     )
 

@@ -13,32 +13,68 @@ from ..registry import register_scheme
 from .base import InputScheme, ModelFacts
 
 
-def sinusoidal_code(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
-    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); fp32, shape (*positions, dim)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+# Where sin and cos go and how the frequencies are spaced, by layout name: (sin | cos in halves, frequency
+# exponents i / (d/2 - 1) instead of 2i / d). Vaswani et al. interleave; Marian and Pegasus put the cos
+# features in the second half; fairseq / tensor2tensor (M2M100, XGLM) also space the frequencies to reach
+# 1/base exactly.
+LAYOUTS: dict[str, tuple[bool, bool]] = {"interleaved": (False, False), "halves": (True, False),
+                                         "fairseq": (True, True)}
+
+
+def sinusoidal_code(positions: torch.Tensor, dim: int, base: float, layout: str = "interleaved") -> torch.Tensor:
+    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)) (Vaswani et al. 2017, sec. 3.5),
+    or another `LAYOUTS` arrangement of the same waves; fp32, shape (*positions, dim)."""
+    halves, fairseq = LAYOUTS[layout]
+    steps = torch.arange(0, dim // 2 if fairseq else (dim + 1) // 2, dtype=torch.float32, device=positions.device)
+    inv_freq = base ** (-steps / max(dim // 2 - 1, 1)) if fairseq else base ** (-2 * steps / dim)
     angles = positions.float()[..., None] * inv_freq
+    if halves:
+        code = torch.cat((angles.sin(), angles.cos()), dim=-1)
+        return torch.cat((code, code.new_zeros(*code.shape[:-1], dim - code.shape[-1])), dim=-1)[..., :dim]
     code = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
     return code[..., :dim]
+
+
+def own_layout(table: torch.Tensor, offset: int) -> tuple[str, int] | None:
+    """(layout, origin) whose code reproduces a model's fixed table: rows from `offset` on hold the code of
+    positions `origin`, `origin` + 1, ... (M2M100 codes its rows by row index: origin = offset). None if
+    the table is not one of them (a learned table)."""
+    rows = table[offset:].float().cpu()
+    for layout in LAYOUTS:
+        for origin in dict.fromkeys((0, offset)):
+            code = sinusoidal_code(torch.arange(rows.shape[0]) + origin, rows.shape[1], 10_000.0, layout)
+            if torch.allclose(rows, code, atol=1e-4):
+                return layout, origin
+    return None
 
 
 @dataclass(frozen=True)
 class SinusoidalOptions:
     base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)")
     scale: float | None = option(None, "multiplier; default: sized like the model's own table (else its tokens)")
+    layout: str | None = option(None, f"one of {tuple(LAYOUTS)}; default: the model's own fixed table's, else "
+                                      "interleaved")
+    origin: int | None = option(None, "position whose code the first token gets; default: the model's own "
+                                      "(M2M100: 2), else 0")
 
     def __post_init__(self) -> None:
         check(self.base > 1, f"base must be > 1, got {self.base!r}")
         check(self.scale is None or self.scale > 0, f"scale must be > 0, got {self.scale!r}")
+        check(self.layout is None or self.layout in LAYOUTS, f"layout must be one of {tuple(LAYOUTS)}, got {self.layout!r}")
+        check(self.origin is None or (isinstance(self.origin, int) and self.origin >= 0),
+              f"origin must be an int >= 0, got {self.origin!r}")
 
 
 class SinusoidalPositions(nn.Module):
-    def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0) -> None:
+    def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0,
+                 layout: str = "interleaved", origin: int = 0) -> None:
         super().__init__()
-        self.dim, self.base, self.scale, self.offset = dim, base, scale, offset
+        self.dim, self.base, self.scale, self.offset, self.layout, self.origin = dim, base, scale, offset, layout, origin
         self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return (sinusoidal_code(position_ids - self.offset, self.dim, self.base) * self.scale).to(self.dtype_ref.dtype)
+        code = sinusoidal_code(position_ids - self.offset + self.origin, self.dim, self.base, self.layout)
+        return (code * self.scale).to(self.dtype_ref.dtype)
 
 
 class Sinusoidal(InputScheme):
@@ -48,12 +84,17 @@ class Sinusoidal(InputScheme):
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
+        own = own_layout(facts.position_table, facts.position_offset) if facts.position_table is not None else None
         if out["scale"] is None:
-            out["scale"] = round(facts.position_rms * 2**0.5, 6)  # the code has RMS 1/sqrt(2) per dim
+            # the model's own fixed code has scale 1; any code has RMS 1/sqrt(2) per dim
+            out["scale"] = 1.0 if own else round(facts.position_rms * 2**0.5, 6)
+        out["layout"] = out["layout"] or (own[0] if own else "interleaved")
+        out["origin"] = out["origin"] if out["origin"] is not None else (own[1] if own else 0)
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype, facts.position_offset)
+        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype,
+                                     facts.position_offset, options["layout"], options["origin"])
         return module.to(facts.device)
 
 
