@@ -44,6 +44,8 @@ REMOTE_CLASSES = {
     "AutoModelForSequenceClassification": "PosEncForSequenceClassification",
     "AutoModelForTokenClassification": "PosEncForTokenClassification",
     "AutoModelForQuestionAnswering": "PosEncForQuestionAnswering",
+    "AutoModelForSeq2SeqLM": "PosEncForSeq2SeqLM",
+    "AutoModelForSpeechSeq2Seq": "PosEncForSpeechSeq2Seq",
 }
 # from_pretrained kwargs that locate files: the config reader consumes them, the weights need them too
 HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision", "subfolder",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -55,18 +56,28 @@ def stack_module(model: nn.Module, stack: str) -> nn.Module:
     return model.get_encoder() if stack == "encoder" else model.get_decoder()
 
 
+# (id(config), stack) -> (weak reference to the config, adapter): discovery runs once per model and stack.
+_CACHE: dict[tuple[int, str], tuple[weakref.ref, Adapter]] = {}
+
+
 def stack_adapter(model: nn.Module, stack: str) -> Adapter:
     """The generic adapter of one stack, read off that stack as a model of its own; the encoder is
     bidirectional and the decoder causal whatever the shared config says."""
-    from .adapters.generic import adapter_from, _meta_model
     from .adapters.discover import discover
+    from .adapters.generic import _meta_model, adapter_from
 
     if (reason := NOT_TEXT.get(model.config.model_type, {}).get(stack)) is not None:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is out of scope ({reason}); patch "
                           f"stacks={list(text_stacks(model))}")
+    key = (id(model.config), stack)
+    cached = _CACHE.get(key)
+    if cached is not None and cached[0]() is model.config:
+        return cached[1]
+    # a patched model (a deepcopy, a reload) is read from its stock structure
     source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
-    adapter = adapter_from(discover(stack_module(source, stack)))
-    return dataclasses.replace(adapter, causal=stack == "decoder")
+    adapter = dataclasses.replace(adapter_from(discover(stack_module(source, stack))), causal=stack == "decoder")
+    _CACHE[key] = (weakref.ref(model.config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
+    return adapter
 
 
 def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
