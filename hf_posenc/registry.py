@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 SNAPSHOT = Path(__file__).with_name("support.json")
 # The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
 MODEL_TYPES = Path(__file__).with_name("model_types.json")
+# The same for encoder-decoder model types, stack by stack (benchmarks/seq2seq_catalog.py).
+SEQ2SEQ_TYPES = Path(__file__).with_name("seq2seq_types.json")
 SCHEMES: dict[str, "Scheme"] = {}
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 

@@ -75,7 +75,12 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
         return cached[1]
     # a patched model (a deepcopy, a reload) is read from its stock structure
     source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
-    adapter = dataclasses.replace(adapter_from(discover(stack_module(source, stack))), causal=stack == "decoder")
+    try:
+        structure = discover(stack_module(source, stack))
+    except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
+        raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+    adapter = dataclasses.replace(adapter_from(structure), causal=stack == "decoder")
     _CACHE[key] = (weakref.ref(model.config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
     return adapter
 
