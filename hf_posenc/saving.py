@@ -79,7 +79,10 @@ def is_native(model: Any) -> bool:
     left the model's own rotary module in place (rebuilt from the new `rope_parameters`) instead of
     replacing it, which every scheme that hooks, biases or adds weights does."""
     from .registry import adapter_for
+    from .seq2seq import is_seq2seq
 
+    if is_seq2seq(model):  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
+        return False
     adapter = adapter_for(model)
     if adapter.rotary is None:
         return False
