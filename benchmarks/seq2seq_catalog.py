@@ -36,7 +36,9 @@ from hf_posenc import seq2seq  # noqa: E402
 from hf_posenc.registry import get_scheme  # noqa: E402
 
 # site -> the scheme that stands for it (as in the causal zoo)
-SITE_SCHEMES = {"input": ("learned", {"init": "normal"}), "qk": ("rope", {}), "score": ("alibi", {}), "none": ("nope", {})}
+# (a theta of its own, so that rope moves a model that rotates natively)
+SITE_SCHEMES = {"input": ("learned", {"init": "normal"}), "qk": ("rope", {"theta": 500.0}), "score": ("alibi", {}),
+                "none": ("nope", {})}
 AUTO = {**{t: transformers.AutoModelForSeq2SeqLM for t in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES},
         **{t: transformers.AutoModelForSpeechSeq2Seq for t in modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES}}
 

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from .schemes.base import Scheme
 
 # Stacks that do not take text, by model type: their positions are out of scope (the reason is the value).
+AUDIO = "reads audio through convolutions; its positions are those of audio frames, not of tokens"
 NOT_TEXT = {
-    "whisper": {"encoder": "Whisper's encoder reads log-mel audio frames through convolutions; its positions are "
-                           "those of audio frames, not of tokens"},
+    "whisper": {"encoder": f"Whisper's encoder {AUDIO} (log-mel frames)"},
+    "moonshine": {"encoder": f"Moonshine's encoder {AUDIO} (raw waveform)"},
 }
 
 

@@ -114,6 +114,9 @@ class Adapter:
         config = compat.text_config(model.config)
         base = model.base_model
         heads = config.num_attention_heads
+        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
+            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
+            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)

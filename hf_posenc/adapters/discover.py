@@ -333,9 +333,11 @@ def _slot_offset(slot: nn.Module | None) -> int:
     """Table row of position 0: OPT-style `offset`, or RoBERTa's rows up to its padding index."""
     if slot is None:
         return 0
-    if isinstance(getattr(slot, "offset", None), int):
-        return slot.offset
     padding = getattr(slot, "padding_idx", None)
+    # fairseq-style sinusoids (M2M100) keep an `offset` but count rows from padding_idx + 1 in forward
+    counts_from_padding = isinstance(padding, int) and source_has(type(slot).forward, ("padding_idx",))
+    if isinstance(getattr(slot, "offset", None), int) and not counts_from_padding:
+        return slot.offset
     return padding + 1 if isinstance(padding, int) else 0
 
 

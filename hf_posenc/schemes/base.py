@@ -149,12 +149,12 @@ class ZeroPositions(nn.Module):
 
 class ZeroBuckets(nn.Module):
     """Stands in a T5-style bucket table (`forward(buckets) -> (*buckets.shape, heads)`): the bias the
-    stack computes from it and shares down its layers becomes zeros."""
+    stack computes from it and shares down its layers becomes zeros. Its `weight` (zeros, not saved) is
+    there for the models that read the table's device from it (LongT5)."""
 
-    def __init__(self, heads: int, dtype: torch.dtype) -> None:
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype) -> None:
         super().__init__()
-        self.heads = heads
-        self.register_buffer("zero", torch.zeros((), dtype=dtype), persistent=False)
+        self.register_buffer("weight", torch.zeros(shape, dtype=dtype), persistent=False)
 
     def forward(self, buckets: torch.Tensor) -> torch.Tensor:
-        return self.zero.expand(*buckets.shape, self.heads)
+        return self.weight[buckets]

@@ -280,8 +280,8 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
         for block in adapter.attention_blocks(model):
             block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
     if adapter.bias_table:
-        heads = base.get_submodule(adapter.bias_table).weight.shape[-1]
-        state.replace(base, adapter.bias_table, ZeroBuckets(heads, facts.dtype).to(facts.device))
+        shape = tuple(base.get_submodule(adapter.bias_table).weight.shape)
+        state.replace(base, adapter.bias_table, ZeroBuckets(shape, facts.dtype).to(facts.device))
     if adapter.position_slot and not keep_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:
