@@ -30,7 +30,7 @@ class SinusoidalOptions:
     base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)", BASE)
     scale: float | None = option(None, "multiplier; default: sized like the model's own table (else its tokens)",
                                  positive())
-    layout: str | None = option(None, f"one of {tuple(LAYOUTS)}; default: the model's own fixed table's, else "
+    layout: str | None = option(None, "where sin and cos go; default: the model's own fixed table's, else "
                                       "interleaved", one_of(*LAYOUTS))
     origin: int | None = option(None, "position whose code the first token gets; default: the model's own "
                                       "(M2M100: 2), else 0", at_least(0, int))
