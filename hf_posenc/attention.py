@@ -44,6 +44,9 @@ PREFIX = "posenc_"
 POSITIONS_KWARG = "posenc_positions"
 BIAS_KWARG = "posenc_bias"
 LOGITS_KWARG = "posenc_logits"
+# Set by a pre-hook on attention modules the patch leaves without positions (an encoder-decoder model's
+# cross-attention, or a stack not patched) that run under posenc_* because their config is shared.
+UNPOSITIONED_KWARG = "posenc_unpositioned"
 BASES = ("sdpa", "eager")
 BACKEND_ENV = "HF_POSENC_ATTENTION"
 BACKEND_CHOICES = ("auto", "dense", "chunked", "flex", "flash_alibi")
@@ -211,6 +214,14 @@ def with_positions(attention: Callable, fused: bool) -> Callable:
         positions: Positions | None = kwargs.pop(POSITIONS_KWARG, None)
         bias_fn = kwargs.pop(BIAS_KWARG, None)
         logits_fn = kwargs.pop(LOGITS_KWARG, None)
+        if kwargs.pop(UNPOSITIONED_KWARG, False):
+            # the stock attention as the model had it; sdpa takes the stock (sdpa) mask as it is
+            if fused:
+                return attention(module, query, key, value, attention_mask, **kwargs)
+            causal = kwargs.pop("is_causal", None)
+            causal = getattr(module, "is_causal", False) if causal is None else causal
+            mask = biased_mask(attention_mask, None, causal, query.shape[-2], key.shape[-2], query.dtype, query.device)
+            return attention(module, query, key, value, mask, **kwargs)
         if positions is None:
             raise PosEncError("posenc attention called without positions: a patched attention module was called "
                               "outside its model, or the model was unpatched while its implementation stayed posenc_*")

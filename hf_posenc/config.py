@@ -19,15 +19,19 @@ class PosEncConfig:
 
     Args:
         scheme: a name from `hf_posenc.list_schemes()`.
+        stacks: encoder-decoder models only: which attention stacks take the scheme, a subset of
+            `STACKS` (default: every text stack of the model). Not a scheme option: it says where, not what.
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`); unknown names are an error.
     """
 
-    def __init__(self, scheme: str, **options: Any) -> None:
+    def __init__(self, scheme: str, stacks: Any = None, **options: Any) -> None:
         self.scheme = scheme_name(scheme)
+        self.stacks = _check_stacks(stacks)
         self.options = validate_options(self.scheme, options_class(self.scheme), options)
 
     def to_dict(self, original: str | None = None) -> dict[str, Any]:
-        return {"format": FORMAT, "scheme": self.scheme, "options": dict(self.options), "from": original}
+        out = {"format": FORMAT, "scheme": self.scheme, "options": dict(self.options), "from": original}
+        return {**out, "stacks": list(self.stacks)} if self.stacks is not None else out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config.posenc") -> "PosEncConfig":
@@ -45,19 +49,35 @@ class PosEncConfig:
         if not isinstance(options, dict):
             raise PosEncError(f"{where}.options must be a dict of option names to values, got {options!r}")
         try:
-            return cls(data["scheme"], **options)
+            return cls(data["scheme"], stacks=data.get("stacks"), **options)
         except PosEncError as err:
             raise PosEncError(f"{where}: {err}") from err
 
     def replace(self, **options: Any) -> "PosEncConfig":
-        return PosEncConfig(self.scheme, **{**self.options, **options})
+        stacks = options.pop("stacks", self.stacks)
+        return PosEncConfig(self.scheme, stacks=stacks, **{**self.options, **options})
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, PosEncConfig) and (self.scheme, self.options) == (other.scheme, other.options)
+        return isinstance(other, PosEncConfig) and \
+            (self.scheme, self.stacks, self.options) == (other.scheme, other.stacks, other.options)
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-        return f"PosEncConfig(scheme={self.scheme!r}{', ' if opts else ''}{opts})"
+        where = f", stacks={self.stacks!r}" if self.stacks is not None else ""
+        return f"PosEncConfig(scheme={self.scheme!r}{where}{', ' if opts else ''}{opts})"
+
+
+STACKS = ("encoder", "decoder")  # the attention stacks of an encoder-decoder model, in the order they run
+
+
+def _check_stacks(stacks: Any) -> tuple[str, ...] | None:
+    """None, or a non-empty subset of STACKS in their order (from a tuple, a list or one name)."""
+    if stacks is None:
+        return None
+    names = [stacks] if isinstance(stacks, str) else stacks
+    if not isinstance(names, (list, tuple)) or not names or any(n not in STACKS for n in names):
+        raise PosEncError(f"stacks must be a non-empty list of {', '.join(map(repr, STACKS))}, got {stacks!r}")
+    return tuple(n for n in STACKS if n in names)
 
 
 def scheme_name(scheme: Any) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from . import compat, saving
+from . import compat, saving, seq2seq
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
@@ -53,7 +53,10 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
         scheme: a scheme name (`hf_posenc.list_schemes()`) or a `PosEncConfig`.
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`).
     """
-    config, adapter, spec, facts = _resolve(model, _as_config(scheme, options))
+    config = _as_config(scheme, options)
+    if seq2seq.is_seq2seq(model):
+        return _patch_stacks(model, config)
+    config, adapter, spec, facts = _resolve(model, config)
     previous = getattr(model, STATE_ATTR, None)
     if previous is not None:
         previous.rollback()
@@ -83,10 +86,17 @@ def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -
     """The config `patch` would install, with every option resolved against the model, or PosEncError;
     changes nothing. Takes a model or (as the CLI does before loading weights) its transformers config,
     whose model is then built on the meta device."""
-    return _resolve(model_or_config, _as_config(scheme, options))[0]
+    config = _as_config(scheme, options)
+    if seq2seq.is_seq2seq(model_or_config):
+        return _resolve_stacks(model_or_config, config)[0]
+    return _resolve(model_or_config, config)[0]
 
 
 def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, Adapter, Scheme, ModelFacts]:
+    if config.stacks is not None:
+        model_type = getattr(getattr(model_or_config, "config", model_or_config), "model_type", "?")
+        raise PosEncError(f"stacks={list(config.stacks)} applies to encoder-decoder models; {model_type!r} "
+                          "has one attention stack")
     adapter, spec = adapter_for(model_or_config), get_scheme(config.scheme)
     if (reason := adapter.why_not(spec)) is not None:
         model_type = getattr(getattr(model_or_config, "config", model_or_config), "model_type", "?")
@@ -95,13 +105,18 @@ def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, 
             f"({reason}); supported: {', '.join(supported_schemes(model_or_config)) or 'none'}"
         )
     facts = _stock_facts(model_or_config, adapter)
+    return resolve_options(spec, config, facts), adapter, spec, facts
+
+
+def resolve_options(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> PosEncConfig:
+    """`config` with its defaults resolved against a model's facts, checked again (PosEncError if not valid)."""
     try:
-        resolved = PosEncConfig(spec.name, **spec.resolve(config.options, facts))
+        resolved = PosEncConfig(spec.name, stacks=config.stacks, **spec.resolve(config.options, facts))
     except PosEncError as err:  # an option against the model's facts (d_pos, LongRoPE list lengths, ...)
         raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
     if (length := spec.max_positions(resolved.options)) is not None and length < 1:
         raise PosEncError(f"scheme {spec.name!r} would leave the model {length} positions; options: {resolved.options}")
-    return resolved, adapter, spec, facts
+    return resolved
 
 
 def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
@@ -118,14 +133,53 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
         meta = _meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
         return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
                                    device=torch.device("cpu"))
-    state = getattr(model_or_config, STATE_ATTR, None)
-    if state is None:
+    with _unpatched(model_or_config):
         return adapter.facts(model_or_config)
+
+
+@contextlib.contextmanager
+def _unpatched(model: nn.Module) -> Iterator[None]:
+    """The model as it was before its patch, for reading: the same objects are taken off and put back."""
+    state = getattr(model, STATE_ATTR, None)
+    if state is None:
+        yield
+        return
     state.rollback()
     try:
-        return adapter.facts(model_or_config)
+        yield
     finally:
         state.reapply()
+
+
+def _resolve_stacks(model: nn.Module, config: PosEncConfig) -> tuple[PosEncConfig, Scheme, dict[str, Any]]:
+    """Validate an encoder-decoder patch stack by stack against the stock model; touches nothing."""
+    spec = get_scheme(config.scheme)
+    if (reason := seq2seq.why_not(model, spec, config.stacks)) is not None:
+        raise PosEncError(f"{model.config.model_type!r} cannot take scheme {spec.name!r} ({reason})")
+    with _unpatched(model):
+        plan = seq2seq.plan(model, config, spec)
+    return resolve_options(spec, plan.config, plan.facts[plan.first]), spec, plan
+
+
+def _patch_stacks(model: nn.Module, config: PosEncConfig) -> nn.Module:
+    """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq);
+    validated first, and a failed install puts the previous patch's same objects back."""
+    resolved, spec, plan = _resolve_stacks(model, config)
+    previous = getattr(model, STATE_ATTR, None)
+    if previous is not None:
+        previous.rollback()
+        delattr(model, STATE_ATTR)
+    state = PatchState(resolved)
+    try:
+        seq2seq.install(model, plan, spec, state)
+    except BaseException:
+        state.rollback()
+        if previous is not None:
+            previous.reapply()
+            setattr(model, STATE_ATTR, previous)
+        raise
+    setattr(model, STATE_ATTR, state)
+    return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -147,7 +201,7 @@ def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts
     # the folders it saves load back patched, never as the stock model (saving.py)
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
     if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(compat.text_config(config), "max_position_embeddings", max_positions + offset)
+        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
                      bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
                      carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 SNAPSHOT = Path(__file__).with_name("support.json")
 # The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
 MODEL_TYPES = Path(__file__).with_name("model_types.json")
+# The same for encoder-decoder model types, stack by stack (benchmarks/seq2seq_catalog.py).
+SEQ2SEQ_TYPES = Path(__file__).with_name("seq2seq_types.json")
 SCHEMES: dict[str, "Scheme"] = {}
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 
@@ -92,18 +94,15 @@ def adapter_for(model_or_config: Any) -> "Adapter":
 
 
 def refuse_encoder_decoder(model_or_config: Any, model_type: str) -> None:
-    """Encoder-decoder models (T5, BART, Whisper, ...) are out of scope, said up front rather than as a
-    missing site: they need three position treatments (bidirectional encoder self-attention, causal
-    decoder self-attention over a cache, cross-attention without positions) fed by two position streams,
-    and T5 computes its bucketed bias once per stack and shares it down the layers. The core, its site
-    installers and the invariant matrix cover one stack. Their decoder-only classes (BartForCausalLM, ...)
+    """One adapter cannot stand for an encoder-decoder model's two stacks (bidirectional encoder, causal
+    decoder over a cache, cross-attention without positions): `patch`, `supports` and `supported_schemes`
+    take such a model stack by stack (hf_posenc.seq2seq). Their decoder-only classes (BartForCausalLM, ...)
     carry is_encoder_decoder=False and go through the adapters as usual."""
     # a config alone is not refused: BartConfig says True even for the BartForCausalLM it builds
     if getattr(getattr(model_or_config, "config", None), "is_encoder_decoder", False):
-        raise PosEncError(f"{model_type!r} is an encoder-decoder model; hf_posenc patches decoder-only and "
-                          "encoder-only models (a single attention stack). For a decoder-only variant load its "
-                          "causal-LM class (e.g. BartForCausalLM); `hf-posenc list --model-types` shows what is "
-                          "supported")
+        raise PosEncError(f"{model_type!r} is an encoder-decoder model: its two stacks have an adapter each "
+                          "(hf_posenc.seq2seq.stack_adapter(model, 'encoder' or 'decoder')); patch, supports and "
+                          "supported_schemes take the model itself")
 
 
 def refuse_non_text(model_or_config: Any, model_type: str) -> None:
@@ -128,12 +127,20 @@ def refuse_non_text(model_or_config: Any, model_type: str) -> None:
 
 
 def supported_schemes(model_or_config: Any) -> list[str]:
+    from . import seq2seq
+
+    if seq2seq.is_seq2seq(model_or_config):
+        return sorted(name for name, scheme in SCHEMES.items() if seq2seq.why_not(model_or_config, scheme) is None)
     adapter = adapter_for(model_or_config)
     return sorted(name for name, scheme in SCHEMES.items() if adapter.supports(scheme))
 
 
 def why_not(model_or_config: Any, scheme: str) -> str | None:
     """None if `scheme` can be patched into this model (or config), else the reason it cannot."""
+    from . import seq2seq
+
+    if seq2seq.is_seq2seq(model_or_config):
+        return seq2seq.why_not(model_or_config, get_scheme(scheme))
     return adapter_for(model_or_config).why_not(get_scheme(scheme))
 
 

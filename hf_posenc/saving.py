@@ -45,6 +45,8 @@ REMOTE_CLASSES = {
     "AutoModelForSequenceClassification": "PosEncForSequenceClassification",
     "AutoModelForTokenClassification": "PosEncForTokenClassification",
     "AutoModelForQuestionAnswering": "PosEncForQuestionAnswering",
+    "AutoModelForSeq2SeqLM": "PosEncForSeq2SeqLM",
+    "AutoModelForSpeechSeq2Seq": "PosEncForSpeechSeq2Seq",
 }
 # from_pretrained kwargs that locate files: the config reader consumes them, the weights need them too
 HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision", "subfolder",
@@ -78,7 +80,10 @@ def is_native(model: Any) -> bool:
     left the model's own rotary module in place (rebuilt from the new `rope_parameters`) instead of
     replacing it, which every scheme that hooks, biases or adds weights does."""
     from .registry import adapter_for
+    from .seq2seq import is_seq2seq
 
+    if is_seq2seq(model):  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
+        return False
     adapter = adapter_for(model)
     if adapter.rotary is None:
         return False

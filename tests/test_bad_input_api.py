@@ -22,6 +22,7 @@ from torch import nn
 
 import hf_posenc as hp
 from conftest import tiny_model
+from seq2seq_models import tiny_seq2seq
 from hf_posenc.patching import describe_modules, validate
 from hf_posenc.registry import SCHEMES
 from hf_posenc.schemes.base import BiasScheme, ModelFacts
@@ -37,6 +38,7 @@ PREVIOUS = {
     "fire": ("llama", "fire", {"init": "random"}),
     "kerple": ("llama", "kerple", {}),
     "learned": ("gpt2", "learned", {}),
+    "t5-seq2seq": ("t5", "t5", {}),  # an encoder-decoder T5 (tests/seq2seq_models.py), both stacks
 }
 TRAINED = ("t5", "fire", "kerple", "learned")
 
@@ -45,7 +47,7 @@ def prepared(kind: str) -> nn.Module:
     """A tiny model with the `kind` patch; a patch with weights is trained one step, so a rollback that
     re-initialised it from its config would show."""
     model_type, scheme, options = PREVIOUS[kind]
-    model = tiny_model(model_type)
+    model = tiny_seq2seq(model_type) if model_type == "t5" else tiny_model(model_type)
     if scheme is None:
         return model
     hp.patch(model, scheme, **options)
@@ -70,8 +72,9 @@ class Snapshot:
 
 
 def snapshot(model: nn.Module) -> Snapshot:
+    decoder = {"decoder_input_ids": IDS[:, :6]} if model.config.is_encoder_decoder else {}
     with torch.no_grad():
-        logits = model(IDS).logits.clone()
+        logits = model(IDS, **decoder).logits.clone()
     return Snapshot({k: v.detach().clone() for k, v in model.state_dict().items()}, hp.describe(model), logits,
                     describe_modules(model))
 
@@ -212,6 +215,36 @@ def test_a_restored_patch_still_unpatches_to_the_stock_model(halfway):
         hp.patch(model, halfway)
     hp.unpatch(model)
     assert_unchanged(model, stock)
+
+
+# ---------------------------------------------------------------- encoder-decoder models (issue 19)
+# (an install failing halfway on a trained T5: test_an_install_failing_halfway_restores_the_same_objects)
+
+@pytest.mark.parametrize("scheme,options,names", [
+    ("t5", {"max_distance": 3}, ["max_distance must be an int > num_buckets/2 = 4", "got 3"]),  # the model's 8
+    ("t5", {"init": "copy", "num_buckets": 16}, ["init='copy' needs the model's own bucket table of shape (16, 4)"]),
+    ("concat", {"d_pos": 1000}, ["d_pos must be < the hidden size 64"]),
+    ("sinusoidal", {"layout": "stacked"}, ["layout must be one of ('interleaved', 'halves', 'fairseq')"]),
+    ("sinusoidal", {"origin": -1}, ["origin must be an int >= 0"]),
+    ("rope", {"stacks": ("encoder", "cross")}, ["stacks must be a non-empty list of 'encoder', 'decoder'"]),
+    ("rope", {"stacks": {"encoder"}}, ["stacks must be a non-empty list", "got {'encoder'}"]),
+])
+def test_a_failed_re_patch_of_a_trained_t5_changes_nothing(scheme, options, names):
+    model = prepared("t5-seq2seq")  # its own bucket tables, one per stack, taken over by `t5` and trained
+    refused(model, lambda: hp.patch(model, scheme, **options), *names)
+    with pytest.raises(hp.PosEncError):
+        validate(model, scheme, **options)
+
+
+def test_stacks_is_checked_and_round_trips():
+    assert hp.PosEncConfig.from_dict(hp.PosEncConfig("alibi", stacks="decoder").to_dict()).stacks == ("decoder",)
+    with pytest.raises(hp.PosEncError, match=r"config.posenc: stacks must be a non-empty list.*got 'both'"):
+        hp.PosEncConfig.from_dict({"scheme": "alibi", "options": {}, "stacks": "both"})
+    model = tiny_model("llama")
+    refused(model, lambda: hp.patch(model, "alibi", stacks=("decoder",)), "applies to encoder-decoder models",
+            "'llama' has one attention stack")
+    with pytest.raises(hp.PosEncError, match="applies to encoder-decoder models"):
+        validate(model.config, "alibi", stacks=("decoder",))
 
 
 # ---------------------------------------------------------------- PosEncConfig

@@ -128,7 +128,7 @@ def test_checks_come_before_the_model_loads_and_write_nothing(tiny_folder, tmp_p
     cases = [
         (["patch", str(damaged), "yarn", "--opt", "factor=abc"], "scheme 'yarn': factor must be a number >= 1, got 'abc'"),
         (["patch", str(damaged), "yarn", "--opt", "factor=true"], "factor must be a number >= 1, got True"),
-        (["patch", str(damaged), "t5", "--opt", "num_buckets=3.5"], "num_buckets must be an int >= 4, got 3.5"),
+        (["patch", str(damaged), "t5", "--opt", "num_buckets=3.5"], "num_buckets must be an int >= 4 or null, got 3.5"),
         (["patch", str(damaged), "rotary"], "unknown scheme 'rotary'"),
         (["eval", "--model", str(damaged), "--patch", "alibi", "--opt", "max_bias=x"], "max_bias must be a number"),
         (["eval", "--model", str(tmp_path / "missing")], "is not a model folder, a Hub id"),

@@ -49,16 +49,13 @@ def test_unsupported_architecture_names_what_the_generic_adapter_cannot_place():
     assert not hp.supports(model, "rope")
 
 
-def test_encoder_decoder_models_are_refused_up_front_with_the_reason():
+def test_encoder_decoder_models_go_stack_by_stack_and_one_adapter_is_refused_with_the_reason():
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    for scheme in ("t5", "alibi", "rope", "nope"):
-        with pytest.raises(hp.PosEncError, match=r"'t5' is an encoder-decoder model; hf_posenc patches decoder-only "
-                                                 r"and encoder-only models"):
-            hp.patch(model, scheme)
-    assert hp.describe(model) is None
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert {"t5", "alibi", "rope", "nope"} <= set(hp.registry.supported_schemes(model))
+    with pytest.raises(hp.PosEncError, match=r"'t5' is an encoder-decoder model: its two stacks have an adapter each "
+                                             r"\(hf_posenc.seq2seq.stack_adapter"):
+        hp.registry.adapter_for(model)
     with pytest.raises(hp.PosEncError, match=r"unsupported architecture 't5': no causal LM class .*AutoModelForCausalLM\.\)$"):
         hp.registry.supported_schemes(model.config)
 

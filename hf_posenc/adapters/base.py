@@ -80,15 +80,17 @@ class Adapter:
     carry_kwargs: bool = False  # the loop calls blocks without **kwargs (BLOOM, Falcon): carried by hooks
     score_mask: bool = False  # score biases go into the mask the attention adds to its logits (quirks)
     native_bias_switch: str | None = None  # base-model attribute switching the native bias on (Falcon)
+    bias_table: str | None = None  # T5's bucket table: one layer computes the bias the stack shares (zeroed when off)
     alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
     trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
+    positions_field: str = "max_position_embeddings"  # the config field sizing the table (quirks.POSITIONS_FIELDS)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
 
     def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
         """What the site installers (hf_posenc.sites) must do to this model to patch `scheme` (keys of
         MECHANISMS): a q/k scheme on a rotating model is config, elsewhere hooks on the q/k taps; every
         other site switches the model's own positions off; biases reach attention as private kwargs."""
-        needs = ["native_bias"] if self.native_bias else []
+        needs = ["native_bias"] if self.native_bias or self.bias_table else []
         needs += ["slot"] if self.position_slot else ["input"] if scheme.site == "input" else []
         if scheme.site == "qk":
             rope_type = getattr(scheme, "rope_type", "default")
@@ -114,11 +116,16 @@ class Adapter:
         config = compat.text_config(model.config)
         base = model.base_model
         heads = config.num_attention_heads
+        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
+            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
+            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
         table = getattr(slot, "weight", None)
+        table = table if table is not None else getattr(slot, "weights", None)  # fixed tables kept as a buffer (M2M100)
         embeddings = model.get_input_embeddings().weight
         rope = compat.rope_parameters(config) if self.rotary else None
+        buckets = get_module(base, self.bias_table).weight if self.bias_table else None
         if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
             rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
         return ModelFacts(
@@ -128,13 +135,15 @@ class Adapter:
             num_heads=heads,
             head_dim=head_dim,
             # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
-            max_positions=(getattr(config, "max_position_embeddings", None) or self.trained_length or 0)
+            max_positions=(getattr(config, self.positions_field, None) or self.trained_length or 0)
             - self.ids_offset(config),
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.alibi_scale,
             position_table=table.detach() if table is not None else None,
             position_offset=self.position_offset(config),
+            bias_table=buckets.detach() if buckets is not None else None,
+            bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias_table else None,
             token_embeddings=embeddings.detach(),
             dtype=embeddings.dtype,
             device=embeddings.device,

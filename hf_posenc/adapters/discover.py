@@ -23,7 +23,7 @@ from .base import PACKED_SPLITS
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problems,
                      relays_kwargs, takes_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
-from .quirks import ROPE_SWITCHES, packed_layout
+from .quirks import POSITIONS_FIELDS, ROPE_SWITCHES, packed_layout
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
@@ -32,7 +32,9 @@ QK_PROJECTIONS = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"), ("
                   ("query_proj", "key_proj"), ("project_q", "project_k"), ("q", "k"))
 PACKED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "W_pack")
 LATENT = "kv_a_proj_with_mqa"  # multi-head latent attention (DeepSeek V2/V3, MiniCPM3, ...)
-CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
+CROSS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention", "EncDecAttention")
+# T5-style learned bucket tables inside a layer: the bias is computed there and handed down the stack
+BIAS_TABLES = ("relative_attention_bias",)
 # layer kinds without softmax attention in `config.layer_types` (hybrid SSM / linear-attention models)
 NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "moe")
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
@@ -92,6 +94,7 @@ class Structure:
     mask_interface: bool  # the mask comes from masking_utils (AttentionMaskInterface)
     private_kwargs: bool  # loop owner -> block -> attention pass **kwargs through
     relay_kwargs: bool  # all but the block do, which takes **kwargs: a block pre-hook can hand them over
+    bias_table: str | None  # T5's bucket table (from base), computed in one layer and shared down the stack
     carry_kwargs: bool  # the loop calls blocks without them, the attention takes **kwargs: hooks carry them
     loop_takes: tuple[str, ...]  # position_ids / inputs_embeds accepted by the loop owner's forward
     causal: bool
@@ -140,6 +143,8 @@ def discover(model: nn.Module) -> Structure:
     own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
 
     slot, slot_module = _slot(owner, layers_path, rotaries, model.get_input_embeddings())
+    table = next((n for n, _ in owner.named_modules() if n.startswith(layers_path + ".")
+                  and n.rsplit(".", 1)[-1] in BIAS_TABLES), None)
     owner_to_base = _relative(names[id(owner)], names[id(base)])
     bias = native_bias(blocks[0] if blocks else None)
     loop_params = inspect.signature(type(owner).forward).parameters
@@ -184,7 +189,7 @@ def discover(model: nn.Module) -> Structure:
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
         slot_offset=_slot_offset(slot_module),
         slot_adds_offset=_adds_offset(slot_module),
-        slot_learned=slot_module is not None and any(True for _ in slot_module.parameters()),
+        slot_learned=slot_module is not None and any(p.requires_grad for p in slot_module.parameters()),
         slot_call=slot_call(slot_module) if slot_module is not None else None,
         slot_width=_slot_width(slot_module),
         token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
@@ -196,16 +201,18 @@ def discover(model: nn.Module) -> Structure:
         mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
         private_kwargs=passed,
         relay_kwargs=relayed,
+        bias_table=_join(owner_to_base, table) if table else None,
         # the carry's hook sits on the block, so the attention must be a module inside it (not XLM's list)
         carry_kwargs=not passed and not relayed and one_attention and bool(attention_path) and takes_kwargs(links[-1]),
         loop_takes=tuple(p for p in ("position_ids", "inputs_embeds") if p in loop_params),
         causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
-        max_positions=getattr(text, "max_position_embeddings", None),
+        max_positions=getattr(text, POSITIONS_FIELDS.get(config.model_type, "max_position_embeddings"), None),
         latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
-        unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []))],
+        unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []),
+                                                                         *([table] if table else []))],
                                 text, bool(rotaries), ROPE_SWITCHES.get(config.model_type)),
     )
 
@@ -326,9 +333,11 @@ def _slot_offset(slot: nn.Module | None) -> int:
     """Table row of position 0: OPT-style `offset`, or RoBERTa's rows up to its padding index."""
     if slot is None:
         return 0
-    if isinstance(getattr(slot, "offset", None), int):
-        return slot.offset
     padding = getattr(slot, "padding_idx", None)
+    # fairseq-style sinusoids (M2M100) keep an `offset` but count rows from padding_idx + 1 in forward
+    counts_from_padding = isinstance(padding, int) and source_has(type(slot).forward, ("padding_idx",))
+    if isinstance(getattr(slot, "offset", None), int) and not counts_from_padding:
+        return slot.offset
     return padding + 1 if isinstance(padding, int) else 0
 
 

@@ -22,7 +22,7 @@ from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import OUTSIDE, Structure, discover
 from .quirks import (ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES,
-                     TRAINED_LENGTHS)
+                     POSITIONS_FIELDS, TRAINED_LENGTHS)
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
@@ -97,13 +97,16 @@ def adapter_from(s: Structure) -> Adapter:
         attention_layers=None if len(s.attention_layers) == s.num_layers else s.attention_layers,
         rotary_layer_types=s.rotary_layer_types,
         rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
-        native_bias=s.native_bias if s.native_bias_kind else None,
+        # a bias table is zeroed where it is computed; the block argument then carries zeros
+        native_bias=s.native_bias if s.native_bias_kind and not s.bias_table else None,
+        bias_table=s.bias_table,
         relay_kwargs=s.relay_kwargs,
         carry_kwargs=s.carry_kwargs,
         score_mask=not s.attention_interface and s.model_type in MASK_ADDED_TO_LOGITS,
         native_bias_switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if s.native_bias_kind else None,
         alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0) if s.native_bias_kind == "alibi" else 1.0,
         trained_length=TRAINED_LENGTHS.get(s.model_type),
+        positions_field=POSITIONS_FIELDS.get(s.model_type, "max_position_embeddings"),
         gaps=gaps(s),
     )
 
@@ -120,7 +123,7 @@ class FixedOffset:
 
 def native_scheme(s: Structure) -> str:
     """The scheme the model was trained with, as a scheme name."""
-    if s.native_bias_kind:
+    if s.native_bias_kind or s.bias_table:
         return "alibi" if s.native_bias_kind == "alibi" else "t5"
     if s.rotary:
         params = s.rope_parameters or {}

@@ -149,7 +149,7 @@ def chain(owner: nn.Module, layers: str, block: nn.Module, attention: str) -> li
         return [root.get_submodule(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
 
     inner = [m for m in along(owner, layers) if not isinstance(m, nn.ModuleList)]
-    return [owner, *inner, block, *along(block, attention)]
+    return [owner, *inner, block, *(m for m in along(block, attention) if not isinstance(m, nn.ModuleList))]
 
 
 def takes_kwargs(module: nn.Module) -> bool:

@@ -51,7 +51,11 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
 }
 # Families whose config names no max_position_embeddings: the length they were trained at, which sizes
 # input-site tables (option `max_positions` overrides it). BLOOM: 2048 tokens (BigScience, arXiv 2211.05100).
-TRAINED_LENGTHS = {"bloom": 2048}
+# T5: 512-token inputs (Raffel et al. 2020, sec. 3.1.2); T5 names no maximum, its bias buckets reach any length.
+TRAINED_LENGTHS = {"bloom": 2048, "t5": 512}
+# Config fields that size the position table, where it is not max_position_embeddings: Whisper's text decoder
+# (max_source_positions is its audio encoder's).
+POSITIONS_FIELDS = {"whisper": "max_target_positions"}
 # Attention modules outside ALL_ATTENTION_FUNCTIONS that add the `attention_mask` keyword they are handed to
 # their scaled logits (read in each modeling file: BLOOM after `alibi.baddbmm`, Falcon in sdpa and both eager
 # branches): the score site puts the scheme's bias into that mask.

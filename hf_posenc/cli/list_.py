@@ -21,7 +21,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                      "  hf-posenc list --scheme yarn")
     parser.add_argument("--json", action="store_true", help="print the matrix and the model types as JSON")
     parser.add_argument("--model-types", action="store_true",
-                        help="print every causal-LM model type: supported sites, or why not")
+                        help="print every causal-LM and encoder-decoder model type: supported sites, or why not")
     parser.add_argument("--scheme", metavar="NAME",
                         help="print the scheme's options: type, default, allowed values (domain) and help")
 
@@ -35,16 +35,17 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..registry import MODEL_TYPES, SNAPSHOT
+    from ..registry import MODEL_TYPES, SEQ2SEQ_TYPES, SNAPSHOT
 
     if args.scheme:
         return print_options(args.scheme, args.json)
     snapshot = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
     model_types = json.loads(MODEL_TYPES.read_text(encoding="utf-8"))
+    seq2seq_types = json.loads(SEQ2SEQ_TYPES.read_text(encoding="utf-8"))
     matrix = snapshot["matrix"]
     if args.json:
         print(json.dumps({"architectures": snapshot["architectures"], "matrix": matrix,
-                          "model_types": model_types}, indent=2))
+                          "model_types": model_types, "seq2seq_types": seq2seq_types}, indent=2))
         return 0
     if args.model_types:
         print(f"| model type | status | native | {' | '.join(SITES)} | why not |")
@@ -52,6 +53,11 @@ def main(args: argparse.Namespace) -> int:
         for name, row in model_types["types"].items():
             marks = " | ".join("yes" if row["sites"].get(s) else "-" for s in SITES)
             print(f"| {name} | {row['status']} | {row['native']} | {marks} | {row['why']} |")
+        print(f"\n| encoder-decoder model type | status | stacks | native | {' | '.join(SITES)} | why not |")
+        print("|---" * (len(SITES) + 5) + "|")
+        for name, row in seq2seq_types["types"].items():
+            marks = " | ".join("yes" if row["sites"].get(s) else "-" for s in SITES)
+            print(f"| {name} | {row['status']} | {'+'.join(row['stacks'])} | {row['native']} | {marks} | {row['why']} |")
         return 0
     schemes = sorted(snapshot["schemes"])
     print("| adapter | " + " | ".join(schemes) + " |")
@@ -67,6 +73,11 @@ def main(args: argparse.Namespace) -> int:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     print(f"\ncausal-LM model types (zoo sweep, transformers {model_types['transformers']}): "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "; `hf-posenc list --model-types` shows each")
+    counts = {}
+    for row in seq2seq_types["types"].values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    print(f"encoder-decoder model types (seq2seq sweep, transformers {seq2seq_types['transformers']}): "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return 0
 
 

@@ -51,3 +51,11 @@ class PosEncForTokenClassification(PosEncModel):
 
 class PosEncForQuestionAnswering(PosEncModel):
     auto_class = "AutoModelForQuestionAnswering"
+
+
+class PosEncForSeq2SeqLM(PosEncModel):
+    auto_class = "AutoModelForSeq2SeqLM"
+
+
+class PosEncForSpeechSeq2Seq(PosEncModel):
+    auto_class = "AutoModelForSpeechSeq2Seq"

@@ -15,16 +15,24 @@ class AlibiOptions:
                                        "by sqrt(head_dim)), else 1", positive())
 
 
+T5_INITS = ("copy", "normal", "zeros")
+
+
 @dataclass(frozen=True)
 class T5Options:
-    num_buckets: int = option(32, "relative-position buckets (32 in T5)", at_least(4, int, "half exact, half log"))
-    max_distance: int = option(128, "distance at which buckets stop growing (128 in T5); > num_buckets/2",
-                               at_least(1, int))
-    init_std: float = option(0.0, "std of the initial table; 0 starts as NoPE", at_least(0))
+    num_buckets: int | None = option(None, "relative-position buckets; default: the model's own (T5), else 32",
+                                     at_least(4, int, "half exact, half log"))
+    max_distance: int | None = option(None, "distance at which buckets stop growing; default: the model's own, "
+                                            "else 128; > num_buckets/2", at_least(1, int))
+    init_std: float = option(0.0, "std of the initial table (init 'normal'); 0 starts as NoPE", at_least(0))
+    init: str | None = option(None, f"one of {T5_INITS}; default: copy the model's own table if it has one of "
+                                     "this shape, else normal if init_std > 0, else zeros", one_of(*T5_INITS))
 
     def __post_init__(self) -> None:
-        check(self.max_distance > self.num_buckets // 2,
-              f"max_distance must be an int > num_buckets/2 = {self.num_buckets // 2}, got {self.max_distance!r}")
+        # a default (None) is the model's own, checked once resolved against it (patching.validate)
+        check(self.max_distance is None or self.num_buckets is None or self.max_distance > self.num_buckets // 2,
+              f"max_distance must be an int > num_buckets/2 = {(self.num_buckets or 0) // 2}, "
+              f"got {self.max_distance!r}")
 
 
 @dataclass(frozen=True)

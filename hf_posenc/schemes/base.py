@@ -40,6 +40,8 @@ class ModelFacts:
     rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
     position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
     position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
+    bias_table: torch.Tensor | None = None  # the model's own (buckets, heads) relative bias table (T5)
+    bias_max_distance: int | None = None  # ... and the distance its buckets stop growing at
     alibi_scale: float = 1.0  # the model's own ALiBi slopes over the standard ones (Falcon: 1/sqrt(head_dim))
     token_embeddings: torch.Tensor | None = None  # (V, d) input embedding matrix, detached
     dtype: torch.dtype = torch.float32
@@ -158,3 +160,16 @@ class ZeroPositions(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.zero
+
+
+class ZeroBuckets(nn.Module):
+    """Stands in a T5-style bucket table (`forward(buckets) -> (*buckets.shape, heads)`): the bias the
+    stack computes from it and shares down its layers becomes zeros. Its `weight` (zeros, not saved) is
+    there for the models that read the table's device from it (LongT5)."""
+
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def forward(self, buckets: torch.Tensor) -> torch.Tensor:
+        return self.weight[buckets]

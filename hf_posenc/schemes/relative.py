@@ -59,14 +59,18 @@ def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distan
 
 
 class T5Bias(RelativeBias):
-    def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float) -> None:
+    def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float,
+                 table: torch.Tensor | None = None) -> None:
         super().__init__()
         self.heads, self.causal, self.num_buckets, self.max_distance = heads, causal, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, heads)
-        if init_std:
-            nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
-        else:
-            nn.init.zeros_(self.relative_attention_bias.weight)
+        with torch.no_grad():
+            if table is not None:
+                self.relative_attention_bias.weight.copy_(table)
+            elif init_std:
+                nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
+            else:
+                nn.init.zeros_(self.relative_attention_bias.weight)
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         bucket = t5_bucket(distance, self.causal, self.num_buckets, self.max_distance)
@@ -78,8 +82,23 @@ class T5(BiasScheme):
     Options = T5Options
     citation = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), section 2.1"
 
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        out, own = dict(options), facts.bias_table
+        out["num_buckets"] = out["num_buckets"] or (own.shape[0] if own is not None else 32)
+        out["max_distance"] = out["max_distance"] or facts.bias_max_distance or 128
+        fits = own is not None and tuple(own.shape) == (out["num_buckets"], facts.num_heads)
+        if out["init"] == "copy" and not fits:
+            from ..errors import PosEncError
+
+            raise PosEncError(f"t5 init='copy' needs the model's own bucket table of shape ({out['num_buckets']}, "
+                              f"{facts.num_heads}); this model has {tuple(own.shape) if own is not None else 'none'}")
+        out["init"] = out["init"] or ("copy" if fits and not out["init_std"] else "normal" if out["init_std"] else "zeros")
+        return out
+
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        return T5Bias(facts.num_heads, facts.causal, options["num_buckets"], options["max_distance"], options["init_std"])
+        table = facts.bias_table if options["init"] == "copy" else None
+        std = options["init_std"] if options["init"] == "normal" else 0.0
+        return T5Bias(facts.num_heads, facts.causal, options["num_buckets"], options["max_distance"], std, table)
 
 
 class FireBias(RelativeBias):

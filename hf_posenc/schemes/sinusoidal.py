@@ -7,27 +7,48 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..options.input import SinusoidalOptions
+from ..options.input import LAYOUTS, SinusoidalOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts
 
 
-def sinusoidal_code(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
-    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); fp32, shape (*positions, dim)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+def sinusoidal_code(positions: torch.Tensor, dim: int, base: float, layout: str = "interleaved") -> torch.Tensor:
+    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)) (Vaswani et al. 2017, sec. 3.5),
+    or another `LAYOUTS` arrangement of the same waves; fp32, shape (*positions, dim)."""
+    halves, fairseq = LAYOUTS[layout]
+    steps = torch.arange(0, dim // 2 if fairseq else (dim + 1) // 2, dtype=torch.float32, device=positions.device)
+    inv_freq = base ** (-steps / max(dim // 2 - 1, 1)) if fairseq else base ** (-2 * steps / dim)
     angles = positions.float()[..., None] * inv_freq
+    if halves:
+        code = torch.cat((angles.sin(), angles.cos()), dim=-1)
+        return torch.cat((code, code.new_zeros(*code.shape[:-1], dim - code.shape[-1])), dim=-1)[..., :dim]
     code = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
     return code[..., :dim]
 
 
+def own_layout(table: torch.Tensor, offset: int) -> tuple[str, int] | None:
+    """(layout, origin) whose code reproduces a model's fixed table: rows from `offset` on hold the code of
+    positions `origin`, `origin` + 1, ... (M2M100 codes its rows by row index: origin = offset). None if
+    the table is not one of them (a learned table)."""
+    rows = table[offset:].float().cpu()
+    for layout in LAYOUTS:
+        for origin in dict.fromkeys((0, offset)):
+            code = sinusoidal_code(torch.arange(rows.shape[0]) + origin, rows.shape[1], 10_000.0, layout)
+            if torch.allclose(rows, code, atol=1e-4):
+                return layout, origin
+    return None
+
+
 class SinusoidalPositions(nn.Module):
-    def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0) -> None:
+    def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0,
+                 layout: str = "interleaved", origin: int = 0) -> None:
         super().__init__()
-        self.dim, self.base, self.scale, self.offset = dim, base, scale, offset
+        self.dim, self.base, self.scale, self.offset, self.layout, self.origin = dim, base, scale, offset, layout, origin
         self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return (sinusoidal_code(position_ids - self.offset, self.dim, self.base) * self.scale).to(self.dtype_ref.dtype)
+        code = sinusoidal_code(position_ids - self.offset + self.origin, self.dim, self.base, self.layout)
+        return (code * self.scale).to(self.dtype_ref.dtype)
 
 
 class Sinusoidal(InputScheme):
@@ -37,12 +58,17 @@ class Sinusoidal(InputScheme):
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
+        own = own_layout(facts.position_table, facts.position_offset) if facts.position_table is not None else None
         if out["scale"] is None:
-            out["scale"] = round(facts.position_rms * 2**0.5, 6)  # the code has RMS 1/sqrt(2) per dim
+            # the model's own fixed code has scale 1; any code has RMS 1/sqrt(2) per dim
+            out["scale"] = 1.0 if own else round(facts.position_rms * 2**0.5, 6)
+        out["layout"] = out["layout"] or (own[0] if own else "interleaved")
+        out["origin"] = out["origin"] if out["origin"] is not None else (own[1] if own else 0)
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype, facts.position_offset)
+        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype,
+                                     facts.position_offset, options["layout"], options["origin"])
         return module.to(facts.device)
 
 

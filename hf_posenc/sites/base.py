@@ -16,7 +16,7 @@ from torch import nn
 from .. import compat
 from ..attention import POSITIONS_KWARG, PREFIX, Positions, implementation_for
 from ..errors import PosEncError
-from ..schemes.base import ZeroPositions
+from ..schemes.base import ZeroBuckets, ZeroPositions
 from ..schemes.rope import Rotary
 
 if TYPE_CHECKING:
@@ -268,7 +268,8 @@ class PassModule:
 def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
                             keep_slot: bool = False, keep_rotary: bool = False) -> None:
     """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
-    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias."""
+    (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias
+    (or a zero bucket table, whose bias T5 computes once and shares down the stack)."""
     base = model.base_model
     if adapter.native_bias_switch:
         if not isinstance(getattr(base, adapter.native_bias_switch, None), bool):
@@ -278,6 +279,9 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
     elif adapter.native_bias:
         for block in adapter.attention_blocks(model):
             block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
+    if adapter.bias_table:
+        shape = tuple(base.get_submodule(adapter.bias_table).weight.shape)
+        state.replace(base, adapter.bias_table, ZeroBuckets(shape, facts.dtype).to(facts.device))
     if adapter.position_slot and not keep_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:

@@ -1,0 +1,176 @@
+"""Encoder-decoder models (T5, BART, Marian, Pegasus, M2M100, Whisper's decoder): two stacks, one patch.
+
+Each stack is a transformers model of its own (`get_encoder()`, `get_decoder()`: BartEncoder, T5Stack, ...),
+with its layer loop, its position slot or bucket table, and its own source of positions (the encoder's
+from its mask, the decoder's from its mask, cache or explicit ids). So each stack is discovered and
+installed exactly as a single-stack model is (`patching._install`), with the encoder read as
+bidirectional and the decoder as causal, and every change goes into ONE `PatchState`: `unpatch` is
+bit-exact and `describe` gives one config. Cross-attention is left as it was: its keys carry no
+position, so a q/k scheme never touches it (its q/k projections are not the self-attention's), and
+under a biased attention implementation its calls are marked to run the stock attention
+(`Unpositioned`). T5's bias is computed once per stack (one bias module on each loop owner, its mask
+shared by the layers within a forward), as T5 does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from . import saving
+from .adapters.base import Adapter, get_module
+from .attention import PREFIX, UNPOSITIONED_KWARG
+from .config import STACKS, PosEncConfig
+from .errors import PosEncError
+from .sites.base import PatchHook
+from .state import PatchState, RemoveHooks
+
+if TYPE_CHECKING:
+    from .schemes.base import ModelFacts, Scheme
+
+# Stacks that do not take text, by model type: their positions are out of scope (the reason is the value).
+AUDIO = "reads audio through convolutions; its positions are those of audio frames, not of tokens"
+NOT_TEXT = {
+    "whisper": {"encoder": f"Whisper's encoder {AUDIO} (log-mel frames)"},
+    "moonshine": {"encoder": f"Moonshine's encoder {AUDIO} (raw waveform)"},
+}
+
+
+def is_seq2seq(model: Any) -> bool:
+    """An instance with two attention stacks (a config alone says True for BART's causal LM too)."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and isinstance(model, nn.Module) \
+        and callable(getattr(model, "get_encoder", None)) and callable(getattr(model, "get_decoder", None))
+
+
+def text_stacks(model: nn.Module) -> tuple[str, ...]:
+    """The stacks a patch takes by default: those that read text."""
+    out = NOT_TEXT.get(model.config.model_type, {})
+    return tuple(s for s in STACKS if s not in out)
+
+
+def stack_module(model: nn.Module, stack: str) -> nn.Module:
+    return model.get_encoder() if stack == "encoder" else model.get_decoder()
+
+
+# (id(config), stack) -> (weak reference to the config, adapter): discovery runs once per model and stack.
+_CACHE: dict[tuple[int, str], tuple[weakref.ref, Adapter]] = {}
+
+
+def stack_adapter(model: nn.Module, stack: str) -> Adapter:
+    """The generic adapter of one stack, read off that stack as a model of its own; the encoder is
+    bidirectional and the decoder causal whatever the shared config says."""
+    from .adapters.discover import discover
+    from .adapters.generic import _meta_model, adapter_from
+
+    if (reason := NOT_TEXT.get(model.config.model_type, {}).get(stack)) is not None:
+        raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is out of scope ({reason}); patch "
+                          f"stacks={list(text_stacks(model))}")
+    key = (id(model.config), stack)
+    cached = _CACHE.get(key)
+    if cached is not None and cached[0]() is model.config:
+        return cached[1]
+    # a patched model (a deepcopy, a reload) is read from its stock structure
+    source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
+    try:
+        structure = discover(stack_module(source, stack))
+    except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
+        raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+    adapter = dataclasses.replace(adapter_from(structure), causal=stack == "decoder")
+    _CACHE[key] = (weakref.ref(model.config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
+    return adapter
+
+
+def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
+    """None if every stack in `stacks` (default: the text stacks) takes `spec`, else the first reason."""
+    for stack in stacks or text_stacks(model):
+        try:
+            reason = stack_adapter(model, stack).why_not(spec)
+        except PosEncError as exc:
+            reason = str(exc)
+        if reason is not None:
+            return f"{stack}: {reason}"
+    return None
+
+
+class Unpositioned(PatchHook):
+    """Forward pre-hook on an attention module the patch gives no positions (cross-attention, or the
+    self-attention of a stack left alone) that runs under a posenc_* implementation: drops the patch's
+    private kwargs and asks the posenc attention function for the stock attention."""
+
+    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        kept = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX)}
+        return args, {**kept, UNPOSITIONED_KWARG: True}
+
+
+def cross_attentions(stack: nn.Module, adapter: Adapter) -> list[nn.Module]:
+    """Attention modules of the stack's blocks other than the self-attention (found by discovery's names)."""
+    from .adapters.discover import CROSS
+
+    blocks = get_module(stack, adapter.layers)
+    return [m for block in blocks for n, m in block.named_modules()
+            if n and any(c == n.rsplit(".", 1)[-1] for c in CROSS)]
+
+
+@dataclasses.dataclass
+class StackPlan:
+    """What a patch of an encoder-decoder model will do, found before any change: the stacks, their
+    adapters and their stock facts, and the config (stacks filled in) whose options the first stack resolves."""
+
+    config: PosEncConfig
+    adapters: dict[str, Adapter]
+    facts: dict[str, ModelFacts]
+
+    @property
+    def first(self) -> str:
+        return next(iter(self.adapters))
+
+
+def plan(model: nn.Module, config: PosEncConfig, spec: Scheme) -> StackPlan:
+    """Validate `spec` on the stacks `config.stacks` names (default: the text stacks) of the stock model;
+    touches nothing (`patching` resolves the options against the first stack's facts)."""
+    stacks = config.stacks or text_stacks(model)
+    adapters = {s: stack_adapter(model, s) for s in stacks}
+    for stack, adapter in adapters.items():
+        if (reason := adapter.why_not(spec)) is not None:
+            raise PosEncError(f"{model.config.model_type!r} {stack} ({adapter.name} adapter) cannot take scheme "
+                              f"{spec.name!r} ({reason})")
+    facts = {s: a.facts(stack_module(model, s)) for s, a in adapters.items()}
+    return StackPlan(config.replace(stacks=stacks), adapters, facts)
+
+
+def install(model: nn.Module, plan: StackPlan, spec: Scheme, state: PatchState) -> None:
+    """Patch the planned stacks with `state.config` (resolved), recording every change in `state`."""
+    from .patching import _install
+
+    names = {id(m): n for n, m in model.base_model.named_modules()}
+    state.undo.append(RemoveHooks(model, PatchHook))
+    for stack, adapter in plan.adapters.items():
+        module = stack_module(model, stack)
+        before = len(state.new_modules)
+        _install(module, adapter, spec, plan.facts[stack], state)
+        prefix = names[id(module)]
+        state.new_modules[before:] = [f"{prefix}.{p}" if prefix else p for p in state.new_modules[before:]]
+    for stack in STACKS:
+        module = stack_module(model, stack)
+        adapter = plan.adapters.get(stack)
+        plain = cross_attentions(module, adapter) if adapter else _self_attentions(module)
+        for attention in plain:
+            attention.register_forward_pre_hook(Unpositioned(), with_kwargs=True, prepend=True)
+    state.set_attr(model.config, "posenc", state.config.to_dict(original=plan.adapters[plan.first].native))
+    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
+
+
+def _self_attentions(stack: nn.Module) -> list[nn.Module]:
+    """Every attention module of a stack the patch leaves alone (only consulted when its config is shared)."""
+    from .adapters.discover import _holds_qk
+
+    return [m for m in stack.modules() if _holds_qk(m)]
+
+
+__all__ = ["NOT_TEXT", "StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "stack_adapter", "text_stacks", "why_not"]
