@@ -422,21 +422,24 @@ def test_a_saved_trained_patch_loads_back_exactly(saved):
         assert torch.equal(tensor, weights[f"{names[id(module)]}.{key}"])
 
 
-def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved, tmp_path):
-    """`check_model_takes` runs `validate` on config.json: with weights that cannot load, a refusal that
-    came after loading would name them instead."""
-    import subprocess
-    import sys
+def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved, tmp_path, monkeypatch, capsys):
+    """`check_model_takes` runs `validate` on config.json: the refusal comes before any weights load
+    (transformers' own from_pretrained counted; the real call still runs)."""
+    from hf_posenc import cli
 
-    folder = tmp_path / "damaged"
-    folder.mkdir()
-    for file in saved.iterdir():
-        (folder / file.name).write_bytes(file.read_bytes())
-    _truncate(folder)
-    digest = _digest(folder)
+    calls: list[str] = []
+    original = transformers.PreTrainedModel.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        calls.append(cls.__name__)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
+    digest = _digest(saved)
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "patch", str(folder), "concat", "--opt", "d_pos=1000",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 2, run.stderr
-    assert "scheme 'concat': d_pos must be < the hidden size 64, got 1000" in run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1 and not out.exists() and _digest(folder) == digest
+    code = cli.main(["patch", str(saved), "concat", "--opt", "d_pos=1000", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "scheme 'concat': d_pos must be < the hidden size 64, got 1000" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists() and _digest(saved) == digest
+    assert calls == []
