@@ -13,7 +13,7 @@ import functools
 import glob
 import inspect
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -57,13 +57,19 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
     config, adapter, spec, facts = _resolve(model, config)
+    return _replace_patch(model, config, functools.partial(_install, model, adapter, spec, facts))
+
+
+def _replace_patch(model: nn.Module, config: PosEncConfig, install: Callable[[PatchState], None]) -> nn.Module:
+    """Take the previous patch off and `install` the new one into a fresh state; if that fails, undo it
+    and put the previous patch's same objects back (its trained modules, its hook objects)."""
     previous = getattr(model, STATE_ATTR, None)
     if previous is not None:
         previous.rollback()
         delattr(model, STATE_ATTR)
     state = PatchState(config)
     try:
-        _install(model, adapter, spec, facts, state)
+        install(state)
     except BaseException:
         state.rollback()
         if previous is not None:
@@ -165,21 +171,7 @@ def _patch_stacks(model: nn.Module, config: PosEncConfig) -> nn.Module:
     """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq);
     validated first, and a failed install puts the previous patch's same objects back."""
     resolved, spec, plan = _resolve_stacks(model, config)
-    previous = getattr(model, STATE_ATTR, None)
-    if previous is not None:
-        previous.rollback()
-        delattr(model, STATE_ATTR)
-    state = PatchState(resolved)
-    try:
-        seq2seq.install(model, plan, spec, state)
-    except BaseException:
-        state.rollback()
-        if previous is not None:
-            previous.reapply()
-            setattr(model, STATE_ATTR, previous)
-        raise
-    setattr(model, STATE_ATTR, state)
-    return model
+    return _replace_patch(model, resolved, functools.partial(seq2seq.install, model, plan, spec))
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -98,3 +98,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
         attention.SETTINGS["backend"] = attention.check_backend(backend)
         backends.CHUNK_ELEMENTS, backends.MIN_CHUNK = 64, 4
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the classes whose weights were loaded: transformers' own from_pretrained, counted."""
+    calls: list[str] = []
+    original = transformers.PreTrainedModel.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        calls.append(cls.__name__)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
+    return calls

@@ -422,19 +422,11 @@ def test_a_saved_trained_patch_loads_back_exactly(saved):
         assert torch.equal(tensor, weights[f"{names[id(module)]}.{key}"])
 
 
-def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved, tmp_path, monkeypatch, capsys):
+def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved, tmp_path, loads, capsys):
     """`check_model_takes` runs `validate` on config.json: the refusal comes before any weights load
     (transformers' own from_pretrained counted; the real call still runs)."""
     from hf_posenc import cli
 
-    calls: list[str] = []
-    original = transformers.PreTrainedModel.from_pretrained.__func__
-
-    def counted(cls, *args, **kwargs):
-        calls.append(cls.__name__)
-        return original(cls, *args, **kwargs)
-
-    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
     digest = _digest(saved)
     out = tmp_path / "out"
     code = cli.main(["patch", str(saved), "concat", "--opt", "d_pos=1000", "--out", str(out)])
@@ -442,4 +434,4 @@ def test_the_cli_refuses_options_against_the_model_from_config_json_alone(saved,
     assert code == 2, err
     assert "scheme 'concat': d_pos must be < the hidden size 64, got 1000" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists() and _digest(saved) == digest
-    assert calls == []
+    assert loads == []

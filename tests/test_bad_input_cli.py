@@ -160,20 +160,6 @@ def _recipes(work: Path) -> None:
 # ---------------------------------------------------------------- instrumentation
 
 
-@pytest.fixture
-def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the classes whose weights were loaded: transformers' own from_pretrained, counted."""
-    calls: list[str] = []
-    original = transformers.PreTrainedModel.from_pretrained.__func__
-
-    def counted(cls, *args, **kwargs):
-        calls.append(cls.__name__)
-        return original(cls, *args, **kwargs)
-
-    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
-    return calls
-
-
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under root with its content hash (folders too: a new empty folder is a change)."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
