@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .errors import PosEncError
+from .evaluation.names import SYNTHETIC_TASKS
 
 __all__ = [
     "SYNTHETIC_TASKS",
@@ -39,7 +40,6 @@ VADER_MEMBER = "additional_resources/hutto_ICWSM_2014.tar.gz"
 VADER_MOVIES = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 # Fractions of the shuffled rows; 10,568 rows give 8,454 / 1,057 / 1,057.
 SPLIT_FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
-SYNTHETIC_TASKS = ("copy", "reverse", "addition")
 
 
 def cache_dir() -> Path:

@@ -27,7 +27,7 @@ from . import results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
 from .folders import MARKER
-from .evaluation.suites import SENTIMENT
+from .evaluation.names import SENTIMENT
 from .models import display_name, origin
 from .registry import get_scheme
 

@@ -393,6 +393,10 @@ TORCH_FREE = {  # mistakes decided before torch (and transformers) are imported,
     "opt-type": ["patch", "m", "yarn", "--opt", "factor=abc", "--out", "o"],
     "opt-range": ["eval", "--model", "m", "--patch", "rope", "--opt", "theta=-1", "--out", "o"],
     "opt-unknown": ["patch", "m", "alibi", "--opt", "slopes=1", "--out", "o"],
+    # suite, RULER task and perplexity-mode names: hf_posenc.evaluation.names, torch-free
+    "unknown-suite": ["eval", "--model", "m", "--suite", "nosuch", "--out", "o"],
+    "unknown-ruler-task": ["eval", "--model", "m", "--suite", "ruler:nosuch", "--out", "o"],
+    "unknown-ppl-mode": ["eval", "--model", "m", "--ppl-mode", "nosuch", "--out", "o"],
 }
 
 

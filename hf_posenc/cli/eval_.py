@@ -116,14 +116,11 @@ def check(args: argparse.Namespace) -> None:
         from .train import accelerate_config, launch_settings
 
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
-    from ..evaluation.long_context import check_mode
-    from ..evaluation.suites import parse_suites
+    from ..evaluation.names import MAX_SAMPLES, check_mode, parse_suites
 
     args.suites = parse_suites(args.suite.split(","))
     check_mode(args.perplexity_mode, args.stride)
     if any(s.startswith("ruler") for s in args.suites):
-        from ..evaluation.ruler import MAX_SAMPLES
-
         if args.samples > MAX_SAMPLES:
             raise PosEncError(f"--samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {args.samples}")
         if args.accelerate_config is not None:

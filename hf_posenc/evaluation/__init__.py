@@ -10,46 +10,33 @@ aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_pos
                   perplexity, passkey retrieval
     tasks         length generalisation, sentiment classification
     ruler         RULER's synthetic tasks through lm-eval's generators and scorer, offline
+    names         the suite, task and mode names eval takes, checked without torch
     suites        the named suites, results.json as they run, compare
     processes     the same scores split over the processes of a launch (distributed=True)
+
+Submodules load on first use (PEP 562), so `hf_posenc.evaluation.names` is checked without torch.
 """
 
-from .long_context import (
-    PASSKEY_FILLER,
-    PASSKEY_QUESTION,
-    PASSKEY_TASK,
-    PERPLEXITY_MODES,
-    passkey,
-    passkey_prompt,
-    perplexity_by_length,
-    prefix_perplexity,
-    target_ends,
-)
-from .scoring import LENGTH_LIMITS, METRICS_DIR, load_metric, text_token_ids
-from .ruler import RULER_TASKS, ruler_scores
-from .suites import SUITES, compare, run_suites
-from .tasks import SENTIMENT_PROMPT, classification, length_generalization
+from __future__ import annotations
 
-__all__ = [
-    "LENGTH_LIMITS",
-    "METRICS_DIR",
-    "PASSKEY_FILLER",
-    "PASSKEY_QUESTION",
-    "PASSKEY_TASK",
-    "PERPLEXITY_MODES",
-    "RULER_TASKS",
-    "SENTIMENT_PROMPT",
-    "SUITES",
-    "classification",
-    "compare",
-    "length_generalization",
-    "load_metric",
-    "passkey",
-    "passkey_prompt",
-    "perplexity_by_length",
-    "prefix_perplexity",
-    "ruler_scores",
-    "run_suites",
-    "target_ends",
-    "text_token_ids",
-]
+import importlib
+from typing import Any
+
+# public name -> the submodule that defines it
+_EXPORTS = {name: module for module, names in {
+    "long_context": ("PASSKEY_FILLER", "PASSKEY_QUESTION", "PASSKEY_TASK", "passkey", "passkey_prompt",
+                     "perplexity_by_length", "prefix_perplexity", "target_ends"),
+    "names": ("PERPLEXITY_MODES", "SUITES", "RULER_TASKS"),
+    "scoring": ("LENGTH_LIMITS", "METRICS_DIR", "load_metric", "text_token_ids"),
+    "ruler": ("ruler_scores",),
+    "suites": ("compare", "run_suites"),
+    "tasks": ("SENTIMENT_PROMPT", "classification", "length_generalization"),
+}.items() for name in names}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

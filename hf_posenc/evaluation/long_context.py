@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
 from ..stats import rate_fields
+from .names import DEFAULT_MODE, PERPLEXITY_MODES, check_mode
 from .processes import across_processes
 from .scoring import (
     LENGTH_LIMITS,
@@ -41,27 +42,8 @@ PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 PASSKEY_QUESTION = "What is the pass key? The pass key is"
 
 
-# How `perplexity_by_length` picks the tokens it scores at each context length L.
-PERPLEXITY_MODES: dict[str, str] = {
-    # Like with like: the difficulty of the first L tokens of a text changes with L (a book's opening
-    # is harder than its middle), so a length table of those mixes context with content. Here only the
-    # context grows: the same target tokens are scored at every L.
-    "same_target": "the last T tokens of windows of length L ending at the same places of the text, for every L",
-    # The transformers docs' sliding windows from the start of the text: each length scores other tokens.
-    "sliding": "sliding windows from the start of the text, each token scored once",
-}
-DEFAULT_MODE = "same_target"
 
 
-def check_mode(mode: str, stride: int | None = None) -> str:
-    """A known mode, and a stride only where windows slide (same_target windows end at fixed places)."""
-    if mode not in PERPLEXITY_MODES:
-        raise PosEncError(f"unknown perplexity mode {mode!r}; choose from "
-                          + "; ".join(f"{name} ({what})" for name, what in PERPLEXITY_MODES.items()))
-    if stride is not None and mode != "sliding":
-        raise PosEncError(f"a stride applies to the sliding perplexity mode, not {mode!r}; pass mode='sliding' "
-                          f"(--ppl-mode sliding) with it, or no stride")
-    return mode
 
 
 def default_target(lengths: Sequence[int]) -> int:

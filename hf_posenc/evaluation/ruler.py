@@ -31,32 +31,17 @@ from .. import data
 from ..errors import PosEncError
 from ..results import RULER_TASKS
 from ..stats import rate_fields
+from .names import MAX_SAMPLES, NOT_OFFLINE, parse_tasks
 from .scoring import LENGTH_LIMITS, skipped
 
 # our task name -> lm-eval's (lm_eval/tasks/ruler/*.yaml)
 LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe"}.get(name, name)
                                  for name in RULER_TASKS}
-NOT_OFFLINE = {
-    "qa_squad": "needs SQuAD v2 downloaded from the web at run time",
-    "qa_hotpot": "needs HotpotQA downloaded from the web at run time",
-}
 HAYSTACK = "kjv"  # the prose of the essay haystack, a `hf_posenc.data.long_text` name
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
-MAX_SAMPLES = 500  # lm-eval's RULER generators make 500 prompts per task and length
 
 
-def parse_tasks(names: Sequence[str]) -> list[str]:
-    """RULER task names (all synthetic ones when empty), in the order given; others are a PosEncError."""
-    tasks = [n.strip() for n in names if n.strip()] or list(RULER_TASKS)
-    for task in tasks:
-        if task in NOT_OFFLINE:
-            raise PosEncError(f"RULER task {task!r} is not offline: it {NOT_OFFLINE[task]}; "
-                              f"the offline tasks are {', '.join(RULER_TASKS)}")
-        if task not in RULER_TASKS:
-            raise PosEncError(f"unknown RULER task {task!r}; choose from {', '.join(RULER_TASKS)} "
-                              f"(e.g. --suite ruler:niah_single_1,vt; plain 'ruler' runs them all)")
-    return list(dict.fromkeys(tasks))
 
 
 def _offline_nltk() -> None:

@@ -15,56 +15,17 @@ from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe, unpatch
 from ..stats import rate_fields
-from .long_context import (
-    DEFAULT_MODE,
-    PERPLEXITY_MODES,
-    check_mode,
-    default_target,
-    passkey,
-    perplexity_by_length,
-    tokens_needed,
-)
+from .long_context import default_target, passkey, perplexity_by_length, tokens_needed
+from .names import DEFAULT_MODE, PERPLEXITY_MODES, SENTIMENT, SUITES, check_mode, parse_suites, parse_tasks
 from .processes import main_process_first, rank_and_world
-from .ruler import HAYSTACK, RULER_TASKS, parse_tasks, ruler_scores
+from .ruler import HAYSTACK, RULER_TASKS, ruler_scores
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization
 
-# Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
-# `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
-SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}
-SUITES = ("perplexity", "passkey", *SENTIMENT, *data.SYNTHETIC_TASKS, "ruler")
-ALIASES = {"ppl": "perplexity"}
 
 
-def parse_suites(names: Sequence[str]) -> list[str]:
-    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError.
-
-    `ruler` is every offline RULER task; `ruler:<task>` a subset, and the names after it that are not
-    suites are more of its tasks (`ruler:niah_single_1,vt,ppl`); the suite is kept as `ruler:<tasks>`.
-    """
-    suites: list[str] = []
-    named: list[str] | None = None  # the tasks of the ruler suite, while its names are being read
-    for name in (ALIASES.get(n.strip(), n.strip()) for n in names if n.strip()):
-        if name == "ruler" or name.startswith("ruler:"):
-            named = [task for task in name.partition(":")[2].split(",") if task]
-            suites.append("ruler")
-        elif named is not None and name not in SUITES:
-            named.append(name)
-        elif name in SUITES:
-            suites.append(name)
-        else:
-            raise PosEncError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (ppl = perplexity; "
-                              f"ruler:<task>,<task> for some RULER tasks)")
-    if not suites:
-        raise PosEncError(f"no suite given; choose from {', '.join(SUITES)} (ppl = perplexity)")
-    if named is not None:
-        suites[suites.index("ruler")] = _ruler_suite(named)
-    return suites
 
 
-def _ruler_suite(tasks: list[str]) -> str:
-    chosen = parse_tasks([t for t in tasks if t])
-    return "ruler" if chosen == list(RULER_TASKS) else "ruler:" + ",".join(chosen)
 
 
 def ruler_tasks(suites: Sequence[str]) -> list[str]:
