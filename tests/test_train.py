@@ -102,6 +102,19 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     ({"training": {"batch_size": 6, "micro_batch_size": 4}}, ["training.batch_size", "multiple"]),
     ({"posenc": {"scheme": "yarn", "options": {"factr": 4}}}, ["posenc", "factr"]),
     ({"posenc": {"scheme": "spiral"}}, ["posenc", "spiral"]),
+    # recovery fields (issue 21): PoSE, distillation, the recovery curve
+    ({"evaluation": {"every_steps": -1}}, ["evaluation.every_steps", ">= 0"]),
+    ({"data": {"pose": {"target_length": 16}}}, ["data.pose.target_length", "> data.seq_len=32"]),
+    ({"data": {"pose": {"chunks": 2}}}, ["data.pose.target_length", "required"]),
+    ({"data": {"pose": {"target_length": 128, "chunks": 0}}}, ["data.pose.chunks", "1..data.seq_len=32"]),
+    ({"data": {"pose": {"target_length": 128, "chunk": 2}}}, ["data.pose", "'chunk'", "did you mean 'chunks'"]),
+    ({"data": {"pose": 512}}, ["data.pose", "expected mapping", "512"]),
+    ({"data": {"pose": {"target_length": 128}}, "model": {"task": "classification"}}, ["data.pose", "causal LMs"]),
+    ({"training": {"objective": "kd"}}, ["training.objective", "'lm', 'distill', 'lm+distill'"]),
+    ({"training": {"objective": "distill", "distill": {"temperature": 0}}}, ["training.distill.temperature", "> 0"]),
+    ({"training": {"objective": "distill", "distill": {"weight": "high"}}}, ["training.distill.weight", "float"]),
+    ({"training": {"objective": "distill", "distill": {"temprature": 2}}}, ["training.distill", "did you mean 'temperature'"]),
+    ({"training": {"distill": {"temperature": 2}}}, ["training.distill", "objective 'lm'"]),
 ])
 def test_recipe_errors_name_file_field_and_allowed(tmp_path, assets, sections, pieces):
     path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", **sections))
