@@ -14,7 +14,6 @@ from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
-from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe, modeling
 from hf_posenc.train.inputs import Rows
 from hf_posenc.train.objectives import Objective, Teacher
