@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import torch
 from torch import nn
 
 from .. import compat
@@ -121,8 +122,10 @@ class Adapter:
             heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
-        table = getattr(slot, "weight", None)
-        table = table if table is not None else getattr(slot, "weights", None)  # fixed tables kept as a buffer (M2M100)
+        # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
+        # axial factors (a ParameterList), which no table-reading scheme takes
+        table = next((t for t in (getattr(slot, "weight", None), getattr(slot, "weights", None))
+                      if isinstance(t, torch.Tensor)), None)
         embeddings = model.get_input_embeddings().weight
         rope = compat.rope_parameters(config) if self.rotary else None
         buckets = get_module(base, self.bias_table).weight if self.bias_table else None
