@@ -234,18 +234,13 @@ def test_run_writes_the_recovery_curve(tmp_path, assets):
 
 @pytest.mark.slow
 def test_distill_two_processes_match_one(tmp_path, assets):
-    from test_train_distributed import _hf_posenc_train
+    from test_train_distributed import train_in_one_and_two_processes
 
     common = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
                            "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
               "data": {"pose": {"target_length": 96, "chunks": 2}},
               "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
-    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **common))
-    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **common))
-    proc = run_cli([str(one)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _hf_posenc_train([str(two), "--accelerate-config", "cpu_2proc"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_in_one_and_two_processes(tmp_path, assets, common)
     assert results.load(tmp_path / "two" / "results.json").details["world_size"] == 2
     loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
     torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)

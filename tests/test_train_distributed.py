@@ -38,16 +38,21 @@ def _hf_posenc_train(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
-    # dropout on the LoRA path makes the random streams matter: keep it off so the curves can match
-    common = {"training": {"max_steps": 5, "batch_size": 4, "micro_batch_size": 1},
-              "evaluation": {"perplexity_lengths": [16, 48], "max_windows": 3}}  # 3 windows: split 2 + 1
-    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **common))
-    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **common))
+def train_in_one_and_two_processes(tmp_path: Path, assets: dict, sections: dict) -> None:
+    """The same recipe trained in one process (into tmp_path/one) and in two gloo processes (tmp_path/two)."""
+    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
+    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
     proc = run_cli([str(one)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _hf_posenc_train([str(two), "--accelerate-config", "cpu_2proc"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
+    # dropout on the LoRA path makes the random streams matter: keep it off so the curves can match
+    common = {"training": {"max_steps": 5, "batch_size": 4, "micro_batch_size": 1},
+              "evaluation": {"perplexity_lengths": [16, 48], "max_windows": 3}}  # 3 windows: split 2 + 1
+    train_in_one_and_two_processes(tmp_path, assets, common)
 
     r1 = results.load(tmp_path / "one" / "results.json").details
     r2 = results.load(tmp_path / "two" / "results.json").details
