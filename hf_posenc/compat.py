@@ -49,6 +49,7 @@ __all__ = [
     "rotary_config",
     "rotary_module_class",
     "dense_gguf_kwargs",
+    "encoder_module",
     "running_module",
     "set_attn_implementation",
 ]
@@ -201,3 +202,17 @@ def running_module(module: torch.nn.Module) -> torch.nn.Module:
     if isinstance(copies, torch.nn.ModuleDict) and active and active[0] in copies and not module.disable_adapters:
         return copies[active[0]]
     return module
+
+
+def encoder_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's encoder side as a module of its own: `get_encoder()` (a text encoder, or a speech model's
+    `encoder`), else its audio tower (`get_encoder(modality="audio")`, transformers 5: speech LMs that feed audio
+    frames into a decoder-only LM); None when both return the model itself."""
+    own = [model, getattr(model, "base_model", model)]
+    found = model.get_encoder()
+    if any(found is m for m in own):
+        try:
+            found = model.get_encoder(modality="audio")
+        except TypeError:  # a model's own get_encoder() without the modality argument
+            return None
+    return None if any(found is m for m in own) else found

@@ -357,8 +357,8 @@ def test_seq2seq_mistakes_raise_and_leave_the_model_as_it_was():
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
         assert torch.equal(logits(model, **inputs), expected)
     whisper = tiny_seq2seq("whisper")
-    with pytest.raises(hp.PosEncError, match=r"'whisper': the encoder stack is out of scope \(Whisper's encoder reads "
-                                             r"audio through convolutions.*\(log-mel frames\).*patch stacks=\['decoder'\]"):
+    with pytest.raises(hp.PosEncError, match=r"'whisper': the encoder stack is out of scope \(WhisperEncoder has no "
+                                             r"token embedding table: it reads 'input_features'.*patch stacks=\['decoder'\]"):
         hp.patch(whisper, "rope", stacks=("encoder", "decoder"))
     assert hp.describe(whisper) is None
     with pytest.raises(hp.PosEncError, match=r"stacks=\['decoder'\] applies to encoder-decoder models; 'gpt2' has one"):
