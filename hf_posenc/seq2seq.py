@@ -1,4 +1,5 @@
-"""Encoder-decoder models (T5, BART, Marian, Pegasus, M2M100, Whisper's decoder): two stacks, one patch.
+"""Encoder-decoder models (T5, BART, Marian, Pegasus, M2M100, Whisper's decoder) and speech LMs (an audio tower
+feeding a decoder-only LM: Voxtral, Qwen2-Audio, ...): two stacks, one patch.
 
 Each stack is a transformers model of its own (`get_encoder()`, `get_decoder()`: BartEncoder, T5Stack, ...),
 with its layer loop, its position slot or bucket table, and its own source of positions (the encoder's
@@ -9,7 +10,8 @@ bit-exact and `describe` gives one config. Cross-attention is left as it was: it
 position, so a q/k scheme never touches it (its q/k projections are not the self-attention's), and
 under a biased attention implementation its calls are marked to run the stock attention
 (`Unpositioned`). T5's bias is computed once per stack (one bias module on each loop owner, its mask
-shared by the layers within a forward), as T5 does.
+shared by the layers within a forward), as T5 does. Which stacks read text is read off the instance: a stack
+without a 2-D token embedding table (an audio tower) is left as it is.
 """
 
 from __future__ import annotations
@@ -35,10 +37,6 @@ from .state import PatchState, RemoveHooks
 if TYPE_CHECKING:
     from .schemes.base import ModelFacts, Scheme
 
-# Stacks discovery reads as text that are not (the reason is the value), by model type. Discovery tells the
-# rest from the instance (`not_text`): today there is none.
-NOT_TEXT: dict[str, dict[str, str]] = {}
-
 
 def is_seq2seq(model: Any) -> bool:
     """An instance with two stacks: an encoder-decoder model (a config alone says True for BART's causal LM
@@ -63,12 +61,10 @@ def not_text(model: nn.Module, stack: str) -> str | None:
     """Why a stack's positions are out of scope, read off the instance: no module of its own, or no 2-D token
     embedding table (an audio tower reads features through convolutions: its positions are those of frames,
     not of tokens); None for a text stack."""
-    if (reason := NOT_TEXT.get(model.config.model_type, {}).get(stack)) is not None:
-        return reason
     module = stack_module(model, stack)
     if module is None:
         return "the model has no encoder module of its own (get_encoder() returns the model itself)"
-    if _token_table(module):
+    if getattr(module, "config", None) is None or _token_table(module):  # no config: stack_adapter says why
         return None
     reads = next(iter(inspect.signature(module.forward).parameters), "?")
     return (f"{type(module).__name__} has no token embedding table: it reads {reads!r} (features, not token ids), "
@@ -107,8 +103,12 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
         return cached[1]
     # a patched model (a deepcopy, a reload) is read from its stock structure
     source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
+    module = stack_module(source, stack)
+    if getattr(module, "config", None) is None:
+        raise PosEncError(f"{model.config.model_type!r}: the {stack} stack ({type(module).__name__}) is a plain "
+                          "nn.Module without a config, not a transformers model discovery can read on its own")
     try:
-        structure = discover(stack_module(source, stack), stack)
+        structure = discover(module, stack)
     except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
@@ -212,5 +212,5 @@ def _self_attentions(stack: nn.Module) -> list[nn.Module]:
     return [m for m in stack.modules() if _holds_qk(m)]
 
 
-__all__ = ["NOT_TEXT", "StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "not_text", "stack_adapter",
+__all__ = ["StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "not_text", "stack_adapter",
            "stack_module", "text_stacks", "why_not"]
