@@ -42,6 +42,7 @@ __all__ = [
     "base_attention_function",
     "base_mask_function",
     "cache_length",
+    "checkpoint_key_renamer",
     "record_positions",
     "recorded_positions",
     "register_attention",
@@ -216,3 +217,19 @@ def encoder_module(model: torch.nn.Module) -> torch.nn.Module | None:
         except TypeError:  # a model's own get_encoder() without the modality argument
             return None
     return None if any(found is m for m in own) else found
+
+
+def checkpoint_key_renamer(model: torch.nn.Module) -> Callable[[str], str]:
+    """A checkpoint file's key -> the model's own parameter name: transformers 5 renames keys on save and load
+    for some composite models (Qwen2-Audio saves `language_model.model.*` for `model.language_model.*`)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    renames = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+
+    def rename(key: str) -> str:
+        for transform in renames:
+            key = transform.rename_source_key(key)[0]
+        return key
+
+    return rename

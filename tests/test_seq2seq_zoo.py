@@ -22,11 +22,12 @@ from test_seq2seq import decoder_ids, logits
                                               ("voxtral", transformers.AutoModelForSpeechSeq2Seq),
                                               ("granite_speech", transformers.AutoModelForSpeechSeq2Seq),
                                               ("speech_to_text", transformers.AutoModelForSpeechSeq2Seq)])
-def test_a_speech_models_text_decoder_is_the_stack_patched(model_type, auto):
+def test_a_speech_models_text_decoder_is_the_stack_patched(model_type, auto, tmp_path):
     """Speech models whose encoder is an audio tower (no token table: discovered, not named), be it an
     encoder-decoder model or a speech LM (a tower feeding a decoder-only Qwen2 / Llama / Granite LM, reached
     through get_decoder()): a patch takes the text decoder alone, moves the logits, leaves the tower's weights,
-    and unpatch gives the logits back bit for bit."""
+    reloads bit-identical (Qwen2-Audio's checkpoint keys are renamed on save) and unpatch gives the logits back
+    bit for bit."""
     torch.manual_seed(0)
     model = auto.from_config(zoo.tiny_config(model_type)).eval()
     assert is_seq2seq(model) and text_stacks(model) == ("decoder",)
@@ -45,6 +46,12 @@ def test_a_speech_models_text_decoder_is_the_stack_patched(model_type, auto):
     with pytest.raises(hp.PosEncError, match=r"the encoder stack is out of scope \(.* has no token embedding table"):
         hp.patch(model, "rope", stacks=("encoder",))
     assert hp.describe(model).scheme == "learned"
+    patched = logits(model, **inputs)
+    model.save_pretrained(tmp_path)
+    for reloaded in (hp.from_pretrained(str(tmp_path), model_cls=auto),
+                     auto.from_pretrained(str(tmp_path), trust_remote_code=True)):
+        assert hp.describe(reloaded) == hp.describe(model)
+        assert torch.equal(logits(reloaded.eval(), **inputs), patched)
     hp.unpatch(model)
     assert torch.equal(logits(model, **inputs), stock)
 
