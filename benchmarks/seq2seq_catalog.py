@@ -7,7 +7,8 @@ them back bit for bit; and the family's own scheme gives back the stock logits (
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/seq2seq_catalog.py [model_type ...]
 
 writes benchmarks/results/seq2seq_catalog.json, the table seq2seq_support.md and hf_posenc/seq2seq_types.json
-(what `hf-posenc list --model-types` prints after the causal types).
+(what `hf-posenc list --model-types` prints after the causal types), and prints the README's block (counts and
+table; tests/test_seq2seq.py checks the README has it).
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def check_native(model_type: str, native: str, batch: dict[str, torch.Tensor]) -
     return "pass" if diff <= 1e-5 * float(stock.abs().max()) else f"fail: {native} differs from stock by {diff:.2e}"
 
 
+def verdict(model: torch.nn.Module) -> tuple[list[str], dict[str, str | None]]:
+    """The stacks a patch takes (those that read text) and, per site, why not (None: supported)."""
+    return list(seq2seq.text_stacks(model)), {
+        site: seq2seq.why_not(model, get_scheme(scheme)) for site, (scheme, _) in SITE_SCHEMES.items()}
+
+
 def entry(model_type: str) -> dict[str, Any]:
     row: dict[str, Any] = {"stacks": [], "native": "", "sites": {}, "why": "", "cells": {}}
     try:
@@ -104,13 +111,10 @@ def entry(model_type: str) -> dict[str, Any]:
         logits(model, batch)
     except Exception as exc:  # noqa: BLE001 - the catalog records why a type does not build tiny
         return {**row, "status": "no-build", "why": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-    row["stacks"] = list(seq2seq.text_stacks(model))
-    why = {}
-    for site, (scheme, _) in SITE_SCHEMES.items():
-        why[site] = seq2seq.why_not(model, get_scheme(scheme))
-        row["sites"][site] = why[site] is None
+    row["stacks"], why = verdict(model)
+    row["sites"] = {site: reason is None for site, reason in why.items()}
     try:
-        row["native"] = seq2seq.stack_adapter(model, row["stacks"][-1]).native
+        row["native"] = seq2seq.stack_adapter(model, (row["stacks"] or ["decoder"])[-1]).native
     except hp.PosEncError as exc:
         row["native"] = ""
         why.setdefault("all", str(exc))
@@ -146,6 +150,26 @@ def table(catalog: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counts(catalog: dict[str, dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in catalog.values():
+        out[row["status"]] = out.get(row["status"], 0) + 1
+    return dict(sorted(out.items()))
+
+
+def shipped(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What hf_posenc/seq2seq_types.json holds."""
+    return {"transformers": transformers.__version__, "types": {
+        t: {k: row[k] for k in ("status", "stacks", "native", "sites", "why")} for t, row in catalog.items()}}
+
+
+def readme_block(catalog: dict[str, dict[str, Any]]) -> str:
+    found = ", ".join(f"{n} {s}" for s, n in counts(catalog).items())
+    return (f"Of the {len(catalog)} encoder–decoder model types (seq-to-seq and speech seq-to-seq LMs), the seq2seq "
+            f"sweep finds: {found} (*no-build*: the causal zoo's generic shrink does not build them tiny; *none*: "
+            f"no text stack discovery can place, each named).\n\n{table(catalog)}")
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -159,13 +183,9 @@ def main() -> None:
     catalog = dict(sorted(catalog.items()))
     OUT.write_text(json.dumps(catalog, indent=1) + "\n")
     TABLE.write_text(table(catalog))
-    SHIPPED.write_text(json.dumps({"transformers": transformers.__version__, "types": {
-        t: {k: row[k] for k in ("status", "stacks", "native", "sites", "why")} for t, row in catalog.items()}},
-        indent=1) + "\n")
-    counts: dict[str, int] = {}
-    for row in catalog.values():
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    print(json.dumps(dict(sorted(counts.items()))), f"{time.perf_counter() - start:.0f} s")
+    SHIPPED.write_text(json.dumps(shipped(catalog), indent=1) + "\n")
+    print(readme_block(catalog))
+    print(json.dumps(counts(catalog)), f"{time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

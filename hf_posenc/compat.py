@@ -42,6 +42,7 @@ __all__ = [
     "base_attention_function",
     "base_mask_function",
     "cache_length",
+    "checkpoint_key_renamer",
     "record_positions",
     "recorded_positions",
     "register_attention",
@@ -49,6 +50,7 @@ __all__ = [
     "rotary_config",
     "rotary_module_class",
     "dense_gguf_kwargs",
+    "encoder_module",
     "running_module",
     "set_attn_implementation",
 ]
@@ -201,3 +203,33 @@ def running_module(module: torch.nn.Module) -> torch.nn.Module:
     if isinstance(copies, torch.nn.ModuleDict) and active and active[0] in copies and not module.disable_adapters:
         return copies[active[0]]
     return module
+
+
+def encoder_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's encoder side as a module of its own: `get_encoder()` (a text encoder, or a speech model's
+    `encoder`), else its audio tower (`get_encoder(modality="audio")`, transformers 5: speech LMs that feed audio
+    frames into a decoder-only LM); None when both return the model itself."""
+    own = [model, getattr(model, "base_model", model)]
+    found = model.get_encoder()
+    if any(found is m for m in own):
+        try:
+            found = model.get_encoder(modality="audio")
+        except TypeError:  # a model's own get_encoder() without the modality argument
+            return None
+    return None if any(found is m for m in own) else found
+
+
+def checkpoint_key_renamer(model: torch.nn.Module) -> Callable[[str], str]:
+    """A checkpoint file's key -> the model's own parameter name: transformers 5 renames keys on save and load
+    for some composite models (Qwen2-Audio saves `language_model.model.*` for `model.language_model.*`)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    renames = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+
+    def rename(key: str) -> str:
+        for transform in renames:
+            key = transform.rename_source_key(key)[0]
+        return key
+
+    return rename

@@ -297,12 +297,14 @@ def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Modul
     if wanted:
         # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
         prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
+        renamed = compat.checkpoint_key_renamer(model)
         found: dict[str, torch.Tensor] = {}
         for file in _checkpoint_files(path, **kwargs):
             with safe_open(file, framework="pt") as handle:
-                for key in handle.keys():
+                for stored in handle.keys():
+                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
                     if key in wanted or key in prefixed:
-                        found[prefixed.get(key, key)] = handle.get_tensor(key)
+                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
         if missing := sorted(set(wanted) - set(found)):
             raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
         with torch.no_grad():

@@ -1,4 +1,5 @@
-"""Encoder-decoder models (T5, BART, Marian, Pegasus, M2M100, Whisper's decoder): two stacks, one patch.
+"""Encoder-decoder models (T5, BART, Marian, Pegasus, M2M100, Whisper's decoder) and speech LMs (an audio tower
+feeding a decoder-only LM: Voxtral, Qwen2-Audio, ...): two stacks, one patch.
 
 Each stack is a transformers model of its own (`get_encoder()`, `get_decoder()`: BartEncoder, T5Stack, ...),
 with its layer loop, its position slot or bucket table, and its own source of positions (the encoder's
@@ -9,20 +10,24 @@ bit-exact and `describe` gives one config. Cross-attention is left as it was: it
 position, so a q/k scheme never touches it (its q/k projections are not the self-attention's), and
 under a biased attention implementation its calls are marked to run the stock attention
 (`Unpositioned`). T5's bias is computed once per stack (one bias module on each loop owner, its mask
-shared by the layers within a forward), as T5 does.
+shared by the layers within a forward), as T5 does. Which stacks read text is read off the instance: a stack
+without a 2-D token embedding table (an audio tower) is left as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
-from . import saving
+from . import compat, saving
 from .adapters.base import Adapter, get_module
+from .adapters.probes import takes_kwargs
 from .attention import PREFIX, UNPOSITIONED_KWARG
 from .config import STACKS, PosEncConfig
 from .errors import PosEncError
@@ -32,29 +37,51 @@ from .state import PatchState, RemoveHooks
 if TYPE_CHECKING:
     from .schemes.base import ModelFacts, Scheme
 
-# Stacks that do not take text, by model type: their positions are out of scope (the reason is the value).
-AUDIO = "reads audio through convolutions; its positions are those of audio frames, not of tokens"
-NOT_TEXT = {
-    "whisper": {"encoder": f"Whisper's encoder {AUDIO} (log-mel frames)"},
-    "moonshine": {"encoder": f"Moonshine's encoder {AUDIO} (raw waveform)"},
-}
-
 
 def is_seq2seq(model: Any) -> bool:
-    """An instance with two attention stacks (a config alone says True for BART's causal LM too)."""
+    """An instance with two stacks: an encoder-decoder model (a config alone says True for BART's causal LM
+    too), or a speech LM whose own text decoder reads what an audio tower encodes (Voxtral, Qwen2-Audio, ...)."""
     config = getattr(model, "config", None)
-    return bool(getattr(config, "is_encoder_decoder", False)) and isinstance(model, nn.Module) \
-        and callable(getattr(model, "get_encoder", None)) and callable(getattr(model, "get_decoder", None))
+    if not (isinstance(model, nn.Module) and callable(getattr(model, "get_encoder", None))
+            and callable(getattr(model, "get_decoder", None))):
+        return False
+    if getattr(config, "is_encoder_decoder", False):
+        return True
+    decoder = model.get_decoder()
+    own_decoder = decoder is not model and decoder is not model.base_model and _token_table(decoder)
+    return bool(own_decoder) and compat.encoder_module(model) is not None and not_text(model, "encoder") is not None
+
+
+def stack_module(model: nn.Module, stack: str) -> nn.Module | None:
+    """The stack's module; None for an encoder side the model does not have as a module of its own."""
+    return compat.encoder_module(model) if stack == "encoder" else model.get_decoder()
+
+
+def not_text(model: nn.Module, stack: str) -> str | None:
+    """Why a stack's positions are out of scope, read off the instance: no module of its own, or no 2-D token
+    embedding table (an audio tower reads features through convolutions: its positions are those of frames,
+    not of tokens); None for a text stack."""
+    module = stack_module(model, stack)
+    if module is None:
+        return "the model has no encoder module of its own (get_encoder() returns the model itself)"
+    if getattr(module, "config", None) is None or _token_table(module):  # no config: stack_adapter says why
+        return None
+    reads = next(iter(inspect.signature(module.forward).parameters), "?")
+    return (f"{type(module).__name__} has no token embedding table: it reads {reads!r} (features, not token ids), "
+            "whose positions are those of audio frames, not of tokens")
+
+
+def _token_table(module: nn.Module) -> bool:
+    try:
+        weight = getattr(module.get_input_embeddings(), "weight", None)
+    except (NotImplementedError, AttributeError):  # transformers' default refuses stacks it cannot read
+        return False
+    return isinstance(weight, torch.Tensor) and weight.dim() == 2
 
 
 def text_stacks(model: nn.Module) -> tuple[str, ...]:
     """The stacks a patch takes by default: those that read text."""
-    out = NOT_TEXT.get(model.config.model_type, {})
-    return tuple(s for s in STACKS if s not in out)
-
-
-def stack_module(model: nn.Module, stack: str) -> nn.Module:
-    return model.get_encoder() if stack == "encoder" else model.get_decoder()
+    return tuple(s for s in STACKS if not_text(model, s) is None)
 
 
 # (id(config), stack) -> (weak reference to the config, adapter): discovery runs once per model and stack.
@@ -67,7 +94,7 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
     from .adapters.discover import discover
     from .adapters.generic import _meta_model, adapter_from
 
-    if (reason := NOT_TEXT.get(model.config.model_type, {}).get(stack)) is not None:
+    if (reason := not_text(model, stack)) is not None:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is out of scope ({reason}); patch "
                           f"stacks={list(text_stacks(model))}")
     key = (id(model.config), stack)
@@ -76,8 +103,12 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
         return cached[1]
     # a patched model (a deepcopy, a reload) is read from its stock structure
     source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
+    module = stack_module(source, stack)
+    if getattr(module, "config", None) is None:
+        raise PosEncError(f"{model.config.model_type!r}: the {stack} stack ({type(module).__name__}) is a plain "
+                          "nn.Module without a config, not a transformers model discovery can read on its own")
     try:
-        structure = discover(stack_module(source, stack))
+        structure = discover(module, stack)
     except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
@@ -88,7 +119,10 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
 
 def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
     """None if every stack in `stacks` (default: the text stacks) takes `spec`, else the first reason."""
-    for stack in stacks or text_stacks(model):
+    stacks = stacks or text_stacks(model)
+    if not stacks:
+        return "no stack reads text: " + "; ".join(f"{s}: {not_text(model, s)}" for s in STACKS)
+    for stack in stacks:
         try:
             reason = stack_adapter(model, stack).why_not(spec)
         except PosEncError as exc:
@@ -135,6 +169,8 @@ def plan(model: nn.Module, config: PosEncConfig, spec: Scheme) -> StackPlan:
     """Validate `spec` on the stacks `config.stacks` names (default: the text stacks) of the stock model;
     touches nothing (`patching` resolves the options against the first stack's facts)."""
     stacks = config.stacks or text_stacks(model)
+    if not stacks:
+        raise PosEncError(f"{model.config.model_type!r}: {why_not(model, spec)}")
     adapters = {s: stack_adapter(model, s) for s in stacks}
     for stack, adapter in adapters.items():
         if (reason := adapter.why_not(spec)) is not None:
@@ -157,10 +193,13 @@ def install(model: nn.Module, plan: StackPlan, spec: Scheme, state: PatchState) 
         prefix = names[id(module)]
         state.new_modules[before:] = [f"{prefix}.{p}" if prefix else p for p in state.new_modules[before:]]
     for stack in STACKS:
-        module = stack_module(model, stack)
+        if (module := stack_module(model, stack)) is None:
+            continue
         adapter = plan.adapters.get(stack)
         plain = cross_attentions(module, adapter) if adapter else _self_attentions(module)
-        for attention in plain:
+        # a module whose forward takes no **kwargs does not call attention through ALL_ATTENTION_FUNCTIONS
+        # (LED's): posenc attention never runs for it, and the marker would be an unexpected argument
+        for attention in filter(takes_kwargs, plain):
             attention.register_forward_pre_hook(Unpositioned(), with_kwargs=True, prepend=True)
     state.set_attr(model.config, "posenc", state.config.to_dict(original=plan.adapters[plan.first].native))
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
@@ -173,4 +212,5 @@ def _self_attentions(stack: nn.Module) -> list[nn.Module]:
     return [m for m in stack.modules() if _holds_qk(m)]
 
 
-__all__ = ["NOT_TEXT", "StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "stack_adapter", "text_stacks", "why_not"]
+__all__ = ["StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "not_text", "stack_adapter",
+           "stack_module", "text_stacks", "why_not"]

@@ -1,13 +1,15 @@
 """Encoder-decoder rows of the invariant matrix (issue 19): T5, BART, mBART, Marian, Pegasus, M2M100 and
 Whisper's text decoder, tiny and peaky (tests/seq2seq_models.py), every scheme, against stock models,
 references and each other. Cheap rows run on every supported (family, scheme) cell; the others on a
-sample in which every scheme and every family appears."""
+sample in which every scheme and every family of their scope appears (`ROWS`; tests/test_meta.py checks it)."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import math
+from typing import Callable
 
 import pytest
 import torch
@@ -15,13 +17,32 @@ import transformers
 
 import hf_posenc as hp
 from hf_posenc.attention import PREFIX
-from hf_posenc.seq2seq import cross_attentions, stack_adapter, stack_module
+from hf_posenc.seq2seq import cross_attentions, stack_adapter, stack_module, text_stacks
 from matrix import ABSOLUTE, SCHEMES, scheme_of
+from matrix import sample as sample_of_scope
 from seq2seq_models import OWN, SEQ2SEQ, encoder_inputs, tiny_seq2seq
 
 FAMILIES = tuple(SEQ2SEQ)
 SUPPORTED = {family: set(hp.registry.supported_schemes(tiny_seq2seq(family))) for family in FAMILIES}
+STACKS = {family: text_stacks(tiny_seq2seq(family)) for family in FAMILIES}  # the stacks a patch takes
 CELLS = [(f, label) for f in FAMILIES for label in SCHEMES if scheme_of(label) in SUPPORTED[f]]
+# schemes whose modules have weights (peft's modules_to_save trains them)
+TRAINABLE = {"learned", "concat-learned", "untied", "t5", "fire", "kerple"}
+TRAINABLE_CELLS = [c for c in CELLS if c[1] in TRAINABLE]
+# row name -> (the cells in its scope, the cells it runs), as matrix.ROWS for the causal matrix
+ROWS: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
+
+
+def row(scope: list[tuple[str, str]], cells: list[tuple[str, str]] | None = None) -> Callable:
+    """Parametrize a test over (family, label) cells (all of `scope`, or the given ones) and register it as a
+    row of the seq2seq matrix."""
+    cells = scope if cells is None else cells
+
+    def register(test: Callable) -> Callable:
+        ROWS[test.__name__] = (scope, cells)
+        return pytest.mark.parametrize("family,label", cells, ids=[f"{f}-{label}" for f, label in cells])(test)
+
+    return register
 
 
 def sample(cells: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -37,8 +58,11 @@ def sample(cells: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 SAMPLE = sample(CELLS)
-ids_of = [f"{f}-{label}" for f, label in CELLS]
-sample_ids = [f"{f}-{label}" for f, label in SAMPLE]
+
+
+def moves(family: str, label: str) -> bool:
+    """The patch changes the stock logits: not the family's own scheme, nor `learned` (it copies the table)."""
+    return scheme_of(label) != OWN[family] and not (label == "learned" and family != "t5")
 
 
 def patched(family: str, label: str, attn: str = "sdpa", **extra) -> torch.nn.Module:
@@ -68,30 +92,30 @@ def test_the_sample_covers_every_scheme_and_family():
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_own_scheme_equals_the_stock_model(family, attn):
+@row([(f, OWN[f]) for f in FAMILIES])
+def test_own_scheme_equals_the_stock_model(family, label, attn):
     """T5's buckets copied with its bucket count and max distance, BART's table with offset 2, Marian/Pegasus'
     halved and M2M100's fairseq sinusoids: patching the family's own scheme gives back its logits."""
     model = tiny_seq2seq(family, attn)
     inputs = {**encoder_inputs(model), "decoder_input_ids": decoder_ids()}
     expected = logits(model, **inputs)
-    hp.patch(model, OWN[family])
-    assert hp.describe(model).scheme == OWN[family]
+    hp.patch(model, label)
+    assert hp.describe(model).scheme == label
     # within 1e-5 of the logits' scale: fp32 rounding only (T5 eager sums bias and mask in another order:
     # 1e-4 on logits of ~30; every other cell is closer)
     assert (logits(model, **inputs) - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
-@pytest.mark.parametrize("family,label", CELLS, ids=ids_of)
+@row(CELLS)
 def test_patch_moves_logits_and_unpatch_is_bit_exact(family, label):
     model = tiny_seq2seq(family)
     inputs = {**encoder_inputs(model), "decoder_input_ids": decoder_ids()}
     before = {k: v.clone() for k, v in model.state_dict().items()}
     expected = logits(model, **inputs)
     hp.patch(model, scheme_of(label), **SCHEMES[label])
-    assert hp.describe(model).stacks == (("decoder",) if family == "whisper" else ("encoder", "decoder"))
+    assert hp.describe(model).stacks == STACKS[family]
     moved = (logits(model, **inputs) - expected).abs().max()
-    if scheme_of(label) != OWN[family] and not (label == "learned" and family != "t5"):  # learned copies a table
+    if moves(family, label):
         assert moved > 1e-2, f"{family}-{label} changed nothing"
     hp.unpatch(model)
     assert hp.describe(model) is None and getattr(model.config, "posenc", None) is None
@@ -116,7 +140,7 @@ def cross_attention_calls(model: torch.nn.Module, inputs: dict) -> list[tuple]:
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("family,label", SAMPLE, ids=sample_ids)
+@row(CELLS, SAMPLE)
 def test_cross_attention_is_untouched(family, label, attn):
     """Given the inputs the patched model hands its cross-attention, the stock module gives the same output:
     no bias, rotation or position reaches it (the decoder's inputs to it do change)."""
@@ -154,7 +178,7 @@ def padded_batch(model: torch.nn.Module) -> dict:
     return inputs
 
 
-@pytest.mark.parametrize("family,label", SAMPLE, ids=sample_ids)
+@row(CELLS, SAMPLE)
 def test_generate_greedy_and_beam_cached_uncached_static_agree(family, label):
     model = patched(family, label)
     inputs = padded_batch(model)
@@ -167,7 +191,7 @@ def test_generate_greedy_and_beam_cached_uncached_static_agree(family, label):
         assert torch.equal(runs["dynamic"], runs["static"]), (family, label, beams)
 
 
-@pytest.mark.parametrize("family,label", [c for c in CELLS if c[0] != "whisper"], ids=[i for i in ids_of if not i.startswith("whisper")])
+@row([c for c in CELLS if "encoder" in STACKS[c[0]]])  # a text encoder
 def test_a_padded_encoder_row_equals_the_input_alone(family, label):
     model = patched(family, label)
     inputs = padded_batch(model)
@@ -179,11 +203,13 @@ def test_a_padded_encoder_row_equals_the_input_alone(family, label):
     assert_close_at_scale(batched[1:], alone, rel=1e-3 if family == "t5" else 1e-5)
 
 
-@pytest.mark.parametrize("label", [label for f, label in CELLS if f == "whisper" and label not in ABSOLUTE])
-def test_shifted_decoder_position_ids_are_a_no_op_for_relative_schemes(label):
-    """Whisper's decoder takes explicit `decoder_position_ids`; a constant shift changes nothing relative
-    (6: a multiple of Self-Extend's group of 2, whose grouped positions floor(p / group) shift by whole steps)."""
-    model = patched("whisper", label)
+@row([(f, label) for f, label in CELLS if label not in ABSOLUTE
+     and "decoder_position_ids" in inspect.signature(SEQ2SEQ[f][1].forward).parameters])
+def test_shifted_decoder_position_ids_are_a_no_op_for_relative_schemes(family, label):
+    """Families whose forward takes explicit `decoder_position_ids` (Whisper): a constant shift changes nothing
+    relative (6: a multiple of Self-Extend's group of 2, whose grouped positions floor(p / group) shift by whole
+    steps)."""
+    model = patched(family, label)
     inputs, dec = encoder_inputs(model), decoder_ids()
     counted = torch.arange(dec.shape[1]).expand(2, -1)
     plain = logits(model, **inputs, decoder_input_ids=dec, decoder_position_ids=counted)
@@ -200,7 +226,7 @@ def test_shifted_decoder_position_ids_move_an_absolute_scheme():
     assert (logits(model, **inputs, decoder_input_ids=dec, decoder_position_ids=counted + 5) - plain).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("family,label", SAMPLE, ids=sample_ids)
+@row(CELLS, SAMPLE)
 def test_sdpa_equals_eager(family, label):
     out = {}
     for attn in ("sdpa", "eager"):
@@ -209,7 +235,7 @@ def test_sdpa_equals_eager(family, label):
     assert_close_at_scale(out["sdpa"], out["eager"])
 
 
-@pytest.mark.parametrize("family,label", SAMPLE, ids=sample_ids)
+@row(CELLS, SAMPLE)
 def test_save_pretrained_reloads_bit_identical_with_hf_posenc_and_the_auto_class(family, label, tmp_path):
     model = patched(family, label)
     with torch.no_grad():  # the scheme's own weights differ from any init
@@ -226,7 +252,7 @@ def test_save_pretrained_reloads_bit_identical_with_hf_posenc_and_the_auto_class
         assert torch.equal(logits(reloaded.eval(), **inputs), expected)
 
 
-@pytest.mark.parametrize("family,label", [("bart", "t5"), ("t5", "t5"), ("marian", "learned"), ("whisper", "t5")])
+@row(TRAINABLE_CELLS, sample_of_scope(TRAINABLE_CELLS))
 def test_peft_lora_with_modules_to_save_trains_each_stacks_new_modules(family, label):
     import peft
 
@@ -234,25 +260,28 @@ def test_peft_lora_with_modules_to_save_trains_each_stacks_new_modules(family, l
 
     model = patched(family, label)
     saved = modules_to_save(model)
-    assert len(saved) == (1 if family == "whisper" else 2), saved  # one per patched stack
+    assert len(saved) == len(STACKS[family]), saved  # one per patched stack
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"] if family != "t5" else ["q", "v"],
                              modules_to_save=[name.rsplit(".", 1)[-1] for name in saved], init_lora_weights=False)
     wrapped = peft.get_peft_model(model, config)
     trained = [m for m in hp.patching.describe_modules(wrapped) if any(True for _ in m.parameters())]
     assert len(trained) == len(saved)
-    start = [p.detach().clone() for m in trained for p in m.parameters()]
+    start = [[p.detach().clone() for p in m.parameters()] for m in trained]
     inputs = {**encoder_inputs(model), "labels": decoder_ids()}
     optimizer = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=0.05)
     wrapped.train()
     for _ in range(2):
         optimizer.zero_grad()
         wrapped(**inputs).loss.backward()
-        assert all(p.grad is not None and p.grad.abs().sum() > 0 for m in trained for p in m.parameters())
+        # every module learns; not every parameter: a constant per-head bias (FIRE's last bias) leaves softmax as
+        # it is, so its gradient is zero up to rounding
+        assert all(any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters()) for m in trained)
         optimizer.step()
-    assert all(not torch.equal(a, b.detach()) for a, b in zip(start, (p for m in trained for p in m.parameters())))
+    assert all(any(not torch.equal(a, b.detach()) for a, b in zip(before, m.parameters()))
+               for before, m in zip(start, trained))
 
 
-@pytest.mark.parametrize("family,label", [("t5", "alibi"), ("bart", "t5"), ("m2m_100", "rope"), ("whisper", "kerple")])
+@row(CELLS, SAMPLE)
 def test_deepcopy_and_torch_save_keep_an_independent_working_patch(family, label):
     model = patched(family, label)
     inputs = {**encoder_inputs(model), "decoder_input_ids": decoder_ids()}
@@ -267,7 +296,7 @@ def test_deepcopy_and_torch_save_keep_an_independent_working_patch(family, label
         assert torch.equal(logits(other, **inputs), expected)
     hp.unpatch(twin)
     assert torch.equal(logits(model, **inputs), expected)  # the original keeps its patch
-    assert not torch.equal(logits(twin, **inputs), expected)
+    assert not torch.equal(logits(twin, **inputs), expected) or not moves(family, label)
 
 
 def t5_bucket_reference(relative: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -357,10 +386,11 @@ def test_seq2seq_mistakes_raise_and_leave_the_model_as_it_was():
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
         assert torch.equal(logits(model, **inputs), expected)
     whisper = tiny_seq2seq("whisper")
-    with pytest.raises(hp.PosEncError, match=r"'whisper': the encoder stack is out of scope \(Whisper's encoder reads "
-                                             r"audio through convolutions.*\(log-mel frames\).*patch stacks=\['decoder'\]"):
+    with pytest.raises(hp.PosEncError, match=r"'whisper': the encoder stack is out of scope \(WhisperEncoder has no "
+                                             r"token embedding table: it reads 'input_features'.*patch stacks=\['decoder'\]"):
         hp.patch(whisper, "rope", stacks=("encoder", "decoder"))
     assert hp.describe(whisper) is None
     with pytest.raises(hp.PosEncError, match=r"stacks=\['decoder'\] applies to encoder-decoder models; 'gpt2' has one"):
         hp.patch(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)), "rope",
                  stacks=("decoder",))
+

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .. import compat
+from . import quirks
 from ..schemes.base import ModelFacts, Scheme
 
 
@@ -42,6 +43,7 @@ MECHANISMS = {
     "rotary_off": "replace the model's rotary module by one that does not rotate (or by a new rotation)",
     "qk_tap": "rotate q and k as they leave their projections",
     "slot": "replace the absolute position module",
+    "slot_code": "put a position code of the layer loop's positions in the absolute position module's place",
     "input": "add a position code to the token embeddings in the layer-loop pre-hook",
     "score": "run attention under a biased implementation (attention + mask interface)",
     "score_mask": "add the bias to the mask an attention module outside ALL_ATTENTION_FUNCTIONS adds to its logits",
@@ -92,7 +94,10 @@ class Adapter:
         MECHANISMS): a q/k scheme on a rotating model is config, elsewhere hooks on the q/k taps; every
         other site switches the model's own positions off; biases reach attention as private kwargs."""
         needs = ["native_bias"] if self.native_bias or self.bias_table else []
-        needs += ["slot"] if self.position_slot else ["input"] if scheme.site == "input" else []
+        if self.position_slot:
+            needs += ["slot", "slot_code"] if scheme.site == "input" else ["slot"]
+        elif scheme.site == "input":
+            needs += ["input"]
         if scheme.site == "qk":
             rope_type = getattr(scheme, "rope_type", "default")
             needs += ["rope_config", f"rope_config:{rope_type}"] if self.rotary else ["qk_tap", "kwargs"]
@@ -120,7 +125,7 @@ class Adapter:
         if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
             # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
             heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        head_dim = quirks.head_dim(config) or config.hidden_size // heads
         slot = get_module(base, self.position_slot) if self.position_slot else None
         # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
         # axial factors (a ParameterList), which no table-reading scheme takes

@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from .. import compat
+from . import quirks
 from .base import PACKED_SPLITS
 from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problems,
                      relays_kwargs, takes_kwargs,
                      find_rotaries, rotary_call, slot_call, source_has, unexplained)
-from .quirks import POSITIONS_FIELDS, ROPE_SWITCHES, packed_layout
+from .quirks import ROPE_SWITCHES, packed_layout, positions_field
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
@@ -96,7 +97,7 @@ class Structure:
     relay_kwargs: bool  # all but the block do, which takes **kwargs: a block pre-hook can hand them over
     bias_table: str | None  # T5's bucket table (from base), computed in one layer and shared down the stack
     carry_kwargs: bool  # the loop calls blocks without them, the attention takes **kwargs: hooks carry them
-    loop_takes: tuple[str, ...]  # position_ids / inputs_embeds accepted by the loop owner's forward
+    loop_takes: tuple[str, ...]  # input_ids / position_ids / inputs_embeds accepted by the loop owner's forward
     causal: bool
     layer_types: tuple[str, ...] | None
     sliding_window: int | None
@@ -104,6 +105,7 @@ class Structure:
     latent_attention: bool
     hybrid: bool
     unexplained: tuple[str, ...] = field(default=())
+    positions_field: str = "max_position_embeddings"  # the config field sizing the position table
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -113,8 +115,9 @@ def text_config(model: nn.Module) -> Any:
     return compat.text_config(model.config)
 
 
-def discover(model: nn.Module) -> Structure:
-    """Read the position structure of a (causal LM) transformers model."""
+def discover(model: nn.Module, stack: str | None = None) -> Structure:
+    """Read the position structure of a (causal LM) transformers model, or of one stack ("encoder", "decoder")
+    of an encoder-decoder model."""
     config, text = model.config, text_config(model)
     names = {id(m): n for n, m in model.named_modules()}
     base = model.base_model
@@ -204,16 +207,17 @@ def discover(model: nn.Module) -> Structure:
         bias_table=_join(owner_to_base, table) if table else None,
         # the carry's hook sits on the block, so the attention must be a module inside it (not XLM's list)
         carry_kwargs=not passed and not relayed and one_attention and bool(attention_path) and takes_kwargs(links[-1]),
-        loop_takes=tuple(p for p in ("position_ids", "inputs_embeds") if p in loop_params),
+        loop_takes=tuple(p for p in ("input_ids", "position_ids", "inputs_embeds") if p in loop_params),
         causal=causal(text, owner),
         layer_types=layer_types,
         sliding_window=getattr(text, "sliding_window", None),
-        max_positions=getattr(text, POSITIONS_FIELDS.get(config.model_type, "max_position_embeddings"), None),
+        max_positions=getattr(text, positions_field(config.model_type, stack), None),
         latent_attention=tap["tap_kind"] == "latent",
         hybrid=len(attention_layers) < len(blocks),
         unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []),
                                                                          *([table] if table else []))],
                                 text, bool(rotaries), ROPE_SWITCHES.get(config.model_type)),
+        positions_field=positions_field(config.model_type, stack),
     )
 
 
@@ -225,7 +229,7 @@ def _head_sizes(text: Any) -> tuple[int, int, int]:
         raise PosEncError(f"{text.model_type!r}: its config has no num_attention_heads (a state-space or recurrent "
                           "model without attention, or sub-models the adapter does not read)")
     try:
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        head_dim = quirks.head_dim(text) or text.hidden_size // heads
     except RuntimeError as exc:  # heterogeneous layers refuse a global head_dim (Gemma 4)
         raise PosEncError(f"{text.model_type!r}: layers differ in shape ({exc}); the adapter needs one head layout") from exc
     return int(heads), int(getattr(text, "num_key_value_heads", None) or heads), int(head_dim)
@@ -334,8 +338,10 @@ def _slot_offset(slot: nn.Module | None) -> int:
     if slot is None:
         return 0
     padding = getattr(slot, "padding_idx", None)
-    # fairseq-style sinusoids (M2M100) keep an `offset` but count rows from padding_idx + 1 in forward
-    counts_from_padding = isinstance(padding, int) and source_has(type(slot).forward, ("padding_idx",))
+    # fairseq-style sinusoids (M2M100) keep an `offset` but count rows from padding_idx + 1 in forward; XGLM's
+    # names padding_idx only to rebuild its table, and adds its offset to the ids itself
+    adds = source_has(type(slot).forward, ("position_ids + self.offset",))
+    counts_from_padding = isinstance(padding, int) and not adds and source_has(type(slot).forward, ("padding_idx",))
     if isinstance(getattr(slot, "offset", None), int) and not counts_from_padding:
         return slot.offset
     return padding + 1 if isinstance(padding, int) else 0

@@ -21,8 +21,7 @@ from torch import nn
 from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import OUTSIDE, Structure, discover
-from .quirks import (ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES,
-                     POSITIONS_FIELDS, TRAINED_LENGTHS)
+from .quirks import ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, TRAINED_LENGTHS
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
@@ -106,7 +105,7 @@ def adapter_from(s: Structure) -> Adapter:
         native_bias_switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if s.native_bias_kind else None,
         alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0) if s.native_bias_kind == "alibi" else 1.0,
         trained_length=TRAINED_LENGTHS.get(s.model_type),
-        positions_field=POSITIONS_FIELDS.get(s.model_type, "max_position_embeddings"),
+        positions_field=s.positions_field,
         gaps=gaps(s),
     )
 
@@ -151,16 +150,19 @@ def gaps(s: Structure) -> dict[str, str]:
         gap(f"the position slot {s.slot} lies outside base_model.{s.loop_owner}, whose forward runs the layer "
             "loop the positions come from", "slot")
     if s.max_positions is None and s.model_type not in TRAINED_LENGTHS:
-        gap("the config names no max_position_embeddings to size an input-site table by", "input")
+        gap(f"the config names no {s.positions_field} to size an input-site table by", "input")
     _rotary_gaps(s, gap)
     if s.slot_call and s.slot_width != s.hidden_size:
         gap(f"the model calls {s.slot} as {s.slot_call} and it returns {s.slot_width or 'an unknown number of'} "
             f"features, not hidden_size={s.hidden_size}: not a code added to the token embeddings", "slot")
     if s.slot and s.max_positions is None:
-        gap("the config names no max_position_embeddings: a patch cannot size the slot's table, nor plain "
+        gap(f"the config names no {s.positions_field}: a patch cannot size the slot's table, nor plain "
             "transformers rebuild it", "slot")
     if "position_ids" not in s.loop_takes and not s.slot_call:
         gap("the layer loop's forward takes no position_ids", "slot")
+    if not {"input_ids", "inputs_embeds"} & set(s.loop_takes):
+        gap("the layer loop's forward takes neither input_ids nor inputs_embeds, which the loop's positions are "
+            "counted over", *NEEDS_LOOP_HOOK)
     if "inputs_embeds" not in s.loop_takes:
         gap("the layer loop's forward takes no inputs_embeds", "input")
     if s.tap_problem:

@@ -3,6 +3,8 @@ the zoo sweep, checked by tests/test_zoo.py). Everything else is discovered."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 # How a packed projection orders q, k, v (from each modeling file): "grouped" is [q | k | v] with
@@ -37,6 +39,9 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
                 "(the zoo sweep: `nope` had no effect)" for m in ("rope_config", "rotary_off")},
     "laguna": {"score": "heads are set per layer (num_attention_heads_per_layer); biases are built for "
                         "config.num_attention_heads"},
+    "led": {"slot_code": "LED's encoder pads its input to a multiple of attention_window before it reads positions "
+                         "(embed_positions(padded shape)): a code of the layer loop's positions has fewer of them "
+                         "(the seq2seq sweep: input and native fail)"},
     "bigbird_pegasus": {"score": "its decoder self-attention is built with is_causal=False and the sdpa mask "
                                  "function posenc_* attention uses skips a plain causal mask, so the bias would "
                                  "run without causality (the zoo sweep: cache-score fails)"},
@@ -46,16 +51,25 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     "got_ocr2": {"score": "its language model runs sdpa under a top config saying eager: posenc attention is set for "
                           "all sub-models and unpatch puts back eager everywhere, so logits are not bit-identical "
                           "(the zoo sweep: patch_unpatch-score fails)"},
-    "xglm": {"slot": "XGLM's own sinusoidal code puts sin and cos in halves (fairseq), hf_posenc's `sinusoidal` "
-                     "interleaves them: its own scheme would not give back its logits (the zoo sweep: native fails)"},
 }
 # Families whose config names no max_position_embeddings: the length they were trained at, which sizes
 # input-site tables (option `max_positions` overrides it). BLOOM: 2048 tokens (BigScience, arXiv 2211.05100).
-# T5: 512-token inputs (Raffel et al. 2020, sec. 3.1.2); T5 names no maximum, its bias buckets reach any length.
-TRAINED_LENGTHS = {"bloom": 2048, "t5": 512}
-# Config fields that size the position table, where it is not max_position_embeddings: Whisper's text decoder
-# (max_source_positions is its audio encoder's).
-POSITIONS_FIELDS = {"whisper": "max_target_positions"}
+# The T5 family names no maximum (its bias buckets reach any length): T5 512-token inputs (Raffel et al. 2020,
+# sec. 3.1.2), mT5 1024 (Xue et al. 2021, sec. 3), LongT5 4096 (Guo et al. 2022, sec. 3), Switch Transformers
+# T5's 512 (Fedus et al. 2022 pre-train with T5's setup). Not known: UMT5, Pop2Piano (MIDI tokens).
+TRAINED_LENGTHS = {"bloom": 2048, "t5": 512, "mt5": 1024, "longt5": 4096, "switch_transformers": 512}
+# Configs that name the width of a head otherwise than head_dim: T5's attribute_map aliases head_dim to d_kv,
+# these T5 variants' do not (and d_kv need not be d_model / heads).
+HEAD_DIM_FIELDS = {"switch_transformers": "d_kv", "pop2piano": "d_kv"}
+# Config fields that size the position table, where it is not max_position_embeddings, by model type and stack
+# of an encoder-decoder model ("": any): the text decoders of Whisper, Speech2Text and SpeechT5 (their
+# max_source_positions / max_speech_positions are the audio encoder's), LED's two tables.
+POSITIONS_FIELDS: dict[str, dict[str, str]] = {
+    "whisper": {"": "max_target_positions"},
+    "speech_to_text": {"": "max_target_positions"},
+    "speecht5": {"": "max_text_positions"},
+    "led": {"encoder": "max_encoder_position_embeddings", "decoder": "max_decoder_position_embeddings"},
+}
 # Attention modules outside ALL_ATTENTION_FUNCTIONS that add the `attention_mask` keyword they are handed to
 # their scaled logits (read in each modeling file: BLOOM after `alibi.baddbmm`, Falcon in sdpa and both eager
 # branches): the score site puts the scheme's bias into that mask.
@@ -75,3 +89,14 @@ def packed_layout(model_type: str, attention: nn.Module) -> str | None:
         config = getattr(attention, "config", None)
         return next((v for flag, v in layout.items() if flag and getattr(config, flag, False)), layout.get(""))
     return layout
+
+
+def positions_field(model_type: str, stack: str | None = None) -> str:
+    """The config field sizing the position table of `model_type` (of one stack of an encoder-decoder model)."""
+    fields = POSITIONS_FIELDS.get(model_type, {})
+    return fields.get(stack or "", fields.get("", "max_position_embeddings"))
+
+
+def head_dim(config: Any) -> int | None:
+    """The config's width of one attention head, None if it names none (then hidden_size / heads)."""
+    return getattr(config, HEAD_DIM_FIELDS.get(getattr(config, "model_type", ""), "head_dim"), None)
