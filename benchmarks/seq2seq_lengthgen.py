@@ -28,8 +28,10 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from hf_posenc import plots, results  # noqa: E402
-from hf_posenc.evaluation import run_suites  # noqa: E402
+from hf_posenc.data import seq2seq_pairs  # noqa: E402
+from hf_posenc.evaluation import run_suites, seq2seq_length_generalization  # noqa: E402
 from hf_posenc.loading import load  # noqa: E402
+from hf_posenc.stats import rate_fields  # noqa: E402
 from hf_posenc.tiny_seq2seq import write_task  # noqa: E402
 from hf_posenc.train import load_recipe, train  # noqa: E402
 
@@ -53,23 +55,45 @@ def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args:
     scored = run_suites(model, tokenizer, [f"seq2seq_{args.task}"], [args.train_max], work / f"eval-{model_type}-{scheme}",
                         name=f"{model_type} {scheme}", task_lengths=lengths, examples=args.examples, seed=0)
     cells = scored.runs[0].metrics[f"seq2seq_{args.task}"]
+    for length in lengths:  # what the misses are: too short an answer (the EOS decision), or wrong digits
+        cells[str(length)].update(answer_shape(model, tokenizer, args.task, length, args.examples, args.train_max,
+                                               cells[str(length)]["exact_match"]))
     return {"model": model_type, "scheme": scheme, "recipe": str(recipe_path.relative_to(REPO)),
             "train_cpu_s": round(train_cpu, 1), "final_train_loss": record_loss(out),
             "held_out": {k: held_out[k] for k in ("exact_match", "n", "low", "high", "loss")}, "by_length": cells}
+
+
+def answer_shape(model: Any, tokenizer: Any, task: str, length: int, n: int, trained: int,
+                 exact_match: float) -> dict[str, Any]:
+    """The suite's pairs generated again (the same exact match, checked): the mean answer length in digits, and
+    the rate of answers whose first `trained` digits are right (the part the model was trained to write)."""
+    pairs = seq2seq_pairs(task, length, n, seed=0)
+    again = seq2seq_length_generalization(model, tokenizer, pairs, batch_size=8)
+    assert again["exact_match"] == exact_match, (again["exact_match"], exact_match)
+    answers = ["".join(p.split()) for p in again["predictions"]]
+    targets = ["".join(t.split()) for t in pairs["target"]]
+    prefix = sum(a[:trained] == t[:trained] for a, t in zip(answers, targets))
+    return {"mean_answer_digits": sum(map(len, answers)) / n, "prefix_match": prefix / n,
+            "prefix": {"digits": trained, **rate_fields(prefix, n)}}
 
 
 def record_loss(out: Path) -> float:
     return json.loads((out / "loss.json").read_text())[-1]["loss"]
 
 
-def table(arms: list[dict[str, Any]], lengths: list[int]) -> str:
+def table(arms: list[dict[str, Any]], lengths: list[int], prefix: bool = False) -> str:
+    """Exact match per (model, scheme) and length; `prefix`: the first-L-digits match and mean answer length."""
     head = "| model | scheme | " + " | ".join(f"{L} digits" + (" (train max)" if i == 0 else "")
                                               for i, L in enumerate(lengths)) + " |"
     lines = [head, "|---|---|" + "---|" * len(lengths)]
     for a in arms:
-        cells = [results.format_rate(c["exact_match"], c["n"], c["low"], c["high"])
-                 for c in (a["by_length"][str(L)] for L in lengths)]
-        lines.append(f"| {a['model']} | {a['scheme']} | " + " | ".join(cells) + " |")
+        cells = [a["by_length"][str(L)] for L in lengths]
+        if prefix:
+            text = [f"{results.format_rate(c['prefix_match'], c['n'], c['prefix']['low'], c['prefix']['high'])}, "
+                    f"{c['mean_answer_digits']:.1f} digits" for c in cells]
+        else:
+            text = [results.format_rate(c["exact_match"], c["n"], c["low"], c["high"]) for c in cells]
+        lines.append(f"| {a['model']} | {a['scheme']} | " + " | ".join(text) + " |")
     return "\n".join(lines)
 
 
@@ -116,7 +140,9 @@ def main() -> None:
     md = table(arms, lengths)
     (out / "seq2seq_lengthgen.md").write_text(
         f"Exact match of greedy generation, `{args.task}`, trained on 1..{args.train_max} digits "
-        f"({args.steps} steps x 32 pairs, from scratch), tested at 1x..4x; [95% Wilson interval] (n).\n\n{md}\n")
+        f"({args.steps} steps x 32 pairs, from scratch), tested at 1x..4x; [95% Wilson interval] (n).\n\n{md}\n\n"
+        f"The same answers: the rate whose first {args.train_max} digits are right, and the mean answer length.\n\n"
+        f"{table(arms, lengths, prefix=True)}\n")
     figure(arms, lengths, out / "seq2seq_lengthgen.png", args.task)
     print(md)
 
