@@ -123,6 +123,8 @@ def test_labels_go_through_the_decoder(tmp_path, model_type):
     ({"training": {"objective": "distill"}}, ["training.objective", "'distill'", "'seq2seq' takes 'lm' only"]),
     ({"model": {"task": "seq2seq_lm"}}, ["model", "'causal_lm', 'classification', 'seq2seq'"]),
     ({"data": {"target_colum": "y"}}, ["data", "'target_colum'", "did you mean 'target_column'"]),
+    ({"evaluation": {"every_steps": 10}}, ["evaluation.every_steps", "causal LMs", "'seq2seq'"]),
+    ({"evaluation": {"perplexity_lengths": [64]}}, ["evaluation.perplexity_lengths", "causal LMs"]),
 ])
 def test_recipe_errors_are_named(tmp_path, sections, pieces):
     assets = {"model": tmp_path / "m", "data": tmp_path / "d"}

@@ -339,6 +339,9 @@ def validate(recipe: Recipe) -> Recipe:
                f"got {d.pose['target_length']}")
         _check(1 <= d.pose["chunks"] <= d.seq_len, s, "data.pose.chunks",
                f"must be in 1..data.seq_len={d.seq_len}, got {d.pose['chunks']}")
+    for where, value in [("evaluation.perplexity_lengths", e.perplexity_lengths), ("evaluation.every_steps", e.every_steps)]:
+        _check(lm_only or not value, s, where, f"scores causal LMs' held-out perplexity; model.task "
+               f"{recipe.model.task!r} reports its own held-out table before and after training (leave it unset)")
     _check(t.objective == "lm" or lm_only, s, "training.objective",
            f"{t.objective!r} distils a causal LM; model.task {recipe.model.task!r} takes 'lm' only")
     _check(t.objective != "lm" or not t.distill, s, "training.distill",
