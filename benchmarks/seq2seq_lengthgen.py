@@ -77,6 +77,12 @@ def answer_shape(model: Any, tokenizer: Any, task: str, length: int, n: int, tra
             "prefix": {"digits": trained, **rate_fields(prefix, n)}}
 
 
+def held_out(a: dict[str, Any]) -> str:
+    h = a["held_out"]
+    return (f"{a['model']} {a['scheme']} {results.format_rate(h['exact_match'], h['n'], h['low'], h['high'])} "
+            f"({a['train_cpu_s']:.0f} CPU-s training)")
+
+
 def record_loss(out: Path) -> float:
     return json.loads((out / "loss.json").read_text())[-1]["loss"]
 
@@ -98,19 +104,28 @@ def table(arms: list[dict[str, Any]], lengths: list[int], prefix: bool = False) 
 
 
 def figure(arms: list[dict[str, Any]], lengths: list[int], path: Path, task: str) -> None:
+    """Top: exact match by length (95% Wilson bars); bottom: mean answer length against the target's (dashed)
+    and the generation cap of target + 2 digits (dotted)."""
     plt = plots.pyplot()
-    fig, axes = plt.subplots(1, len(MODELS), figsize=(10, 4), sharey=True)
-    for ax, model_type in zip(axes, MODELS):
+    fig, axes = plt.subplots(2, len(MODELS), figsize=(10, 7), sharex=True)
+    for column, model_type in enumerate(MODELS):
+        top, bottom = axes[0, column], axes[1, column]
         for a in (a for a in arms if a["model"] == model_type):
             cells = [a["by_length"][str(L)] for L in lengths]
             values = [c["exact_match"] for c in cells]
             errors = [[v - c["low"] for v, c in zip(values, cells)], [c["high"] - v for v, c in zip(values, cells)]]
-            ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=a["scheme"])
-        ax.axvline(lengths[0], color="grey", linestyle=":", linewidth=1)
-        ax.set(title=f"tiny {model_type}: {task}", xlabel="digits (dotted: longest trained)", xticks=lengths,
-               ylim=(-0.05, 1.05))
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("exact match (95% Wilson)")
+            top.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=a["scheme"])
+            bottom.plot(lengths, [c["mean_answer_digits"] for c in cells], marker="o", label=a["scheme"])
+        bottom.plot(lengths, lengths, "k--", linewidth=1, label="target length")
+        bottom.plot(lengths, [L + 2 for L in lengths], "k:", linewidth=1, label="cap (target + 2)")
+        for ax in (top, bottom):
+            ax.axvline(lengths[0], color="grey", linestyle=":", linewidth=1)
+        top.set(title=f"tiny {model_type}: {task}", ylim=(-0.05, 1.05))
+        bottom.set(xlabel="digits (grey: longest trained)", xticks=lengths)
+        top.legend(fontsize=8)
+        bottom.legend(fontsize=7)
+    axes[0, 0].set_ylabel("exact match (95% Wilson)")
+    axes[1, 0].set_ylabel("mean answer length (digits)")
     fig.tight_layout()
     plots.save(fig, path)
 
@@ -122,10 +137,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per arm (batch 32)")
     parser.add_argument("--examples", type=int, default=50, help="test pairs per length (n per cell)")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG and table from OUT's JSON, no training")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lengths = [args.train_max * k for k in (1, 2, 3, 4)]
+    if args.replot:
+        saved = json.loads((out / "seq2seq_lengthgen.json").read_text())
+        lengths = saved["settings"]["test_lengths"]
+        args.steps, args.train_max = saved["settings"]["steps"], lengths[0]
+        write_outputs(saved["arms"], lengths, out, args)
+        return
     arms = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -137,12 +159,19 @@ def main() -> None:
     settings = {"task": args.task, "train_lengths": [1, args.train_max], "test_lengths": lengths, "steps": args.steps,
                 "batch_size": 32, "examples": args.examples, "eval_seed": 0, "models": MODELS, "schemes": SCHEMES}
     results.write_json(out / "seq2seq_lengthgen.json", {"settings": settings, "versions": results.versions(), "arms": arms})
+    write_outputs(arms, lengths, out, args)
+
+
+def write_outputs(arms: list[dict[str, Any]], lengths: list[int], out: Path, args: argparse.Namespace) -> None:
     md = table(arms, lengths)
     (out / "seq2seq_lengthgen.md").write_text(
         f"Exact match of greedy generation, `{args.task}`, trained on 1..{args.train_max} digits "
         f"({args.steps} steps x 32 pairs, from scratch), tested at 1x..4x; [95% Wilson interval] (n).\n\n{md}\n\n"
-        f"The same answers: the rate whose first {args.train_max} digits are right, and the mean answer length.\n\n"
-        f"{table(arms, lengths, prefix=True)}\n")
+        f"The same answers: the rate whose first {args.train_max} digits are right, and the mean answer length "
+        f"(generation stops at end-of-sequence or at the target's length + 2 digits).\n\n"
+        f"{table(arms, lengths, prefix=True)}\n\n"
+        f"Held-out pairs of 1..{args.train_max} digits after training (the recipe run's table, teacher-forced): "
+        + "; ".join(held_out(a) for a in arms) + ".\n")
     figure(arms, lengths, out / "seq2seq_lengthgen.png", args.task)
     print(md)
 
