@@ -206,6 +206,9 @@ def test_cli_eval_on_a_saved_seq2seq_folder(trained, tmp_path, capsys):
     cells = record.runs[0].metrics["seq2seq_copy"]
     assert set(cells) == {"2", "8"} and all(c["n"] == 6 and c["low"] <= c["exact_match"] <= c["high"] for c in cells.values())
     assert "seq2seq_copy exact match @ 2 digits" in capsys.readouterr().out
+    assert cli.main(["card", folder]) == 0  # the run's seq2seq table goes into the model card's model-index
+    card = (Path(folder) / "README.md").read_text()
+    assert "text2text-generation" in card and "seq2seq exact match" in card
     assert cli.main(["eval", "--model", folder, "--suite", "ppl", "--out", str(tmp_path / "x")]) == 2
     assert "(bart) is an encoder-decoder model: it takes the suites seq2seq_copy" in capsys.readouterr().err
     causal = str(tiny_assets(tmp_path / "llama")["model"])
