@@ -213,12 +213,12 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
     model, tokenizer = modeling.load_recipe_model(recipe)
-    data = tasks.TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
+    task = tasks.TASKS[recipe.model.task]
+    data = task.prepare(recipe, raw, tokenizer)
     eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
         data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
         generator=torch.Generator().manual_seed(t.seed)))
     original = None  # a classifier's head is untrained before the run: nothing to compare with
-    task = tasks.TASKS[recipe.model.task]
     if recipe.evaluation.original and recipe.posenc.scheme and task.original and latest is None:
         original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
     objective, teacher = objectives.build(recipe, model)  # the teacher is the model before the swap
@@ -276,7 +276,7 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
 
     if recipe.evaluation.before and state.before is None:
         state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
-    every = recipe.evaluation.every_steps if task.curve else 0
+    every = recipe.evaluation.every_steps  # causal LMs only (the recipe refuses it for other tasks)
     if every and not state.curve and state.before is not None:
         state.curve.append(curve.point(0, 0, 0.0, 0.0, state.before, recipe.data.seq_len))
     clock = curve.Clock(*state.clock)

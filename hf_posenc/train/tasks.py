@@ -29,8 +29,7 @@ Tables = dict[str, dict[str, dict[str, Any]]]
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One `model.task`: see the module docstring. `encoder_decoder` is what the model's config must say
-    (None: either); `original` scores the model before the swap too (a new head has nothing to compare);
-    `curve` allows `evaluation.every_steps`."""
+    (None: either); `original` scores the model before the swap too (a new head has nothing to compare)."""
 
     prepare: Callable[[Recipe, Any, Any], inputs.Prepared]
     scores: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Scores]
@@ -38,7 +37,6 @@ class Task:
     held_out_loss: Callable[[Recipe, Tables], float]
     encoder_decoder: bool | None = None
     original: bool = False
-    curve: bool = False
 
 
 def _without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -105,7 +103,7 @@ def _seq2seq_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data
 TASKS: dict[str, Task] = {
     "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables,
                       lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
-                      encoder_decoder=False, original=True, curve=True),
+                      encoder_decoder=False, original=True),
     "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
                            lambda r, m: m["classification"][r.data.dataset]["loss"]),
     "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _seq2seq_tables,
