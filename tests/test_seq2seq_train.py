@@ -75,6 +75,9 @@ def test_recipe_trains_and_the_saved_folder_reloads_identically(trained, model_t
     batch = data.collate([data.eval[i] for i in range(len(data.eval))])
     with torch.no_grad():
         scores = tasks.TASKS["seq2seq"].scores(model, batch)
+    plain = transformers.AutoModelForSeq2SeqLM.from_pretrained(run["out"], trust_remote_code=True).eval()
+    with torch.no_grad():  # the folder also loads without hf-posenc's loader, to the same logits
+        torch.testing.assert_close(plain(**batch).logits, model(**batch).logits, rtol=0, atol=0)
     # the reloaded model scores the held-out rows as the trained one did at the end of the run
     assert scores["loss_sum"].sum().item() / scores["tokens"].sum().item() == pytest.approx(after["loss"], rel=1e-5)
     hits = int(scores["exact"].sum().item())
