@@ -31,6 +31,7 @@ __all__ = [
     "long_text",
     "length_generalization_splits",
     "sentiment_dataset",
+    "seq2seq_pairs",
     "synthetic_task",
 ]
 
@@ -239,6 +240,18 @@ def synthetic_task(task: str, length: int, n: int, seed: int = 0) -> datasets.Da
             prompts.append(f"{task} {' '.join(digits)} =")
             targets.append(" " + " ".join(answer))
     return datasets.Dataset.from_dict({"prompt": prompts, "target": targets, "length": [length] * n})
+
+
+def seq2seq_pairs(task: str, length: int, n: int, seed: int = 0) -> datasets.Dataset:
+    """`synthetic_task` as input -> output pairs for an encoder-decoder: the encoder reads the digits (copy,
+    reverse) or the sum (addition) without the task word and "=", the decoder writes the answer.
+
+    The same random digits as `synthetic_task(task, length, n, seed)`. Columns: `input`, `target`, `length`.
+    """
+    rows = synthetic_task(task, length, n, seed)
+    inputs = [p.removeprefix(f"{task} ").removesuffix(" =") for p in rows["prompt"]]
+    return datasets.Dataset.from_dict({"input": inputs, "target": [t.strip() for t in rows["target"]],
+                                       "length": rows["length"]})
 
 
 def length_generalization_splits(

@@ -68,6 +68,9 @@ TASKS = {
     "reverse": ("text-generation", "Length generalisation"),
     "addition": ("text-generation", "Length generalisation"),
     "classification": ("text-classification", "Text classification"),
+    "seq2seq": ("text2text-generation", "Sequence to sequence"),
+    **{f"seq2seq_{task}": ("text2text-generation", "Length generalisation (encoder-decoder)")
+       for task in ("copy", "reverse", "addition")},
     **{f"ruler {task}": ("text-generation", f"RULER {task}") for task in results.RULER_TASKS},
 }
 

@@ -30,6 +30,7 @@ TASKS: dict[str, Any] = {
     "causal_lm": transformers.AutoModelForCausalLM,
     "classification": transformers.AutoModelForSequenceClassification,
     "masked_lm": transformers.AutoModelForMaskedLM,
+    "seq2seq": transformers.AutoModelForSeq2SeqLM,
     "base": transformers.AutoModel,
     "saved": None,
 }

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .results import RULER_TASKS, Run
+from .results import METRICS, RULER_TASKS, Run
 
 __all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "recovery_curve",
            "results_by_length", "rotary", "ruler_heatmap", "save", "series", "shift_fit", "subspace"]
@@ -78,7 +78,8 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.legend(fontsize=8)
         written.append(save(fig, out / f"{metric}.png"))
-    tasks = [(run, task) for run in runs for task in ("copy", "reverse", "addition") if run.metrics.get(task)]
+    tasks = [(run, task) for run in runs for task, spec in METRICS.items()
+             if spec.key == "digits" and run.metrics.get(task)]
     if tasks:
         fig, ax = plt.subplots(figsize=(6, 4))
         for run, task in tasks:

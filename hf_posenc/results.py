@@ -9,6 +9,9 @@ metric tables, keyed the same way wherever they come from:
     passkey                  context length (tokens) -> {accuracy, by_depth: {depth: accuracy}, trials, tokens}
     copy, reverse, addition  task length (digits)    -> {exact_match}
     classification           dataset name            -> {accuracy, f1, examples, mode[, loss]}
+    seq2seq                  dataset name            -> {exact_match, loss, perplexity, tokens}  (train, model.task seq2seq)
+    seq2seq_copy, _reverse,  task length (digits)    -> {exact_match}  (encoder-decoders: input -> output pairs)
+      _addition
     ruler <task>             context length (tokens) -> {score, tokens[, haystack]}  (RULER_TASKS)
 
 Every rate (passkey accuracy, exact match, classification accuracy, RULER score) carries its trial
@@ -69,6 +72,8 @@ METRICS: dict[str, Metric] = {
     "reverse": Metric(("exact_match",), "digits", "exact_match"),
     "addition": Metric(("exact_match",), "digits", "exact_match"),
     "classification": Metric(("accuracy", "f1"), "dataset", "accuracy"),
+    "seq2seq": Metric(("exact_match", "loss"), "dataset", "exact_match"),
+    **{f"seq2seq_{task}": Metric(("exact_match",), "digits", "exact_match") for task in ("copy", "reverse", "addition")},
     **{f"ruler {task}": Metric(("score",), "tokens", "score") for task in RULER_TASKS},
 }
 

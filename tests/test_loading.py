@@ -38,8 +38,8 @@ def test_bad_names_and_tasks_fail_fast_naming_what_is_allowed(tmp_path):
         loading.load_model("no-such-user/no-such-model")  # HF_HUB_OFFLINE: fails at once
     assert time.monotonic() - start < 10
     tiny_model("gpt2").save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(PosEncError, match="unknown task 'seq2seq'; choose one of causal_lm, classification"):
-        loading.load_model(str(tmp_path / "gpt2"), task="seq2seq")
+    with pytest.raises(PosEncError, match="unknown task 'translation'; choose one of causal_lm, classification, masked_lm, seq2seq"):
+        loading.load_model(str(tmp_path / "gpt2"), task="translation")
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from . import check_model_takes, float_list, int_list, parse_options, scheme_con
 from .checks import at_least, model_folder
 
 SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
-              "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some)")
+              "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some); encoder-decoder models: "
+              "seq2seq_copy, seq2seq_reverse, seq2seq_addition (input -> output pairs, exact match by length)")
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=2 --suite ruler --lengths 1024,4096 --out out/ruler\n"
+        "  hf-posenc eval --model out/t5-tiny-rope --suite seq2seq_copy --task-lengths 8,16,32 --examples 50 --out out/s2s\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
@@ -48,8 +50,10 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=20, help="RULER prompts per task and length")
     parser.add_argument("--gen-tokens", type=int, default=None,
                         help="RULER: cap the greedy answer at N tokens (default: each task's own, 30-128)")
-    parser.add_argument("--task-lengths", default="2,4,8,16", help="digits per example for copy/reverse/addition")
-    parser.add_argument("--examples", type=int, default=20, help="examples per task length (copy/reverse/addition)")
+    parser.add_argument("--task-lengths", default="2,4,8,16",
+                        help="digits per example for copy/reverse/addition and their seq2seq_ suites")
+    parser.add_argument("--examples", type=int, default=20,
+                        help="examples per task length (copy/reverse/addition and their seq2seq_ suites)")
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
@@ -116,7 +120,7 @@ def check(args: argparse.Namespace) -> None:
         from .train import accelerate_config, launch_settings
 
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
-    from ..evaluation.names import MAX_SAMPLES, check_mode, parse_suites
+    from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites
 
     args.suites = parse_suites(args.suite.split(","))
     check_mode(args.perplexity_mode, args.stride)
@@ -126,6 +130,12 @@ def check(args: argparse.Namespace) -> None:
         if args.accelerate_config is not None:
             raise PosEncError("--suite ruler runs in one process (lm-eval's generate loop); drop --accelerate-config")
     model_folder(args.model, "--model")
+    from ..loading import load_config
+
+    config = load_config(args.model)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    check_model_kind(args.suites, encoder_decoder, f"--model {args.model!r} ({config.model_type})")
+    args.task = "seq2seq" if encoder_decoder else "causal_lm"  # the class `load` builds
     check_model_takes(args.model, args.config)
 
 
@@ -152,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     state = join()  # one process, or this one's place in an `accelerate launch`
     torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
     distributed = state.num_processes > 1
-    model, tokenizer = load(args.model, dtype=getattr(torch, args.dtype),
+    model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
                             device_map=inference_device_map(state.device if distributed else None))
     if args.config is not None:
         from ..patching import patch

@@ -8,7 +8,7 @@ aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_pos
     scoring       running a model for scores (hidden states, fp32 logits, greedy answers, length limits)
     long_context  perplexity by length (same targets at every length, or sliding windows), prefix
                   perplexity, passkey retrieval
-    tasks         length generalisation, sentiment classification
+    tasks         length generalisation (causal LMs; encoder-decoders on input -> output pairs), sentiment
     ruler         RULER's synthetic tasks through lm-eval's generators and scorer, offline
     names         the suite, task and mode names eval takes, checked without torch
     suites        the named suites, results.json as they run, compare
@@ -30,7 +30,7 @@ _EXPORTS = {name: module for module, names in {
     "scoring": ("LENGTH_LIMITS", "METRICS_DIR", "load_metric", "text_token_ids"),
     "ruler": ("ruler_scores",),
     "suites": ("compare", "run_suites"),
-    "tasks": ("SENTIMENT_PROMPT", "classification", "length_generalization"),
+    "tasks": ("SENTIMENT_PROMPT", "classification", "length_generalization", "seq2seq_length_generalization"),
 }.items() for name in names}
 
 __all__ = sorted(_EXPORTS)

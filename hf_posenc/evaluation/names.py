@@ -12,7 +12,10 @@ SYNTHETIC_TASKS = ("copy", "reverse", "addition")  # length generalisation (Kaze
 # Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
 # `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
 SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}
-SUITES = ("perplexity", "passkey", *SENTIMENT, *SYNTHETIC_TASKS, "ruler")
+# The same tasks as input -> output pairs for encoder-decoders (hf_posenc.data.seq2seq_pairs): the only
+# suites those take, and only those.
+SEQ2SEQ_SUITES = tuple(f"seq2seq_{task}" for task in SYNTHETIC_TASKS)
+SUITES = ("perplexity", "passkey", *SENTIMENT, *SYNTHETIC_TASKS, "ruler", *SEQ2SEQ_SUITES)
 ALIASES = {"ppl": "perplexity"}
 
 # How `perplexity_by_length` picks the tokens it scores at each context length L.
@@ -81,6 +84,19 @@ def parse_suites(names: Sequence[str]) -> list[str]:
     if named is not None:
         suites[suites.index("ruler")] = _ruler_suite(named)
     return suites
+
+
+def check_model_kind(suites: Sequence[str], encoder_decoder: bool, model: str) -> None:
+    """Encoder-decoders take the seq2seq suites only, other models every suite but those; `model` names
+    the model in the error."""
+    if encoder_decoder:
+        bad = [s for s in suites if s not in SEQ2SEQ_SUITES]
+        if bad:
+            raise PosEncError(f"{model} is an encoder-decoder model: it takes the suites {', '.join(SEQ2SEQ_SUITES)} "
+                              f"(input -> output pairs), not {', '.join(bad)}")
+    elif bad := [s for s in suites if s in SEQ2SEQ_SUITES]:
+        raise PosEncError(f"{model} is not an encoder-decoder model: the suites {', '.join(bad)} need one "
+                          "(AutoModelForSeq2SeqLM: T5, BART, ...); a causal LM takes copy, reverse, addition")
 
 
 def _ruler_suite(tasks: list[str]) -> str:

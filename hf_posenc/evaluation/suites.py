@@ -14,13 +14,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .. import data, plots, results
 from ..errors import PosEncError
 from ..patching import describe, unpatch
+from ..seq2seq import is_seq2seq
 from ..stats import rate_fields
 from .long_context import default_target, passkey, perplexity_by_length, tokens_needed
-from .names import DEFAULT_MODE, PERPLEXITY_MODES, SENTIMENT, SUITES, check_mode, parse_suites, parse_tasks
+from .names import (DEFAULT_MODE, PERPLEXITY_MODES, SENTIMENT, SEQ2SEQ_SUITES, SUITES, check_mode, check_model_kind,
+                    parse_suites, parse_tasks)
 from .processes import main_process_first, rank_and_world
 from .ruler import HAYSTACK, RULER_TASKS, ruler_scores
 from .scoring import check_lengths, text_token_ids
-from .tasks import classification, length_generalization
+from .tasks import classification, length_generalization, seq2seq_length_generalization
 
 
 
@@ -85,6 +87,7 @@ def run_suites(
             as one process would; only the first writes files.
     """
     suites = parse_suites(suites)
+    check_model_kind(suites, is_seq2seq(model), type(model).__name__)
     if distributed and ruler_tasks(suites):
         raise PosEncError("the ruler suite runs in one process (lm-eval's generate loop): run it without distributed")
     lengths = check_lengths(lengths)
@@ -201,13 +204,22 @@ def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: S
                 n = len(examples)
                 put(task, length, {"exact_match": scored["exact_match"],
                                    **rate_fields(round(scored["exact_match"] * n), n)})
+    for suite in SEQ2SEQ_SUITES:
+        if suite in suites:
+            for length in check_lengths(list(s["task_lengths"]), "task length"):
+                pairs = data.seq2seq_pairs(suite.removeprefix("seq2seq_"), length, s["examples"], s["seed"])
+                scored = seq2seq_length_generalization(model, tokenizer, pairs, batch_size=max(s["batch_size"], 8),
+                                                       **shared)
+                n = len(pairs)
+                put(suite, length, {"exact_match": scored["exact_match"],
+                                    **rate_fields(round(scored["exact_match"] * n), n)})
 
 
 # eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)
 SUITE_SETTINGS = {"perplexity": ("text", "text_config", "stride", "max_windows", "target_tokens"),
                   "passkey": ("depths", "trials", "seed"),
                   **{suite: ("limit", "seed") for suite in SENTIMENT},
-                  **{task: ("examples", "seed") for task in data.SYNTHETIC_TASKS},
+                  **{task: ("examples", "seed") for task in (*data.SYNTHETIC_TASKS, *SEQ2SEQ_SUITES)},
                   "ruler": ("samples", "gen_tokens", "seed", "haystack")}
 
 

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from ..seq2seq import is_seq2seq
 from ..stats import rate_fields
 from .processes import across_processes
 from .scoring import (
@@ -62,6 +63,59 @@ def length_generalization(
     return load_metric("length_generalization").compute(
         predictions=predictions, references=dataset["target"], lengths=dataset["length"]
     )
+
+
+def seq2seq_length_generalization(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: datasets.Dataset,
+    *,
+    batch_size: int = 8,
+    progress: bool = False,
+    distributed: bool = False,
+) -> dict[str, Any]:
+    """Exact match by task length of an encoder-decoder that reads each input and generates its output.
+
+    The encoder gets the input, the decoder generates greedily (`generate`, no sampling, one beam, no
+    repetition rules) until end-of-sequence or the target's token count + 1; whitespace is ignored in the
+    comparison (the digits are the answer, however a tokenizer spaces them when decoding).
+
+    Args:
+        dataset: columns `input`, `target`, `length` (see `hf_posenc.data.seq2seq_pairs`).
+        batch_size: inputs per `generate` call (> 1 needs a pad token).
+        distributed: split the inputs over the processes (see `processes.across_processes`).
+    Returns:
+        {"exact_match": float, "by_length": {length: float}, "predictions": [str, ...]}.
+    """
+    missing = {"input", "target", "length"} - set(dataset.column_names)
+    if missing:
+        raise PosEncError(f"the dataset lacks columns {sorted(missing)}; build it with hf_posenc.data.seq2seq_pairs")
+    if not is_seq2seq(model):
+        raise PosEncError(f"{type(model).__name__} is not an encoder-decoder model: the seq2seq tasks need one "
+                          "(AutoModelForSeq2SeqLM: T5, BART, ...); score a causal LM with the copy/reverse/addition tasks")
+    if batch_size > 1:
+        require_pad(tokenizer)
+    rows = list(zip(dataset["input"], dataset["target"]))
+
+    def generate(part: list[tuple[str, str]]) -> list[str]:
+        out = []
+        bar = tqdm(range(0, len(part), batch_size), desc="seq2seq length generalisation", unit="batch",
+                   disable=None if progress else True)
+        for i in bar:
+            chunk = part[i : i + batch_size]
+            enc = tokenizer([source for source, _ in chunk], padding=True, return_tensors="pt").to(device(model))
+            longest = max(len(ids) for ids in tokenizer(text_target=[t for _, t in chunk])["input_ids"])
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=longest + 1, do_sample=False, num_beams=1,
+                                     no_repeat_ngram_size=0, repetition_penalty=1.0)
+            out += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return out
+
+    predictions = across_processes(rows, generate, distributed)
+    scores = load_metric("length_generalization").compute(
+        predictions=["".join(p.split()) for p in predictions], references=["".join(t.split()) for _, t in rows],
+        lengths=dataset["length"])
+    return {**scores, "predictions": predictions}
 
 
 def classification(

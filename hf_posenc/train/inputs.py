@@ -10,7 +10,7 @@ import datasets
 import torch
 
 from ..errors import PosEncError
-from .recipe import Recipe
+from .recipe import TASK_COLUMNS, Recipe
 
 BUILTIN = ("kjv", "sentiment")  # data.dataset names of the offline built-ins (no paths)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -42,7 +42,7 @@ def load_raw(recipe: Recipe) -> datasets.DatasetDict:
         raw = datasets.DatasetDict({"train": raw})
     if d.train_split not in raw:
         raise PosEncError(f"{src}: data.train_split: {d.train_split!r} not in {name!r}; splits: {', '.join(raw)}")
-    needed = ["text_column"] + (["label_column"] if recipe.model.task == "classification" else [])
+    needed = TASK_COLUMNS[recipe.model.task]
     for split in [d.train_split] + ([d.eval_split] if d.eval_split in raw else []):
         for key in needed:
             column = getattr(d, key)
@@ -92,39 +92,60 @@ def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
 
 
 def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Tokenize: packed `seq_len` blocks for causal LM, truncated rows for classification."""
+    """Tokenize for the recipe's task (`tasks.TASKS[model.task].prepare`)."""
+    from .tasks import TASKS  # the task registry builds on this module's preparers
+
+    return TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
+
+
+def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
+    """Causal LM: the text as one token stream cut into packed `seq_len` blocks (PoSE windows if asked)."""
     d = recipe.data
-    has_eval = d.eval_split is not None and d.eval_split in raw
-    if recipe.model.task == "causal_lm":
-        train_ids = _token_stream(list(raw[d.train_split][d.text_column]), tokenizer)
-        if has_eval:
-            eval_ids = _token_stream(list(raw[d.eval_split][d.text_column]), tokenizer)
-        else:  # hold out the tail: for one long document (kjv) the split stays contiguous
-            cut = int(train_ids.numel() * (1 - d.eval_fraction))
-            train_ids, eval_ids = train_ids[:cut], train_ids[cut:]
-        train = _blocks(train_ids, d.seq_len, d.max_train_samples)
-        evals = _blocks(eval_ids, d.seq_len, d.max_eval_samples)
-        if len(train) == 0 or len(evals) == 0:
-            raise PosEncError(
-                f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
-                f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
-            )
-        if d.pose is None:
-            return Prepared(train, evals, eval_ids, None, collate=_stack)
-        from .pose import PoseRows  # the held-out blocks keep plain positions: the model is scored as it is used
+    train_ids = _token_stream(list(raw[d.train_split][d.text_column]), tokenizer)
+    if d.eval_split is not None and d.eval_split in raw:
+        eval_ids = _token_stream(list(raw[d.eval_split][d.text_column]), tokenizer)
+    else:  # hold out the tail: for one long document (kjv) the split stays contiguous
+        cut = int(train_ids.numel() * (1 - d.eval_fraction))
+        train_ids, eval_ids = train_ids[:cut], train_ids[cut:]
+    train = _blocks(train_ids, d.seq_len, d.max_train_samples)
+    evals = _blocks(eval_ids, d.seq_len, d.max_eval_samples)
+    if len(train) == 0 or len(evals) == 0:
+        raise PosEncError(
+            f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
+            f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
+        )
+    if d.pose is None:
+        return Prepared(train, evals, eval_ids, None, collate=_stack)
+    from .pose import PoseRows  # the held-out blocks keep plain positions: the model is scored as it is used
 
-        pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id)
-        return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)
+    pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id)
+    return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)
 
+
+def row_splits(recipe: Recipe, raw: datasets.DatasetDict) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train rows, held-out rows capped at `data.max_eval_samples`): the eval split, or a seeded share of train."""
+    d = recipe.data
     train_raw = raw[d.train_split]
-    if has_eval:
+    if d.eval_split is not None and d.eval_split in raw:
         eval_raw = raw[d.eval_split]
     else:
         split = train_raw.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
         train_raw, eval_raw = split["train"], split["test"]
+    if d.max_eval_samples:
+        eval_raw = eval_raw.select(range(min(d.max_eval_samples, len(eval_raw))))
+    return train_raw, eval_raw
 
-    def rows(ds: datasets.Dataset, cap: int | None) -> Rows:
-        ds = ds.select(range(min(cap, len(ds)))) if cap else ds
+
+def _capped(ds: datasets.Dataset, cap: int | None) -> datasets.Dataset:
+    return ds.select(range(min(cap, len(ds)))) if cap else ds
+
+
+def prepare_classification(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
+    """Classification: one truncated row per text, its class id the label."""
+    d = recipe.data
+    train_raw, eval_raw = row_splits(recipe, raw)
+
+    def rows(ds: datasets.Dataset) -> Rows:
         enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
         return Rows([
             {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(label)}
@@ -132,9 +153,27 @@ def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepar
         ])
 
     pad = tokenizer.pad_token_id
-    if d.max_eval_samples:
-        eval_raw = eval_raw.select(range(min(d.max_eval_samples, len(eval_raw))))
-    return Prepared(rows(train_raw, d.max_train_samples), rows(eval_raw, None), None, eval_raw,
+    return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
+                    collate=lambda batch: _pad(batch, pad))
+
+
+def prepare_seq2seq(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
+    """Seq2seq: the input column tokenized for the encoder, the target column as labels for the decoder
+    (the model shifts them into its decoder inputs itself; padded label positions are -100, which its
+    loss ignores)."""
+    d = recipe.data
+    train_raw, eval_raw = row_splits(recipe, raw)
+
+    def rows(ds: datasets.Dataset) -> Rows:
+        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
+        labels = tokenizer(text_target=list(ds[d.target_column]), truncation=True, max_length=d.seq_len)["input_ids"]
+        return Rows([
+            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(target)}
+            for ids, mask, target in zip(enc["input_ids"], enc["attention_mask"], labels)
+        ])
+
+    pad = tokenizer.pad_token_id
+    return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
                     collate=lambda batch: _pad(batch, pad))
 
 
@@ -142,14 +181,18 @@ def _stack(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
 
 
+IGNORE_INDEX = -100  # label positions the loss skips (transformers' and torch's cross-entropy default)
+
+
 def _pad(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(b["input_ids"].numel() for b in batch)
+    """Right-pad inputs and mask; labels are class ids (stacked) or token rows (padded with IGNORE_INDEX)."""
 
     def padded(key: str, value: int) -> torch.Tensor:
+        width = max(b[key].numel() for b in batch)
         return torch.stack([torch.nn.functional.pad(b[key], (0, width - b[key].numel()), value=value) for b in batch])
 
-    return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0),
-            "labels": torch.stack([b["labels"] for b in batch])}
+    labels = padded("labels", IGNORE_INDEX) if batch[0]["labels"].ndim else torch.stack([b["labels"] for b in batch])
+    return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0), "labels": labels}
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,12 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
         return
     from .. import list_schemes, supports
 
-    if not supports(config, scheme):
-        ok = [s for s in list_schemes() if supports(config, s)]
+    subject: Any = config
+    if recipe.model.task == "seq2seq":  # support is read off both stacks of an instance: one on the meta device
+        with torch.device("meta"):
+            subject = transformers.AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config))
+    if not supports(subject, scheme):
+        ok = [s for s in list_schemes() if supports(subject, s)]
         raise PosEncError(
             f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {scheme!r}; "
             f"supported: {', '.join(ok) or 'none'}"

@@ -25,6 +25,10 @@ import yaml
 from ..errors import PosEncError
 
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
+# model.task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
+TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
+                                            "classification": ("text_column", "label_column"),
+                                            "seq2seq": ("text_column", "target_column")}
 
 
 # The keys of the recipe's small mappings, with their type, default and domain (checked by `_check_mapping`).
@@ -53,7 +57,9 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 @dataclasses.dataclass
 class ModelArgs:
     name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M), 'minilm-l6'")
-    task: Literal["causal_lm", "classification"] = field("causal_lm", help="head to train")
+    task: Literal["causal_lm", "classification", "seq2seq"] = field(
+        "causal_lm", help="head to train: next-token LM, sequence classifier, or an encoder-decoder "
+        "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder")
     num_labels: int = field(2, help="classes, for task=classification")
     tokenizer: str | None = field(None, help="tokenizer path; defaults to the model's")
     dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
@@ -103,7 +109,9 @@ class DataArgs:
     eval_fraction: float = field(0.02, help="held-out share when there is no eval split")
     text_column: str = field("text", help="column with the text")
     label_column: str = field("label", help="column with the class id (classification)")
-    seq_len: int = field(512, help="LM: length of the packed training blocks; classification: truncation length")
+    target_column: str = field("target", help="column with the output text (seq2seq; text_column is the input)")
+    seq_len: int = field(512, help="LM: length of the packed training blocks; classification: truncation length; "
+                         "seq2seq: truncation length of inputs and of targets")
     max_train_samples: int | None = field(None, help="cap on training rows (blocks for LM)")
     max_eval_samples: int | None = field(64, help="cap on eval rows (blocks for LM)")
     pose: dict[str, Any] | str | None = field(
@@ -331,6 +339,9 @@ def validate(recipe: Recipe) -> Recipe:
                f"got {d.pose['target_length']}")
         _check(1 <= d.pose["chunks"] <= d.seq_len, s, "data.pose.chunks",
                f"must be in 1..data.seq_len={d.seq_len}, got {d.pose['chunks']}")
+    for where, value in [("evaluation.perplexity_lengths", e.perplexity_lengths), ("evaluation.every_steps", e.every_steps)]:
+        _check(lm_only or not value, s, where, f"scores causal LMs' held-out perplexity; model.task "
+               f"{recipe.model.task!r} reports its own held-out table before and after training (leave it unset)")
     _check(t.objective == "lm" or lm_only, s, "training.objective",
            f"{t.objective!r} distils a causal LM; model.task {recipe.model.task!r} takes 'lm' only")
     _check(t.objective != "lm" or not t.distill, s, "training.distill",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import socket
@@ -13,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
 from .. import folders, plots, results
 from ..errors import PosEncError
-from ..evaluation import classification, perplexity_by_length, processes
+from ..evaluation import processes
 from ..patching import describe
 from ..results import write_json
-from . import curve, inputs, modeling, objectives
+from . import curve, inputs, modeling, objectives, tasks
 from .recipe import Recipe
 
 RUN_FILE = "run.json"
@@ -127,51 +125,28 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
             f"{t.micro_batch_size} on {world_size} process(es); use {fix}"
         )
     resume, overwrite = check_output(recipe, resume, overwrite)
-    modeling.check_scheme(recipe, modeling.load_config(recipe))
+    config = modeling.load_config(recipe)
+    tasks.check_model(recipe, config)
+    modeling.check_scheme(recipe, config)
     return inputs.load_raw(recipe), resume, overwrite
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
               data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes.
-
-    Causal LM: perplexity of the held-out blocks at the training length, then `perplexity_by_length`
-    on the held-out text at `evaluation.perplexity_lengths`. Classification: the held-out rows'
-    accuracy and F1 (`evaluation.classification`) with their mean loss.
-    """
+    """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes: the task's
+    per-sample scores, gathered, then its tables (`tasks.TASKS`)."""
+    task = tasks.TASKS[recipe.model.task]
     model.eval()
-    losses = []
+    gathered: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
         for batch in loader:
-            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
-            labels = batch["labels"]
-            if recipe.model.task == "causal_lm":
-                loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none").mean(dim=1)
-            else:
-                loss = F.cross_entropy(logits, labels, reduction="none")
-            losses.append(accelerator.gather_for_metrics(loss))
-    loss, samples = torch.cat(losses).mean().item(), int(sum(x.numel() for x in losses))
-    unwrapped, e, d = accelerator.unwrap_model(model), recipe.evaluation, recipe.data
+            for name, values in task.scores(model, batch).items():
+                gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
+    scores = {name: torch.cat(values) for name, values in gathered.items()}
     # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
-    if recipe.model.task == "causal_lm":
-        table = perplexity_by_length(unwrapped, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows,
-                                     mode="sliding", distributed=True) if e.perplexity_lengths else {}
-        table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
-                            "windows": samples, "stride": d.seq_len}
-        metrics = {"perplexity": {str(k): v for k, v in sorted(table.items())}}
-    else:
-        scores = classification(unwrapped, tokenizer, data.eval_raw, text_column=d.text_column,
-                                label_column=d.label_column, batch_size=e.micro_batch_size, distributed=True)
-        metrics = {"classification": {d.dataset: {**scores, "loss": loss}}}
+    metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
     model.train()
     return metrics
-
-
-def _held_out_loss(recipe: Recipe, metrics: dict[str, dict[str, dict[str, Any]]]) -> float:
-    """The held-out loss at the training length, from `_evaluate`'s tables."""
-    if recipe.model.task == "causal_lm":
-        return metrics["perplexity"][str(recipe.data.seq_len)]["loss"]
-    return metrics["classification"][recipe.data.dataset]["loss"]
 
 
 def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
@@ -238,12 +213,13 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
     model, tokenizer = modeling.load_recipe_model(recipe)
-    data = inputs.prepare(recipe, raw, tokenizer)
+    task = tasks.TASKS[recipe.model.task]
+    data = task.prepare(recipe, raw, tokenizer)
     eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
         data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
         generator=torch.Generator().manual_seed(t.seed)))
     original = None  # a classifier's head is untrained before the run: nothing to compare with
-    if recipe.evaluation.original and recipe.posenc.scheme and recipe.model.task == "causal_lm" and latest is None:
+    if recipe.evaluation.original and recipe.posenc.scheme and task.original and latest is None:
         original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
     objective, teacher = objectives.build(recipe, model)  # the teacher is the model before the swap
     posenc_names = modeling.apply_posenc(model, recipe)
@@ -300,7 +276,7 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
 
     if recipe.evaluation.before and state.before is None:
         state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
-    every = recipe.evaluation.every_steps if recipe.model.task == "causal_lm" else 0
+    every = recipe.evaluation.every_steps  # causal LMs only (the recipe refuses it for other tasks)
     if every and not state.curve and state.before is not None:
         state.curve.append(curve.point(0, 0, 0.0, 0.0, state.before, recipe.data.seq_len))
     clock = curve.Clock(*state.clock)
@@ -382,7 +358,7 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         write_json(out / "loss.json", state.log)
         record.save(out / "results.json", complete=True)
         if recipe.output.plot:
-            losses = {run.label: _held_out_loss(recipe, run.metrics) for run in record.runs}
+            losses = {run.label: task.held_out_loss(recipe, run.metrics) for run in record.runs}
             plots.loss_curve(
                 state.log, out / "loss.png",
                 reference=("eval, before the swap", losses["original"]) if "original" in losses else None,

@@ -1,0 +1,130 @@
+"""What a recipe's `model.task` changes in the one training flow, as one registry entry per task.
+
+The runner calls the entry of its task: which models it takes (checked from the config, before any
+weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores (gathered over
+processes), the metric tables those scores make (see `hf_posenc.results`), and the held-out loss the
+plots use. A new task is one more entry, not a branch in the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from ..errors import PosEncError
+from ..evaluation import classification, perplexity_by_length
+from ..stats import rate_fields
+from . import inputs
+from .recipe import Recipe
+
+Scores = dict[str, torch.Tensor]  # name -> one value per sample of the batch
+Tables = dict[str, dict[str, dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One `model.task`: see the module docstring. `encoder_decoder` is what the model's config must say
+    (None: either); `original` scores the model before the swap too (a new head has nothing to compare)."""
+
+    prepare: Callable[[Recipe, Any, Any], inputs.Prepared]
+    scores: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Scores]
+    tables: Callable[[torch.nn.Module, Scores, Recipe, inputs.Prepared, Any], Tables]
+    held_out_loss: Callable[[Recipe, Tables], float]
+    encoder_decoder: bool | None = None
+    original: bool = False
+
+
+def _without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def _lm_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+    logits = model(**_without_labels(batch)).logits.float()
+    labels = batch["labels"]
+    return {"loss": F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none").mean(dim=1)}
+
+
+def _lm_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
+    """Perplexity of the held-out blocks at the training length, then `perplexity_by_length` on the
+    held-out text at `evaluation.perplexity_lengths` (every rank scores its share: FSDP's forwards are collective)."""
+    e, d = recipe.evaluation, recipe.data
+    loss, samples = scores["loss"].mean().item(), scores["loss"].numel()
+    table = perplexity_by_length(model, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows,
+                                 mode="sliding", distributed=True) if e.perplexity_lengths else {}
+    table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
+                        "windows": samples, "stride": d.seq_len}
+    return {"perplexity": {str(k): v for k, v in sorted(table.items())}}
+
+
+def _classifier_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+    logits = model(**_without_labels(batch)).logits.float()
+    return {"loss": F.cross_entropy(logits, batch["labels"], reduction="none")}
+
+
+def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
+                       tokenizer: Any) -> Tables:
+    """The held-out rows' accuracy and F1 (`evaluation.classification`) with their mean loss."""
+    d = recipe.data
+    cell = classification(model, tokenizer, data.eval_raw, text_column=d.text_column, label_column=d.label_column,
+                          batch_size=recipe.evaluation.micro_batch_size, distributed=True)
+    return {"classification": {d.dataset: {**cell, "loss": scores["loss"].mean().item()}}}
+
+
+def _seq2seq_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+    """Summed token loss, scored tokens and exact match of each row, labels through the decoder.
+
+    Exact match is the teacher-forced argmax equalling every label token: then greedy decoding, which
+    feeds back its own (here the true) tokens, produces exactly the labels up to their end-of-sequence
+    token, and conversely, so this is greedy generation's exact match at the cost of one forward pass.
+    """
+    labels = batch["labels"]
+    logits = model(**batch).logits.float()  # the model shifts the labels into its decoder inputs
+    scored = labels != inputs.IGNORE_INDEX
+    loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=inputs.IGNORE_INDEX, reduction="none")
+    exact = ((logits.argmax(-1) == labels) | ~scored).all(dim=1)
+    return {"loss_sum": loss.sum(dim=1), "tokens": scored.sum(dim=1).float(), "exact": exact.float()}
+
+
+def _seq2seq_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
+                    tokenizer: Any) -> Tables:
+    """Per-token held-out loss and the rows' exact match (greedy decoding's, see `_seq2seq_scores`), with n
+    and its 95% Wilson interval."""
+    tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
+    loss = scores["loss_sum"].sum().item() / tokens
+    return {"seq2seq": {recipe.data.dataset: {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss,
+                                              "perplexity": math.exp(loss), "tokens": int(tokens)}}}
+
+
+TASKS: dict[str, Task] = {
+    "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables,
+                      lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
+                      encoder_decoder=False, original=True),
+    "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
+                           lambda r, m: m["classification"][r.data.dataset]["loss"]),
+    "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _seq2seq_tables,
+                    lambda r, m: m["seq2seq"][r.data.dataset]["loss"], encoder_decoder=True),
+}
+# task -> the transformers Auto classes' model types it loads (None: the class decides at load)
+_MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
+
+
+def check_model(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
+    """A model the task cannot train is a recipe error naming its type, raised before loading weights:
+    seq2seq needs an encoder-decoder (labels go through its decoder), causal_lm a decoder-only model."""
+    task, name = recipe.model.task, recipe.model.name_or_path
+    wants = TASKS[task].encoder_decoder
+    model_type = config.model_type
+    is_pair = bool(getattr(config, "is_encoder_decoder", False))
+    mapping = _MAPPINGS.get(task)
+    if wants is True and not (is_pair and (mapping is None or model_type in mapping)):
+        raise PosEncError(f"{recipe.source}: model.task: 'seq2seq' trains encoder-decoder models "
+                          f"(AutoModelForSeq2SeqLM: t5, bart, marian, ...); {name!r} is a {model_type!r} model, "
+                          "which is not one; use model.task: causal_lm")
+    if wants is False and is_pair:
+        raise PosEncError(f"{recipe.source}: model.task: {task!r} trains decoder-only models; {name!r} is a "
+                          f"{model_type!r} encoder-decoder model: use model.task: seq2seq")
