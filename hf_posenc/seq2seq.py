@@ -52,6 +52,22 @@ def is_seq2seq(model: Any) -> bool:
     return bool(own_decoder) and compat.encoder_module(model) is not None and not_text(model, "encoder") is not None
 
 
+def meta_model(config: Any) -> nn.Module:
+    """The stock encoder-decoder model of `config` on the meta device (no weights): which stacks it has and
+    what they take is read off an instance, so a config alone (the CLI before loading) is checked through one."""
+    import copy
+
+    import transformers
+
+    for auto in (transformers.AutoModelForSeq2SeqLM, transformers.AutoModelForSpeechSeq2Seq):
+        try:
+            with torch.device("meta"):
+                return auto.from_config(copy.deepcopy(config))
+        except ValueError:  # not this Auto class's type
+            continue
+    raise PosEncError(f"unsupported architecture {config.model_type!r}: no encoder-decoder class to read its stacks from")
+
+
 def stack_module(model: nn.Module, stack: str) -> nn.Module | None:
     """The stack's module; None for an encoder side the model does not have as a module of its own."""
     return compat.encoder_module(model) if stack == "encoder" else model.get_decoder()

@@ -218,3 +218,20 @@ def test_cli_eval_on_a_saved_seq2seq_folder(trained, tmp_path, capsys):
     assert cli.main(["eval", "--model", causal, "--suite", "seq2seq_reverse", "--out", str(tmp_path / "y")]) == 2
     assert "(llama) is not an encoder-decoder model: the suites seq2seq_reverse need one" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_cli_patches_a_stock_seq2seq_folder(trained, tmp_path, capsys):
+    """`--patch` / `patch` on an encoder-decoder folder: its scheme support and options are checked on both
+    stacks (a meta-device instance of the config), then the model is patched; a bad option writes nothing."""
+    stock = str(trained["t5"]["assets"]["model"])
+    out = tmp_path / "ev"
+    assert cli.main(["eval", "--model", stock, "--patch", "alibi", "--suite", "seq2seq_copy", "--task-lengths", "2",
+                     "--examples", "4", "--out", str(out), "--no-baseline"]) == 0
+    run = results.load(out / "results.json").runs[0]
+    assert run.posenc["scheme"] == "alibi" and run.posenc["stacks"] == ["encoder", "decoder"]
+    assert cli.main(["patch", stock, "kerple", "--out", str(tmp_path / "k")]) == 0
+    model = hf_posenc.from_pretrained(str(tmp_path / "k"), model_cls=transformers.AutoModelForSeq2SeqLM)
+    assert hf_posenc.describe(model).scheme == "kerple"
+    assert cli.main(["patch", stock, "concat", "--opt", "d_pos=1000", "--out", str(tmp_path / "bad")]) == 2
+    assert "'concat': d_pos must be < the hidden size 128, got 1000" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -163,15 +163,17 @@ def check_model_takes(model: str, scheme: Any) -> None:
     from ..loading import load_config
     from ..patching import validate
     from ..registry import supported_schemes, why_not
+    from ..seq2seq import meta_model
 
     config = load_config(model)
+    subject = meta_model(config) if getattr(config, "is_encoder_decoder", False) else config
     name = getattr(scheme, "scheme", scheme)
-    if name is not None and (reason := why_not(config, name)) is not None:
+    if name is not None and (reason := why_not(subject, name)) is not None:
         raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "
-                          f"it takes: {', '.join(supported_schemes(config))} ({reason})")
+                          f"it takes: {', '.join(supported_schemes(subject))} ({reason})")
     if scheme is not None:
         try:
-            validate(config, scheme)
+            validate(subject, scheme)
         except PosEncError as err:
             raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err
 

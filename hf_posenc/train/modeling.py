@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,11 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     if scheme is None:
         return
     from .. import list_schemes, supports
+    from ..seq2seq import meta_model
 
     subject: Any = config
     if recipe.model.task == "seq2seq":  # support is read off both stacks of an instance: one on the meta device
-        with torch.device("meta"):
-            subject = transformers.AutoModelForSeq2SeqLM.from_config(copy.deepcopy(config))
+        subject = meta_model(config)
     if not supports(subject, scheme):
         ok = [s for s in list_schemes() if supports(subject, s)]
         raise PosEncError(
