@@ -251,6 +251,44 @@ def test_distill_two_processes_match_one(tmp_path, assets):
 
 
 @pytest.mark.slow
+def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
+    """accelerate's own FSDP2 preparation on 2 CPU processes (`distributed_worker.fsdp_state`): the student and
+    its teacher sharded per decoder layer; one process's losses and curve, the unpatched model's logits."""
+    from test_eval_distributed import torchrun
+
+    sections = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
+                             "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
+                "data": {"pose": {"target_length": 96, "chunks": 2}}, "peft": {"trainable": ["posenc", "norms"]},
+                "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
+    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
+    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
+    proc = run_cli([str(one)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = torchrun(["distill", str(tmp_path / "report.json"), str(two)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "its own frozen copy sharded like the student" in proc.stdout
+
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["distributed_type"] == "DistributedType.FSDP" and run["world_size"] == 2
+    ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
+    full = ranks[0]["full"]
+    assert run["teacher_frozen_bytes"] == 4 * full  # fp32: one frozen copy of the whole model, sharded
+    for rank in ranks:  # each rank scored its own batch
+        assert rank["equal"], rank["max_diff"]  # the teacher's logits are the unpatched model's, bit for bit
+        assert rank["dtensors"] == rank["params"] and rank["student_dtensors"] > 0  # still shards after its forward
+        assert 0.4 * full < rank["local"] < 0.6 * full
+    assert sum(rank["local"] for rank in ranks) == full
+
+    loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
+    assert len(loss1) == len(loss2) == 4
+    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
+    curve1, curve2 = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("one", "two"))
+    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
+    for a, b in zip(curve1, curve2):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
 def test_distill_resume_after_a_kill_continues_the_same_curve(tmp_path, assets):
     from test_train_distributed import _kill_after_checkpoint
 
