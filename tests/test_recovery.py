@@ -116,8 +116,8 @@ def _recipe(assets, tmp_path, **sections):
     return load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **sections)))
 
 
-def _student_and_teacher(recipe, model):
-    teacher = Teacher(model)
+def _student_and_teacher(recipe, model, share=True):
+    teacher = Teacher(model, share)
     names = modeling.apply_posenc(model, recipe)
     student = modeling.select_trainable(model, recipe, names)
     teacher.freeze_trained()
@@ -190,6 +190,21 @@ def test_teacher_shares_weights_unless_the_student_trains_them(assets, tmp_path,
     else:
         assert len(own) == len(list(teacher.model.parameters()))  # full fine-tuning: one frozen copy
     assert not any(p.requires_grad for _, p in own)
+
+
+@pytest.mark.parametrize("peft", [{"method": "lora", "trainable": []}, {"method": "full"}])
+def test_an_fsdp_teacher_is_its_own_frozen_copy(assets, tmp_path, peft):
+    """Under FSDP2 the teacher shares nothing (the student's tensors become shards): one frozen copy, counted."""
+    recipe = _recipe(assets, tmp_path, peft=peft, training={"objective": "distill"})
+    original = tiny_model("llama")
+    student, teacher = _student_and_teacher(recipe, copy.deepcopy(original), share=False)
+    storage = {p.untyped_storage().data_ptr() for p in student.parameters()}
+    params = list(teacher.model.parameters())
+    assert not any(p.untyped_storage().data_ptr() in storage or p.requires_grad for p in params)
+    assert teacher.frozen_bytes == sum(p.numel() * 4 for p in params) == sum(p.numel() * 4 for p in original.parameters())
+    ids = torch.randint(3, 120, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(teacher({"input_ids": ids}, hidden=False).logits, original(input_ids=ids).logits)
 
 
 # --- recipe fields ---
