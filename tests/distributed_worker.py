@@ -135,6 +135,7 @@ def fsdp_state(world: int) -> Any:
         PartialState().distributed_type = accelerator.state.distributed_type = DistributedType.FSDP
         accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
+            cpu_ram_efficient_loading=True,
             state_dict_type="FULL_STATE_DICT")
     return accelerator
 

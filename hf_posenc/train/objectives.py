@@ -7,10 +7,12 @@ clone taken before the first step. With LoRA and no fully trained groups the tea
 at all; with norms trained in full it costs their size; with full fine-tuning one frozen copy.
 The teacher is never patched, so its logits are the original model's bit for bit.
 
-Under FSDP2 nothing can be shared: `fully_shard` replaces the student's parameters by DTensor shards
-(and accelerate's ram-efficient loading moves them to the meta device in place), and one parameter
-cannot belong to two sharded roots. There the teacher is its own frozen copy, sharded as the student
-is (`Teacher.place`), so each process holds 1/N of it and its forward is collective like the student's.
+Under FSDP2 nothing can be shared: `fully_shard` replaces the student's parameters by DTensor shards, so a
+teacher holding the originals would keep a whole unsharded copy on every process (and with accelerate's
+ram-efficient loading, processes other than the first load no weights at all: rank 0's reach them only
+at sharding), and one parameter cannot belong to two sharded roots. There the teacher is its own frozen
+copy, sharded as the student is (`Teacher.place`): each process holds 1/N of it, and its forward is
+collective like the student's.
 """
 
 from __future__ import annotations
