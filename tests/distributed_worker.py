@@ -7,6 +7,7 @@ for the single-process reference. Rank 0 writes a JSON report; the tests compare
                              3 optimizer steps, then saved through `modeling.save_model` (rank 0)
     distill REPORT RECIPE    the runner's distillation under accelerate's FSDP2 preparation (2 processes) or
                              plain (1): the teacher as the runner builds it, then `train` of the recipe
+    refused REPORT RECIPE    the runner's PosEncError for the recipe under FSDP1 (one process)
 """
 
 from __future__ import annotations
@@ -121,9 +122,9 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
     return out
 
 
-def fsdp_state(world: int) -> Any:
-    """An Accelerator whose state (one per process) is FSDP2 with TRANSFORMER_BASED_WRAP, as accelerate_configs/
-    fsdp.yaml sets, on CPU processes when world > 1.
+def fsdp_state(fsdp: bool, version: int = 2) -> Any:
+    """An Accelerator whose state (one per process) is FSDP with TRANSFORMER_BASED_WRAP and ram-efficient
+    loading, as accelerate_configs/fsdp.yaml sets, on CPU processes when `fsdp`.
 
     accelerate picks FSDP only on an accelerator; set before the runner builds its own Accelerator, which shares
     the state, its `prepare` then shards the student with `fsdp2_prepare_model` as on GPUs."""
@@ -131,13 +132,25 @@ def fsdp_state(world: int) -> Any:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     accelerator = Accelerator(cpu=True)
-    if world > 1:  # both shared states: a new Accelerator copies the partial one's over its own
+    if fsdp:  # both shared states: a new Accelerator copies the partial one's over its own
         PartialState().distributed_type = accelerator.state.distributed_type = DistributedType.FSDP
         accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
-            cpu_ram_efficient_loading=True,
-            state_dict_type="FULL_STATE_DICT")
+            fsdp_version=version, auto_wrap_policy="transformer_based_wrap", cpu_ram_efficient_loading=version == 2,
+            reshard_after_forward=True if version == 2 else "FULL_SHARD", state_dict_type="FULL_STATE_DICT")
     return accelerator
+
+
+def refused(rank: int, world: int, report: Path, recipe_path: str) -> dict:
+    """The runner's answer to the recipe under FSDP1 (forced on this process): its error, if any."""
+    from hf_posenc.errors import PosEncError
+    from hf_posenc.train import load_recipe, runner
+
+    fsdp_state(True, version=1)
+    try:
+        runner.train(load_recipe(recipe_path))
+    except PosEncError as err:
+        return {"error": str(err)}
+    return {"error": None}
 
 
 def distill(rank: int, world: int, report: Path, recipe_path: str) -> dict:
@@ -146,7 +159,7 @@ def distill(rank: int, world: int, report: Path, recipe_path: str) -> dict:
 
     from hf_posenc.train import load_recipe, modeling, objectives, runner
 
-    accelerator = fsdp_state(world)
+    accelerator = fsdp_state(world > 1)
     recipe = load_recipe(recipe_path)
     torch.manual_seed(recipe.training.seed)
     model, _ = modeling.load_recipe_model(recipe)
@@ -177,7 +190,7 @@ def distill(rank: int, world: int, report: Path, recipe_path: str) -> dict:
 if __name__ == "__main__":
     mode, report, *rest = sys.argv[1:]
     rank, world = _world()
-    result = {"split": split, "fsdp": fsdp, "distill": distill}[mode](rank, world, Path(report),
+    result = {"split": split, "fsdp": fsdp, "distill": distill, "refused": refused}[mode](rank, world, Path(report),
                                                                      *([rest] if mode == "fsdp" else rest))
     if rank == 0:
         Path(report).write_text(json.dumps(result))

@@ -304,6 +304,24 @@ def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("objective", ["distill", "lm+distill"])
+def test_fsdp1_refuses_distillation_by_name(tmp_path, assets, objective):
+    """FSDP1 (forced on one CPU process) cannot shard the teacher like the student: a named error before any load."""
+    import subprocess
+    import sys
+
+    from test_eval_distributed import ENV, TESTS
+
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", training={"objective": objective}))
+    proc = subprocess.run([sys.executable, str(TESTS / "distributed_worker.py"), "refused", str(tmp_path / "report.json"),
+                           str(path)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    error = json.loads((tmp_path / "report.json").read_text())["error"]
+    assert error.startswith(f"{path}: training.objective: '{objective}' needs FSDP2") and "fsdp_version: 2" in error
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.slow
 def test_distill_resume_after_a_kill_continues_the_same_curve(tmp_path, assets):
     from test_train_distributed import _kill_after_checkpoint
 
