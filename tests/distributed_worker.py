@@ -5,6 +5,9 @@ for the single-process reference. Rank 0 writes a JSON report; the tests compare
     split REPORT MODEL_DIR   evaluation.processes and the scoring functions split over the processes
     fsdp REPORT RECIPE...    the recipe's LoRA + scheme model, FSDP2 `fully_shard` per decoder layer,
                              3 optimizer steps, then saved through `modeling.save_model` (rank 0)
+    distill REPORT RECIPE    the runner's distillation under accelerate's FSDP2 preparation (2 processes) or
+                             plain (1): the teacher as the runner builds it, then `train` of the recipe
+    refused REPORT RECIPE    the runner's PosEncError for the recipe under FSDP1 (one process)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -118,12 +122,78 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
     return out
 
 
+def fsdp_state(fsdp: bool, version: int = 2) -> Any:
+    """An Accelerator whose state (one per process) is FSDP with TRANSFORMER_BASED_WRAP and ram-efficient
+    loading, as accelerate_configs/fsdp.yaml sets, on CPU processes when `fsdp`.
+
+    accelerate picks FSDP only on an accelerator; set before the runner builds its own Accelerator, which shares
+    the state, its `prepare` then shards the student with `fsdp2_prepare_model` as on GPUs."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(cpu=True)
+    if fsdp:  # both shared states: a new Accelerator copies the partial one's over its own
+        PartialState().distributed_type = accelerator.state.distributed_type = DistributedType.FSDP
+        accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=version, auto_wrap_policy="transformer_based_wrap", cpu_ram_efficient_loading=version == 2,
+            reshard_after_forward=True if version == 2 else "FULL_SHARD", state_dict_type="FULL_STATE_DICT")
+    return accelerator
+
+
+def refused(rank: int, world: int, report: Path, recipe_path: str) -> dict:
+    """The runner's answer to the recipe under FSDP1 (forced on this process): its error, if any."""
+    from hf_posenc.errors import PosEncError
+    from hf_posenc.train import load_recipe, runner
+
+    fsdp_state(True, version=1)
+    try:
+        runner.train(load_recipe(recipe_path))
+    except PosEncError as err:
+        return {"error": str(err)}
+    return {"error": None}
+
+
+def distill(rank: int, world: int, report: Path, recipe_path: str) -> dict:
+    """The teacher the runner builds (sharded under FSDP2) against the unpatched model, then the run itself."""
+    from torch.distributed.tensor import DTensor
+
+    from hf_posenc.train import load_recipe, modeling, objectives, runner
+
+    accelerator = fsdp_state(world > 1)
+    recipe = load_recipe(recipe_path)
+    torch.manual_seed(recipe.training.seed)
+    model, _ = modeling.load_recipe_model(recipe)
+    _, teacher = objectives.build(recipe, model, fsdp=world > 1)
+    model = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
+    teacher.freeze_trained()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    teacher.place(accelerator)
+    probe = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(rank))  # a different batch per rank
+    unpatched, _ = modeling.load_recipe_model(recipe)
+    with torch.no_grad():
+        want = unpatched(input_ids=probe).logits
+    got = teacher({"input_ids": probe}, hidden=True).logits  # collective: every process calls it
+    params = list(teacher.model.parameters())
+    mine = {"equal": torch.equal(got, want), "max_diff": (got - want).abs().max().item(),
+            "full": sum(p.numel() for p in params),
+            "local": sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params),
+            "dtensors": sum(isinstance(p, DTensor) for p in params), "params": len(params),
+            "student_dtensors": sum(isinstance(p, DTensor) for p in model.parameters())}
+    out: dict = {"world": world, "ranks": [mine] * world}
+    if world > 1:
+        dist.all_gather_object(out["ranks"], mine)
+    runner.train(recipe)  # ends with accelerator.end_training(), which leaves the process group
+    return out
+
+
 if __name__ == "__main__":
     mode, report, *rest = sys.argv[1:]
     rank, world = _world()
-    result = {"split": split, "fsdp": fsdp}[mode](rank, world, Path(report), *([rest] if mode == "fsdp" else rest))
+    result = {"split": split, "fsdp": fsdp, "distill": distill, "refused": refused}[mode](rank, world, Path(report),
+                                                                     *([rest] if mode == "fsdp" else rest))
     if rank == 0:
         Path(report).write_text(json.dumps(result))
-    if world > 1:
+    if world > 1 and dist.is_initialized():
         dist.barrier()  # gloo may abort a process that leaves while another still talks to it
         dist.destroy_process_group()

@@ -116,8 +116,8 @@ def _recipe(assets, tmp_path, **sections):
     return load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **sections)))
 
 
-def _student_and_teacher(recipe, model):
-    teacher = Teacher(model)
+def _student_and_teacher(recipe, model, share=True):
+    teacher = Teacher(model, share)
     names = modeling.apply_posenc(model, recipe)
     student = modeling.select_trainable(model, recipe, names)
     teacher.freeze_trained()
@@ -192,6 +192,21 @@ def test_teacher_shares_weights_unless_the_student_trains_them(assets, tmp_path,
     assert not any(p.requires_grad for _, p in own)
 
 
+@pytest.mark.parametrize("peft", [{"method": "lora", "trainable": []}, {"method": "full"}])
+def test_an_fsdp_teacher_is_its_own_frozen_copy(assets, tmp_path, peft):
+    """Under FSDP2 the teacher shares nothing (the student's tensors become shards): one frozen copy, counted."""
+    recipe = _recipe(assets, tmp_path, peft=peft, training={"objective": "distill"})
+    original = tiny_model("llama")
+    student, teacher = _student_and_teacher(recipe, copy.deepcopy(original), share=False)
+    storage = {p.untyped_storage().data_ptr() for p in student.parameters()}
+    params = list(teacher.model.parameters())
+    assert not any(p.untyped_storage().data_ptr() in storage or p.requires_grad for p in params)
+    assert teacher.frozen_bytes == sum(p.numel() * 4 for p in params) == sum(p.numel() * 4 for p in original.parameters())
+    ids = torch.randint(3, 120, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(teacher({"input_ids": ids}, hidden=False).logits, original(input_ids=ids).logits)
+
+
 # --- recipe fields ---
 
 def test_new_fields_from_the_command_line(tmp_path, assets):
@@ -248,6 +263,62 @@ def test_distill_two_processes_match_one(tmp_path, assets):
     assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
     for a, b in zip(curve1, curve2):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
+    """accelerate's own FSDP2 preparation on 2 CPU processes (`distributed_worker.fsdp_state`): the student and
+    its teacher sharded per decoder layer; one process's losses and curve, the unpatched model's logits."""
+    from test_eval_distributed import torchrun
+
+    sections = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
+                             "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
+                "data": {"pose": {"target_length": 96, "chunks": 2}}, "peft": {"trainable": ["posenc", "norms"]},
+                "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
+    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
+    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
+    proc = run_cli([str(one)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = torchrun(["distill", str(tmp_path / "report.json"), str(two)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "its own frozen copy sharded like the student" in proc.stdout
+
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["distributed_type"] == "DistributedType.FSDP" and run["world_size"] == 2
+    ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
+    full = ranks[0]["full"]
+    assert run["teacher_frozen_bytes"] == 4 * full  # fp32: one frozen copy of the whole model, sharded
+    for rank in ranks:  # each rank scored its own batch
+        assert rank["equal"], rank["max_diff"]  # the teacher's logits are the unpatched model's, bit for bit
+        assert rank["dtensors"] == rank["params"] and rank["student_dtensors"] > 0  # still shards after its forward
+        assert 0.4 * full < rank["local"] < 0.6 * full
+    assert sum(rank["local"] for rank in ranks) == full
+
+    loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
+    assert len(loss1) == len(loss2) == 4
+    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
+    curve1, curve2 = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("one", "two"))
+    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
+    for a, b in zip(curve1, curve2):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["distill", "lm+distill"])
+def test_fsdp1_refuses_distillation_by_name(tmp_path, assets, objective):
+    """FSDP1 (forced on one CPU process) cannot shard the teacher like the student: a named error before any load."""
+    import subprocess
+    import sys
+
+    from test_eval_distributed import ENV, TESTS
+
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", training={"objective": objective}))
+    proc = subprocess.run([sys.executable, str(TESTS / "distributed_worker.py"), "refused", str(tmp_path / "report.json"),
+                           str(path)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    error = json.loads((tmp_path / "report.json").read_text())["error"]
+    assert error.startswith(f"{path}: training.objective: '{objective}' needs FSDP2") and "fsdp_version: 2" in error
+    assert not (tmp_path / "out").exists()  # nothing written
 
 
 @pytest.mark.slow

@@ -6,31 +6,60 @@ copy of the weights and no optimizer state) except those the run trains in full,
 clone taken before the first step. With LoRA and no fully trained groups the teacher costs no weights
 at all; with norms trained in full it costs their size; with full fine-tuning one frozen copy.
 The teacher is never patched, so its logits are the original model's bit for bit.
+
+Under FSDP2 nothing can be shared: `fully_shard` replaces the student's parameters by DTensor shards, so a
+teacher holding the originals would keep a whole unsharded copy on every process (and with accelerate's
+ram-efficient loading, processes other than the first load no weights at all: rank 0's reach them only
+at sharding), and one parameter cannot belong to two sharded roots. There the teacher is its own frozen
+copy, sharded as the student is (`Teacher.place`): each process holds 1/N of it, and its forward is
+collective like the student's.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from .recipe import Recipe
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+
+def _bytes(params: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
 
 class Teacher:
     """The model before the swap, sharing every parameter the student does not train in full.
 
     Build it from the loaded model before `patch`; call `freeze_trained` once the trainable parameters
-    are chosen (before any optimizer step) to clone those the student will change.
+    are chosen (before any optimizer step) to clone those the student will change. With `share=False`
+    (FSDP) it is a frozen copy of every tensor instead, sharded by `place`.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-        self.model = copy.deepcopy(model, memo=dict(shared))  # module objects copied, tensors shared
+    def __init__(self, model: torch.nn.Module, share: bool = True) -> None:
+        shared = {id(t): t for t in [*model.parameters(), *model.buffers()]} if share else {}
+        self.model = copy.deepcopy(model, memo=shared)  # module objects copied, tensors shared if `share`
         self.model.eval()
-        self.frozen_bytes = 0
+        if not share:
+            self.model.requires_grad_(False)
+        self.share, self.sharded = share, False
+        self.frozen_bytes = 0 if share else _bytes(self.model.parameters())  # tied weights counted once
+
+    def place(self, accelerator: Accelerator) -> None:
+        """Once `accelerator.prepare` took the student: a teacher of its own (FSDP2) is sharded as accelerate
+        sharded the student, by its `fsdp2_prepare_model` (the same groups, so the forward is collective like
+        the student's); a sharing one moves its clones and buffers to the student's device."""
+        if self.share:
+            self.model.to(accelerator.device)
+            return
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+        self.model, self.sharded = fsdp2_prepare_model(accelerator, self.model), True
 
     def freeze_trained(self) -> int:
         """Replace every shared parameter that now requires grad by a frozen clone; returns the bytes cloned.
@@ -42,13 +71,23 @@ class Teacher:
                     if id(p) not in clones:
                         clones[id(p)] = torch.nn.Parameter(p.detach().clone(), requires_grad=False)
                     module._parameters[name] = clones[id(p)]
-        self.frozen_bytes = sum(p.numel() * p.element_size() for p in clones.values())
+        self.frozen_bytes += _bytes(clones.values())
         return self.frozen_bytes
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], hidden: bool) -> Any:
+        """The teacher's outputs; sharded, a collective call that every process makes."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return self.model(**inputs, output_hidden_states=hidden, use_cache=False)
+        out = self.model(**inputs, output_hidden_states=hidden, use_cache=False)
+        if self.sharded:
+            from torch.distributed.fsdp import FSDPModule
+
+            # the root and the embedding/head group keep their gathered weights after a forward, for the
+            # backward that a student has and a teacher never does: free them
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        return out
 
 
 def token_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -104,8 +143,9 @@ class Objective:
 OBJECTIVES: dict[str, tuple[bool, bool]] = {"lm": (True, False), "distill": (False, True), "lm+distill": (True, True)}
 
 
-def build(recipe: Recipe, model: torch.nn.Module) -> tuple[Objective, Teacher | None]:
-    """The objective and its teacher (None for 'lm'); call before `patch` touches `model`."""
-    teacher = Teacher(model) if OBJECTIVES[recipe.training.objective][1] else None
+def build(recipe: Recipe, model: torch.nn.Module, fsdp: bool = False) -> tuple[Objective, Teacher | None]:
+    """The objective and its teacher (None for 'lm'); call before `patch` touches `model`. Under FSDP2
+    the teacher is its own copy, to be sharded (see `Teacher`)."""
+    teacher = Teacher(model, share=not fsdp) if OBJECTIVES[recipe.training.objective][1] else None
     return Objective(recipe, teacher), teacher
 

@@ -200,10 +200,11 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
     )
-    main = accelerator.is_main_process
-    if accelerator.distributed_type == DistributedType.FSDP and recipe.training.objective != "lm":
-        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} is not supported under "
-                          "FSDP yet (its teacher shares the unsharded weights); use DDP (--accelerate-config ddp) or 'lm'")
+    main, fsdp = accelerator.is_main_process, accelerator.distributed_type == DistributedType.FSDP
+    if fsdp and not accelerator.is_fsdp2 and recipe.training.objective != "lm":
+        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} needs FSDP2 to shard its "
+                          "teacher; set fsdp_version: 2 in the accelerate config (as the shipped 'fsdp' one does), "
+                          "use DDP (--accelerate-config ddp), or 'lm'")
     if overwrite and main and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     accelerator.wait_for_everyone()
@@ -221,14 +222,17 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and task.original and latest is None:
         original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
-    objective, teacher = objectives.build(recipe, model)  # the teacher is the model before the swap
+    objective, teacher = objectives.build(recipe, model, fsdp)  # the teacher is the model before the swap
     posenc_names = modeling.apply_posenc(model, recipe)
     if t.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = modeling.select_trainable(model, recipe, posenc_names)
     if teacher is not None:
         cloned = teacher.freeze_trained() / 2**20
-        if main:
+        if main and fsdp:
+            print(f"distillation teacher: the model before the swap, its own frozen copy sharded like the student "
+                  f"(FSDP2): {cloned:.1f} MiB in all, about {cloned / world:.1f} MiB per process", flush=True)
+        elif main:
             print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
                   f"{cloned:.1f} MiB cloned for the parameters trained in full", flush=True)
 
@@ -249,8 +253,8 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
     scheduler = get_scheduler("constant_with_warmup" if t.scheduler == "constant" else t.scheduler, optimizer,
                               num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    if teacher is not None:  # its clones and buffers follow the student to the device (shared tensors already did)
-        teacher.model.to(accelerator.device)
+    if teacher is not None:  # sharded like the student under FSDP2, else its clones follow it to the device
+        teacher.place(accelerator)
 
     rank, n_trainable = accelerator.process_index, sum(p.numel() for p in params)
     state = TrainerState(samples=[0] * world, tokens=[0] * world, original=original)
