@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,12 +258,7 @@ def test_distill_two_processes_match_one(tmp_path, assets):
               "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
     train_in_one_and_two_processes(tmp_path, assets, common)
     assert results.load(tmp_path / "two" / "results.json").details["world_size"] == 2
-    loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
-    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
-    curve1, curve2 = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("one", "two"))
-    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
-    for a, b in zip(curve1, curve2):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    assert_same_losses_and_curve(tmp_path)
 
 
 @pytest.mark.slow
@@ -294,13 +290,7 @@ def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
         assert 0.4 * full < rank["local"] < 0.6 * full
     assert sum(rank["local"] for rank in ranks) == full
 
-    loss1, loss2 = ([r["loss"] for r in json.loads((tmp_path / run / "loss.json").read_text())] for run in ("one", "two"))
-    assert len(loss1) == len(loss2) == 4
-    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
-    curve1, curve2 = (results.load(tmp_path / run / "results.json").details["curve"] for run in ("one", "two"))
-    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
-    for a, b in zip(curve1, curve2):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    assert_same_losses_and_curve(tmp_path)
 
 
 @pytest.mark.slow
@@ -347,3 +337,14 @@ def test_distill_resume_after_a_kill_continues_the_same_curve(tmp_path, assets):
 def test_every_shipped_recipe_loads(path):
     recipe = load_recipe(REPO / path)  # schema and cross-field checks only: nothing is loaded
     assert recipe.training.max_steps >= 1
+
+
+def assert_same_losses_and_curve(root: Path) -> None:
+    """The runs in root/one (1 process) and root/two (2 processes): the same 4 step losses and the same curve."""
+    loss1, loss2 = ([r["loss"] for r in json.loads((root / run / "loss.json").read_text())] for run in ("one", "two"))
+    assert len(loss1) == len(loss2) == 4
+    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-4, atol=1e-5)
+    curve1, curve2 = (results.load(root / run / "results.json").details["curve"] for run in ("one", "two"))
+    assert [r["tokens"] for r in curve1] == [r["tokens"] for r in curve2] == [0, 256, 512]
+    for a, b in zip(curve1, curve2):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
