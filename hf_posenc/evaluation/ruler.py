@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import random
 import re
 import tempfile
@@ -40,8 +41,22 @@ LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "f
 HAYSTACK = "kjv"  # the prose of the essay haystack, a `hf_posenc.data.long_text` name
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
+# lm-eval's advice to users of its own command line, logged at every task and length; here the lengths and
+# the tokenizer are passed as the metadata and the model is in-process by design, so it is never relevant
+LM_EVAL_ADVICE = {"lm_eval.api.task": "Custom kwargs can be passed to `--metadata`",
+                  "lm_eval.models.huggingface": "Passed an already-initialized model through `pretrained`"}
 
 
+class _DropAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return LM_EVAL_ADVICE.get(record.name, "\0") not in record.getMessage()
+
+
+def _quiet_lm_eval() -> None:
+    for name in LM_EVAL_ADVICE:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdvice) for f in log.filters):
+            log.addFilter(_DropAdvice())
 
 
 def _offline_nltk() -> None:
@@ -137,6 +152,7 @@ def ruler_scores(
         averaged over n prompts, low/high its 95% Wilson interval.
     """
     _offline_nltk()
+    _quiet_lm_eval()
     from lm_eval.evaluator import evaluate
 
     from ..integrations.lm_eval import PosEncLM
