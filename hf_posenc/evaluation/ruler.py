@@ -42,14 +42,17 @@ HAYSTACK = "kjv"  # the prose of the essay haystack, a `hf_posenc.data.long_text
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
 # lm-eval's advice to users of its own command line, logged at every task and length; here the lengths and
-# the tokenizer are passed as the metadata and the model is in-process by design, so it is never relevant
-LM_EVAL_ADVICE = {"lm_eval.api.task": "Custom kwargs can be passed to `--metadata`",
-                  "lm_eval.models.huggingface": "Passed an already-initialized model through `pretrained`"}
+# the tokenizer are passed as the metadata, the model is in-process by design and RULER's per-length score
+# is averaged as intended, so none of it is relevant to an `eval` user
+LM_EVAL_ADVICE = {"lm_eval.api.task": ("Custom kwargs can be passed to `--metadata`",),
+                  "lm_eval.models.huggingface": ("Passed an already-initialized model through `pretrained`",
+                                                 "`pretrained` model kwarg is not of type `str`"),
+                  "lm_eval.evaluator_utils": ("No aggregation function defined for metric",)}
 
 
 class _DropAdvice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return LM_EVAL_ADVICE.get(record.name, "\0") not in record.getMessage()
+        return not any(phrase in record.getMessage() for phrase in LM_EVAL_ADVICE.get(record.name, ()))
 
 
 def _quiet_lm_eval() -> None:
