@@ -39,6 +39,11 @@ MODELS = ("t5", "bart")
 SCHEMES = ("t5", "rope", "alibi")  # schemes both families take (t5 is T5's own)
 
 
+def test_lengths(train_max: int) -> list[int]:
+    """1x..4x the longest trained input, with steps of a quarter near it, where a scheme's reach shows first."""
+    return sorted({round(train_max * k) for k in (1, 1.25, 1.5, 2, 3, 4)})
+
+
 def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Train one recipe, then score the saved model at 1x..4x the training length."""
     recipe_path = REPO / "recipes" / f"{model_type}-tiny" / args.task / f"config_{scheme}.yaml"
@@ -51,7 +56,7 @@ def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args:
     train_cpu = time.process_time() - start
     held_out = record.run("after training").metrics["seq2seq"][str(assets["data"])]
     model, tokenizer = load(str(out), task="seq2seq")
-    lengths = [args.train_max * k for k in (1, 2, 3, 4)]
+    lengths = test_lengths(args.train_max)
     scored = run_suites(model, tokenizer, [f"seq2seq_{args.task}"], [args.train_max], work / f"eval-{model_type}-{scheme}",
                         name=f"{model_type} {scheme}", task_lengths=lengths, examples=args.examples, seed=0)
     cells = scored.runs[0].metrics[f"seq2seq_{args.task}"]
@@ -141,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lengths = [args.train_max * k for k in (1, 2, 3, 4)]
+    lengths = test_lengths(args.train_max)
     if args.replot:
         saved = json.loads((out / "seq2seq_lengthgen.json").read_text())
         lengths = saved["settings"]["test_lengths"]
@@ -166,7 +171,7 @@ def write_outputs(arms: list[dict[str, Any]], lengths: list[int], out: Path, arg
     md = table(arms, lengths)
     (out / "seq2seq_lengthgen.md").write_text(
         f"Exact match of greedy generation, `{args.task}`, trained on 1..{args.train_max} digits "
-        f"({args.steps} steps x 32 pairs, from scratch), tested at 1x..4x; [95% Wilson interval] (n).\n\n{md}\n\n"
+        f"({args.steps} steps x 32 pairs, from scratch), tested at 1x..4x (1.25x and 1.5x included); [95% Wilson interval] (n).\n\n{md}\n\n"
         f"The same answers: the rate whose first {args.train_max} digits are right, and the mean answer length "
         f"(generation stops at end-of-sequence or at the target's length + 2 digits).\n\n"
         f"{table(arms, lengths, prefix=True)}\n\n"
