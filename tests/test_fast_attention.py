@@ -213,8 +213,10 @@ def test_flex_bidirectional_equals_the_reference(term):
 @pytest.mark.parametrize("term", LEARNED + ["self_extend"])
 def test_chunked_gradients_equal_dense(term, monkeypatch):
     """Training through the chunked path (recomputed per block) gives the reference gradients for
-    the scheme's parameters and for q, k, v. FIRE's output bias adds a constant per head, which
-    softmax ignores: its gradient is 0 up to rounding (~2e-4 here), so it gets a wider atol."""
+    the scheme's parameters and for q, k, v, to float32 summation noise: 5e-5 of each tensor's largest
+    gradient (FIRE's MLP gradients reach ~10, summed over blocks in another order: ~1e-4 apart; a wrong
+    gradient is off by its own size). FIRE's output bias adds a constant per head, which softmax
+    ignores: its gradient is 0 up to rounding (~2e-4 here), so it gets a wider atol."""
     monkeypatch.setattr(backends, "CHUNK_ELEMENTS", 4096)
     grads = {}
     for backend in ("dense", "chunked"):
@@ -226,7 +228,7 @@ def test_chunked_gradients_equal_dense(term, monkeypatch):
         grads[backend] = {**dict(zip("qkv", (t.grad for t in tensors))), **params}
     assert len(grads["dense"]) >= 3 + (term != "self_extend")
     for name, expected in grads["dense"].items():
-        atol = 1e-3 if name == "mlp.2.bias" else 1e-4
+        atol = 1e-3 if name == "mlp.2.bias" else max(1e-4, 5e-5 * expected.abs().max().item())
         torch.testing.assert_close(grads["chunked"][name], expected, atol=atol, rtol=1e-4,
                                    msg=lambda message, name=name: f"{name}: {message}")
 
