@@ -16,8 +16,8 @@ general ability rather than the Bible's.
 Each arm is written as soon as it finishes (benchmarks/results/recovery/recovery.json, .md, .png),
 so an interrupted run keeps what it measured; a rerun skips the arms already there. Arms run in other
 processes (`--out elsewhere`) join with `--merge elsewhere/recovery.json`. The committed results are
-the three alibi LoRA objectives only (lm 40 steps, distill and lm+distill 30, curve every 10), what a
-2-core machine shared by five jobs allowed; see the README's "Recovery" section.
+the alibi LoRA objectives: lm and distill at 200 steps (curve every 25), lm+distill at 30 (curve every 10);
+see the README's "Recovery" section for what did not fit.
 """
 
 from __future__ import annotations
