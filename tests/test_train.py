@@ -280,3 +280,14 @@ def test_lora_trains_projections_plus_new_positional_params_norms_embeddings(tmp
     assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.weight") for n in trainable)
     assert any(".ln_1." in n for n in trainable) and not any("wte" in n for n in trainable)
     assert not any(n.endswith("c_attn.base_layer.weight") for n in trainable)  # frozen under LoRA
+
+
+def test_deterministic_holds_for_the_run_only(assets, tmp_path):
+    """`training.deterministic` switches torch's deterministic algorithms on for the run and back off after it:
+    train() in a notebook must not change the rest of the caller's process."""
+    from hf_posenc.train import train
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    data = recipe_dict(assets, tmp_path / "out", training={"max_steps": 2, "deterministic": True})
+    assert train(load_recipe(write_recipe(tmp_path / "r.yaml", data))).run("after training")
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -191,6 +191,14 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
             "auto": if there is one).
         overwrite: replace the run in `output.dir`.
     """
+    before = torch.are_deterministic_algorithms_enabled()
+    try:  # `training.deterministic` holds for this run only, not for the rest of the caller's process
+        return _train(recipe, resume, overwrite)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Results:
     t, out = recipe.training, Path(recipe.output.dir)
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
     cpu, world = joined.device.type == "cpu", joined.num_processes
