@@ -16,8 +16,8 @@ general ability rather than the Bible's.
 Each arm is written as soon as it finishes (benchmarks/results/recovery/recovery.json, .md, .png),
 so an interrupted run keeps what it measured; a rerun skips the arms already there. Arms run in other
 processes (`--out elsewhere`) join with `--merge elsewhere/recovery.json`. The committed results are
-the alibi LoRA objectives: lm and distill at 200 steps (curve every 25), lm+distill at 30 (curve every 10);
-see the README's "Recovery" section for what did not fit.
+every arm at 200 steps with a curve every 25, run 2-5 processes at a time
+on 2 cores; the README's "Recovery" section reads them.
 """
 
 from __future__ import annotations
@@ -111,8 +111,7 @@ def run_arm(arm: dict[str, Any], args: argparse.Namespace, streams: dict[str, An
     t0, c0 = time.perf_counter(), time.process_time()
     record = train(recipe(arm, args.steps, args.every, folder))
     model = hp.from_pretrained(str(folder)).eval()
-    lengths = [arm["seq_len"] if not arm["pose"] else 128, 4 * 128]
-    final = score(model, streams, sorted(set(lengths)))
+    final = score(model, streams, [128, 512])  # every arm at the same two lengths: 128 and 4x it
     del model
     gc.collect()
     shutil.copy(folder / "curve.png", Path(args.out) / f"curve_{arm['name']}.png")
@@ -122,31 +121,57 @@ def run_arm(arm: dict[str, Any], args: argparse.Namespace, streams: dict[str, An
             "arm_cpu_s": time.process_time() - c0}
 
 
-def baselines(streams: dict[str, Any], schemes: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The original model and each swap before any training, scored as the arms are."""
+def _label(scheme: str, options: dict[str, Any]) -> str:
+    return " ".join([scheme, *(f"{k}={v}" for k, v in options.items())]) + ", no training"
+
+
+def baselines(found: dict[str, Any], streams: dict[str, Any], schemes: list[tuple[str, dict[str, Any]]]) -> None:
+    """The original model and each swap before any training, scored as the arms are (only those not yet in
+    `found`, so arms added later bring their own swap's row)."""
     import torch
 
     import hf_posenc as hp
     from hf_posenc.loading import load
 
+    rows = found.setdefault("baselines", {})
+    missing = [(scheme, options) for scheme, options in schemes if _label(scheme, options) not in rows]
+    if "original (rope)" in rows and not missing:
+        return
     model, _ = load("smollm2", dtype=torch.float32)
-    found = {"original (rope)": score(model, streams, [128, 512])}
-    for scheme, options in schemes:
+    rows.setdefault("original (rope)", score(model, streams, [128, 512]))
+    for scheme, options in missing:
         hp.patch(model, scheme, **options)
-        found[f"{scheme}, no training"] = score(model, streams, [128, 512])
+        rows[_label(scheme, options)] = score(model, streams, [128, 512])
         hp.unpatch(model)
-    return found
 
 
 def markdown(found: dict[str, Any]) -> str:
     streams = list(found["baselines"]["original (rope)"])
-    head = ["arm", "steps", "train CPU s", *(f"{s} ppl @ {n}" for s in streams for n in ("128", "512"))]
+    head = ["arm (same-target perplexity, 256 tokens a cell)", "steps", "train CPU s", *(f"{s} ppl @ {n}" for s in streams for n in ("128", "512"))]
     rows = [f"| {label} | 0 | 0 | " + " | ".join(f"{ppl[s][n]:.1f}" for s in streams for n in ("128", "512")) + " |"
             for label, ppl in found["baselines"].items()]
     for arm in found["arms"].values():
         cpu = arm["curve"][-1]["cpu_s"]
         rows.append(f"| {arm['name']} | {arm['steps']} | {cpu:.0f} | " + " | ".join(
             f"{arm['final'][s].get(n, math.nan):.1f}" for s in streams for n in ("128", "512")) + " |")
+    return "\n".join(["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *rows]) + "\n\n" + per_cpu(found)
+
+
+BUDGETS = (250, 500, 900)  # training CPU seconds
+
+
+def per_cpu(found: dict[str, Any]) -> str:
+    """Which arm recovers fastest per CPU-second: each curve's held-out perplexity at its training length, at
+    the last point within each budget (no interpolation: a point past the budget is not counted)."""
+    head = ["arm (curve: held-out KJV blocks at the training length)", *(f"≤ {b} CPU s" for b in BUDGETS)]
+    rows = []
+    for arm in found["arms"].values():
+        cells = []
+        for budget in BUDGETS:
+            within = [r for r in arm["curve"] if r["cpu_s"] <= budget and r["step"] > 0]
+            cells.append(f"{within[-1]['perplexity'][str(arm['seq_len'])]:.1f} (step {within[-1]['step']})"
+                         if within else "—")
+        rows.append(f"| {arm['name']} | " + " | ".join(cells) + " |")
     return "\n".join(["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *rows]) + "\n"
 
 
@@ -164,12 +189,13 @@ def plot(found: dict[str, Any], path: Path) -> None:
         curves.plot([r["cpu_s"] for r in arm["curve"]], [r["perplexity"][key] for r in arm["curve"]], marker="o",
                     ms=3, label=f"{arm['name']} ({arm['steps']} steps)")
     curves.set(title="Recovery curve: SmolLM2-135M after the swap", xlabel="training CPU seconds",
-               ylabel="held-out KJV perplexity (128-token blocks)", yscale="log")
+               ylabel="held-out KJV perplexity (training-length blocks)", yscale="log")
     curves.legend(fontsize=7)
     rows = {**found["baselines"], **{name: arm["final"] for name, arm in found["arms"].items()}}
     streams, width = list(found["baselines"]["original (rope)"]), 0.8 / len(rows)
     for i, (label, final) in enumerate(rows.items()):
-        bars.bar(np.arange(len(streams)) + i * width, [final[s]["128"] for s in streams], width, label=label)
+        bars.bar(np.arange(len(streams)) + i * width, [final[s]["128"] for s in streams], width, label=label,
+                 color=plt.cm.tab20(i % 20))  # 12+ rows: the default 10-colour cycle would repeat
     bars.set_xticks(np.arange(len(streams)) + 0.4 - width / 2, [f"{s} @ 128" for s in streams])
     bars.set(title="After training: same-target perplexity (64 tokens x 4 places)", yscale="log", ylabel="perplexity")
     bars.legend(fontsize=7)
@@ -203,19 +229,19 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "recovery.json"
-    found = json.loads(path.read_text()) if path.is_file() else {"baselines": None, "arms": {}}
+    found = json.loads(path.read_text()) if path.is_file() else {"baselines": {}, "arms": {}}
     found["settings"] = {"every": args.every, "target_tokens": TARGET, "windows": WINDOWS,
                          "threads": torch.get_num_threads(), "host": socket.gethostname()}
 
     source, kwargs = model_source("smollm2")
     streams = texts(AutoTokenizer.from_pretrained(source, **kwargs))
     for other in args.merge:
-        found["arms"].update(json.loads(Path(other).read_text())["arms"])
+        joined = json.loads(Path(other).read_text())
+        found["arms"].update(joined["arms"])
+        found["baselines"] = {**joined["baselines"], **found["baselines"]}
     chosen = [a for a in ARMS if a["name"] in args.arms.split(",")]
-    if found["baselines"] is None:
-        schemes = list({a["scheme"]: a["options"] for a in chosen}.items())
-        found["baselines"] = baselines(streams, schemes)
-        write(found, out)
+    baselines(found, streams, [(a["scheme"], a["options"]) for a in chosen])
+    write(found, out)
     for arm in chosen:
         if arm["name"] in found["arms"]:
             continue

@@ -95,3 +95,10 @@ def test_readme_block_runs(index, assets, tmp_path):
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         ran += 1
     assert ran or all(any(line.startswith(p) for p in SKIPPED) for line in BLOCKS[index])
+
+
+@pytest.mark.parametrize("table", ["recovery.md", "demo_variants.md"])
+def test_recovery_tables_are_the_benchmarks(table):
+    """The README's recovery tables are what benchmarks/recovery.py and demo_recovery.py wrote, verbatim."""
+    written = (REPO / "benchmarks/results/recovery" / table).read_text()
+    assert written in README.read_text(), f"paste benchmarks/results/recovery/{table} into the README"

@@ -47,9 +47,9 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=int, default=2, help="perplexity windows per length (bounds the cost)")
     parser.add_argument("--target-tokens", type=int, default=64,
                         help="tokens scored per window, the same ones at every length (below the shortest length)")
-    # 96 steps x 4 x 128 tokens: what issue 21 measured to bring ALiBi to ~2x the original's perplexity
-    # (~4 CPU-minutes on 2 idle cores); fewer steps leave it tens of times worse
-    parser.add_argument("--steps", type=int, default=96, help="ALiBi recovery steps of the smoke recipe (0: none)")
+    # 128 of the smoke recipe's 192 steps of 2 x 128 tokens: what fits the whole demo in 8 minutes on 2 idle
+    # cores (192 took 9.5); more, smaller steps recovered more per CPU-second (benchmarks/demo_recovery.py)
+    parser.add_argument("--steps", type=int, default=128, help="ALiBi recovery steps of the smoke recipe (0: none)")
     parser.add_argument("--recipe", default=RECIPE, help="the recovery recipe (its model is replaced by --model)")
 
 
