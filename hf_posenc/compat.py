@@ -169,6 +169,21 @@ def _record(cache: Any) -> PositionRecord | None:
     return next((layer for layer in reversed(layers) if isinstance(layer, PositionRecord)), None) if layers else None
 
 
+# transformers 5.24 renamed the `past_key_values` argument and output field to `cache` (the old name is
+# mapped to the new one until 5.40); whichever a call or an output carries is the cache.
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def cache_in(kwargs: dict[str, Any]) -> Any:
+    """The cache a forward was given, under either name."""
+    return next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
+
+
+def cache_out(output: Any) -> Any:
+    """The cache a model output carries, under either name."""
+    return next((getattr(output, name) for name in CACHE_NAMES if getattr(output, name, None) is not None), None)
+
+
 def cache_length(cache: Any) -> int:
     """Tokens a cache has stored so far (0 for none)."""
     return int(cache.get_seq_length()) if isinstance(cache, Cache) else 0

@@ -54,7 +54,7 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     ids = kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
     batch, length = ref.shape[:2]
-    cache = kwargs.get("past_key_values")
+    cache = compat.cache_in(kwargs)
     past = compat.cache_length(cache)
     mask = kwargs.get("attention_mask")
     counted = None
@@ -157,8 +157,8 @@ class RecordPositions(PatchHook):
         positions = kwargs.get(POSITIONS_KWARG)
         if positions is None:
             return
-        cache = getattr(output, "past_key_values", None)
-        compat.record_positions(cache if cache is not None else kwargs.get("past_key_values"), positions.keys)
+        cache = compat.cache_out(output)
+        compat.record_positions(cache if cache is not None else compat.cache_in(kwargs), positions.keys)
 
 
 class RelayKwargs(PatchHook):
