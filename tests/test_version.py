@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pyproject_makefile_and_package_name_the_same_minimum():
-    pyproject = re.search(r'"transformers>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    pyproject = re.search(r'"transformers>=([0-9.]+)[,"]', (ROOT / "pyproject.toml").read_text()).group(1)
     makefile = re.search(r"^MIN_TRANSFORMERS\s*:?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert pyproject == makefile == compat.MIN_TRANSFORMERS
     assert Version(transformers.__version__) >= Version(compat.MIN_TRANSFORMERS)
