@@ -1,73 +1,22 @@
-"""A tiny random model of every causal-LM model type registered in the installed transformers.
-
-One generic shrink of the default config (hidden 64, 2 layers, 4 heads, ...) applied only to the
-keys a config actually has, recursively through its sub-configs, plus per-model-type overrides kept
-as data in `zoo_overrides.json`. Weights are drawn with `initializer_range` >= 0.2 so that attention
-is peaky and a wrong position changes logits by O(1).
-"""
+"""A tiny random model of every causal-LM model type registered in the installed transformers (built by
+`hf_posenc.tiny`: one generic shrink plus per-type overrides), and the zoo's cells: checks of one model type."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import functools
-import json
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from hf_posenc import compat
-
-OVERRIDES: dict[str, dict[str, Any]] = json.loads((Path(__file__).with_name("zoo_overrides.json")).read_text())
-
-VOCAB = 128
-SPECIAL_IDS = 3  # 0 pad, 1 bos, 2 eos; other special tokens (images, audio, ...) live at the top
-FIRST_EXTRA_TOKEN = 120  # test inputs use ids in [SPECIAL_IDS, FIRST_EXTRA_TOKEN)
-INIT_STD = 0.2
-
-# key -> tiny value, applied wherever a (sub-)config has the key
-SHRINK: dict[str, Any] = {
-    # width and depth
-    "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embed_dim": 64, "model_dim": 64,
-    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2,
-    "encoder_layers": 2,
-    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4,
-    "num_key_value_heads": 2, "n_kv_heads": 2, "num_kv_heads": 2, "multi_query_group_num": 2,
-    "head_dim": 16, "kv_channels": 16, "attention_head_dim": 16,
-    "intermediate_size": 128, "ffn_dim": 128, "n_inner": 128, "ffn_hidden_size": 128, "decoder_ffn_dim": 128,
-    "encoder_ffn_dim": 128, "hidden_dim": 128, "mlp_dim": 128, "d_ff": 128,
-    "vocab_size": VOCAB, "max_position_embeddings": 128, "n_positions": 128, "max_sequence_length": 128,
-    "seq_length": 128, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
-    "pronunciation_vocab_size": 32, "shape_vocab_size": 32,
-    # mixtures of experts
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
-    "num_shared_experts": 1, "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32,
-    "n_group": 1, "topk_group": 1,
-    # multi-head latent attention
-    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    # state-space and linear-attention mixers of hybrid models
-    "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_ssm": 128, "mamba_d_state": 16, "mamba_chunk_size": 16,
-    "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "chunk_size": 16,
-    "linear_num_heads": 4, "linear_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    # BERT-style models are causal LMs only as decoders
-    "is_decoder": True,
-    # local attention
-    "sliding_window": 16, "attention_window_size": 16,
-    # partial rotary given as a width
-    "rotary_dim": 8,
-}
-# fields holding vocabulary ids that must stay inside the tiny vocabulary
-LOW_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
-              "sep_token_id": 2, "cls_token_id": 1, "mask_token_id": FIRST_EXTRA_TOKEN}
+from hf_posenc.self_check import native_options
+from hf_posenc.tiny import tiny_config, tiny_ids, tiny_model  # noqa: F401  (tiny_config: the zoo tests use it)
 
 
 def model_types() -> list[str]:
@@ -75,78 +24,13 @@ def model_types() -> list[str]:
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def _is_token_field(key: str) -> bool:
-    return key.endswith(("_token_id", "_token_index", "_token_ids"))
-
-
-LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
-LAYER_PATTERN_KEYS = ("layer_types", "layers_block_type", "block_types", "attention_layers")
-
-
-def _shrink_layer_lists(values: dict[str, Any], kwargs: dict[str, Any]) -> None:
-    """One layer of each distinct layer type (attention kinds, mamba/attention hybrids), in the
-    order they first appear; other per-layer lists keep their first entries."""
-    depth = next((values[k] for k in LAYER_COUNT_KEYS if isinstance(values.get(k), int)), None)
-    kinds = {k: list(dict.fromkeys(map(str, values[k]))) for k in LAYER_PATTERN_KEYS
-             if isinstance(values.get(k), list) and values[k]}
-    layers = max([2, *map(len, kinds.values())])
-    for key in LAYER_COUNT_KEYS:
-        if key in kwargs:
-            kwargs[key] = layers
-    for key, names in kinds.items():
-        kwargs[key] = (names * layers)[:layers]
-    for key, value in values.items():
-        if key not in kinds and key not in kwargs and isinstance(value, list) and depth and len(value) == depth:
-            kwargs[key] = value[:layers]
-
-
-def _shrunk(default: transformers.PretrainedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments that build a tiny version of `default`'s config class."""
-    values = default.to_dict()
-    known = set(values) | set(getattr(default, "attribute_map", {}))
-    kwargs: dict[str, Any] = {k: v for k, v in SHRINK.items() if k in known}
-    if "qk_rope_head_dim" in known:  # multi-head latent attention: head_dim is the rotary part, no GQA
-        kwargs["head_dim"] = SHRINK["qk_rope_head_dim"]
-        kwargs["num_key_value_heads"] = SHRINK["num_attention_heads"]
-    if "initializer_range" in known:
-        kwargs["initializer_range"] = max(INIT_STD, values.get("initializer_range") or 0.0)
-    extra = iter(range(FIRST_EXTRA_TOKEN + 1, VOCAB))
-    for key, value in values.items():
-        if _is_token_field(key) and isinstance(value, int) and not isinstance(value, bool):
-            kwargs[key] = LOW_TOKENS.get(key, value if value < SPECIAL_IDS else next(extra, VOCAB - 1))
-        elif _is_token_field(key) and isinstance(value, list):
-            kwargs[key] = [LOW_TOKENS.get(key, 2)]
-    _shrink_layer_lists(values, kwargs)
-    for name, sub in (getattr(default, "sub_configs", None) or {}).items():
-        sub_default = getattr(default, name, None)
-        if isinstance(sub_default, transformers.PretrainedConfig):
-            kwargs[name] = {**_shrunk(sub_default, overrides.get(name, {})), "model_type": sub_default.model_type}
-    kwargs.update({k: v for k, v in overrides.items() if not isinstance(v, dict) or k not in kwargs})
-    return kwargs
-
-
-def tiny_config(model_type: str) -> transformers.PretrainedConfig:
-    overrides = {k: v for k, v in OVERRIDES.get(model_type, {}).items() if not k.startswith("_")}
-    try:
-        default = AutoConfig.for_model(model_type)
-    except ValueError:  # a few default configs do not validate as they are; their overrides fix them
-        default = AutoConfig.for_model(model_type, **overrides)
-    return AutoConfig.for_model(model_type, **_shrunk(default, overrides))
-
-
 def build(model_type: str, seed: int = 0, attn: str | None = None) -> torch.nn.Module:
     """A fresh tiny random causal LM of `model_type`, in eval mode."""
-    config = tiny_config(model_type)
-    torch.manual_seed(seed)
-    kwargs = {"attn_implementation": attn} if attn else {}
-    model = AutoModelForCausalLM.from_config(config, **kwargs).eval()
-    for method, *args in OVERRIDES.get(model_type, {}).get("_call", []):  # e.g. X-MOD's default language
-        getattr(model, method)(*args)
-    return model
+    return tiny_model(model_type, AutoModelForCausalLM, seed, attn)
 
 
 def inputs(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
-    return torch.randint(SPECIAL_IDS, FIRST_EXTRA_TOKEN, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return tiny_ids(batch, length, seed)
 
 
 @dataclasses.dataclass
@@ -188,7 +72,6 @@ def cached(model_type: str) -> tuple[Entry, torch.nn.Module | None]:
 
 SITES = ("input", "qk", "score", "none")
 SITE_SCHEMES = {"input": ("learned", {"init": "normal"}), "score": ("alibi", {}), "none": ("nope", {})}
-SCALINGS = {"linear", "dynamic", "yarn", "llama3", "longrope"}
 # Shifted positions round differently in fp32 (~1e-6 per angle); deep or recurrent stacks (HRM)
 # amplify that to ~2e-4. A wrong position costs O(1) with these weights.
 SHIFTED_ATOL = 1e-3
@@ -210,17 +93,6 @@ def site_scheme(adapter, site: str) -> tuple[str, dict[str, Any]]:
     if site == "qk":
         return ("yarn", {"factor": 2.0}) if adapter.rotary else ("rope", {"theta": 100.0})
     return SITE_SCHEMES[site]
-
-
-def native_options(adapter, config: Any) -> dict[str, Any]:
-    """Options restating the model's own scheme: scalings need their factor and friends."""
-    if adapter.native not in SCALINGS:
-        return {}
-    from hf_posenc.registry import get_scheme
-
-    params = dict(compat.text_config(config).rope_parameters)
-    names = {f.name for f in dataclasses.fields(get_scheme(adapter.native).Options)}
-    return {**{k: v for k, v in params.items() if k in names}, "theta": params["rope_theta"]}
 
 
 def logits(model: torch.nn.Module, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -246,7 +118,7 @@ def check_native(model_type: str) -> None:
     model, x = build(model_type), inputs()
     before = logits(model, x)
     adapter = adapter_of(model)
-    hp.patch(model, adapter.native, **native_options(adapter, model.config))
+    hp.patch(model, adapter.native, **native_options(adapter.native, model.config))
     torch.testing.assert_close(logits(model, x), before, atol=1e-5, rtol=1e-4)
 
 
