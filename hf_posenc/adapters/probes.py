@@ -81,17 +81,22 @@ def rebuild_problems(rotary: nn.Module, text: Any) -> dict[str, str]:
     base = compat.with_head_dim(copy.deepcopy(text))
     head_dim = getattr(base, "head_dim", None) or 2
     pairs = int(head_dim * float(own.get("partial_rotary_factor", 1.0))) // 2
-    problems = {}
+    problems, outputs = {}, {}
     for rope_type, extra in ROPE_PROBES.items():
         config = copy.deepcopy(base)
         config.rope_parameters = {"rope_type": rope_type, "rope_theta": float(own.get("rope_theta", 10_000.0)),
                                   "original_max_position_embeddings": length, **extra(pairs),
                                   **{k: own[k] for k in ("partial_rotary_factor",) if k in own}}
         try:
-            type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
+            outputs[rope_type] = type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
         except Exception as exc:  # noqa: BLE001 - reported as a gap of this rope type's rebuild
             problems[rope_type] = (f"{type(rotary).__name__}(config) fails with a {rope_type} rope_parameters "
                                    f"({type(exc).__name__}: {exc})")
+    if "default" in outputs and "linear" in outputs and all(map(torch.equal, outputs["default"], outputs["linear"])):
+        # a class that builds its table without reading rope_parameters (GPT-J's and CodeGen's in transformers
+        # 5.24): every rebuild would silently keep the stock rotation
+        ignored = f"{type(rotary).__name__}(config) ignores rope_parameters (a linear x2 scaling left its output as it was)"
+        problems.update(dict.fromkeys(ROPE_PROBES, ignored))
     return problems
 
 
