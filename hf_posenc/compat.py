@@ -8,6 +8,7 @@ the one piece of peft's layout the patch needs (what runs inside a `modules_to_s
 from __future__ import annotations
 
 import copy
+import inspect
 
 from typing import Any, Callable
 
@@ -18,6 +19,18 @@ from packaging.version import Version
 # The lowest transformers the package declares (pyproject) and CI runs the fast matrix on (`make test`
 # builds a second venv with it, Makefile MIN_TRANSFORMERS); tests/test_version.py keeps the three equal.
 MIN_TRANSFORMERS = "5.0.0"
+# The newest transformers the whole suite passed on (what `make test`'s main venv resolved; tests/test_version.py
+# keeps it equal to the installed version there). Past it, patch() runs hf_posenc.self_check first.
+TESTED_THROUGH = "5.24.0"
+# The other libraries a patched model meets, as (lowest declared in pyproject, newest the suite passed on);
+# `hf-posenc doctor` reports the installed versions against them.
+TESTED_RANGES = {"transformers": (MIN_TRANSFORMERS, TESTED_THROUGH), "peft": ("0.13", "0.21.2"),
+                 "accelerate": ("1.0", "1.15.0")}
+
+
+def within(version: str, low: str, high: str) -> bool:
+    """`low <= version <= high` as releases compare (a local build's +suffix is ignored)."""
+    return Version(low) <= Version(Version(version).base_version) <= Version(high)
 
 
 def check_transformers(version: str) -> None:
@@ -172,6 +185,11 @@ def _record(cache: Any) -> PositionRecord | None:
 # transformers 5.24 renamed the `past_key_values` argument and output field to `cache` (the old name is
 # mapped to the new one until 5.40); whichever a call or an output carries is the cache.
 CACHE_NAMES = ("cache", "past_key_values")
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name under which `model`'s forward takes a cache on the installed transformers."""
+    return next((n for n in CACHE_NAMES if n in inspect.signature(model.forward).parameters), CACHE_NAMES[-1])
 
 
 def cache_in(kwargs: dict[str, Any]) -> Any:

@@ -115,6 +115,14 @@ def option_table(scheme: str) -> list[dict[str, Any]]:
     return rows
 
 
+def required_options(scheme: str) -> set[str]:
+    """The options of `scheme` that have no default (a scaling's `factor`)."""
+    options_cls = options_class(scheme_name(scheme))
+    hints = typing.get_type_hints(options_cls)
+    return {f.name for f in dataclasses.fields(options_cls)
+            if f.default is dataclasses.MISSING or (f.default is None and not _accepts(None, hints[f.name]))}
+
+
 def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """Build the scheme's options dataclass, turning every mistake into a PosEncError naming the scheme,
     the option and its domain (type, finite, range: `hf_posenc.domains`)."""

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from . import compat, saving, seq2seq
+from . import compat, saving, self_check, seq2seq
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
@@ -29,8 +29,8 @@ from .sites.base import PatchHook
 from .sites.qk import ROTARY_MODULE
 from .state import PatchState, RemoveHooks
 
-__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "unpatch",
-           "validate"]
+__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "release_check",
+           "unpatch", "validate"]
 
 STATE_ATTR = "_posenc_state"
 
@@ -54,6 +54,18 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`).
     """
     config = _as_config(scheme, options)
+    if self_check.wanted():  # past the newest transformers tested (hf_posenc.self_check)
+        validate(model, config)  # a mistake is named before the check runs
+        self_check.ensure(model, config, _patch_now, unpatch)
+    return _patch_now(model, config)
+
+
+def release_check(model_class: type, model_type: str, config: PosEncConfig) -> self_check.Report:
+    """The release self-check of `config` on a tiny `model_class` of `model_type` (`hf-posenc doctor`)."""
+    return self_check.run(model_class, model_type, config, _patch_now, unpatch)
+
+
+def _patch_now(model: nn.Module, config: PosEncConfig) -> nn.Module:
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
     config, adapter, spec, facts = _resolve(model, config)

@@ -32,3 +32,27 @@ def test_an_older_transformers_is_refused_with_the_fix(old):
 def test_the_minimum_and_newer_pass():
     for version in (compat.MIN_TRANSFORMERS, transformers.__version__, "6.0.0"):
         compat.check_transformers(version)
+
+
+def test_no_upper_bound_on_transformers():
+    """`pip install hf-posenc` never downgrades a user's transformers: past TESTED_THROUGH the self-check decides."""
+    requirement = re.search(r'"transformers([^"]*)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert requirement == f">={compat.MIN_TRANSFORMERS}"
+
+
+@pytest.mark.skipif(Version(transformers.__version__) == Version(compat.MIN_TRANSFORMERS),
+                    reason="the minimum's venv (make test-min) runs the oldest transformers, not the newest")
+@pytest.mark.parametrize("library", sorted(compat.TESTED_RANGES))
+def test_tested_through_is_what_this_suite_runs_on(library):
+    """`make test`'s main venv resolves the newest releases: when one appears, this fails until the whole suite has
+    passed on it and TESTED_THROUGH (and the catalogs) say so."""
+    from importlib import metadata
+
+    high = compat.TESTED_RANGES[library][1]
+    assert Version(metadata.version(library)) == Version(high), f"{library} {metadata.version(library)} is not {high}"
+
+
+@pytest.mark.parametrize("library", sorted(compat.TESTED_RANGES))
+def test_tested_ranges_start_at_what_pyproject_declares(library):
+    declared = re.search(rf'"{library}>=([0-9.]+)[,"]', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert declared == compat.TESTED_RANGES[library][0]

@@ -1,0 +1,176 @@
+"""The release self-check and `hf-posenc doctor`: a transformers release that breaks a patch is refused by name,
+before the user's model is touched, instead of returning a model whose numbers are wrong.
+
+The break is simulated the way 5.24 broke the package: a cached forward loses the positions of the tokens the
+cache holds (here transformers' own DynamicCache reports an empty cache, so every step restarts at 0)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import transformers
+from transformers.cache_utils import DynamicCache
+
+import hf_posenc as hp
+from hf_posenc import cli, compat, self_check
+from hf_posenc.patching import release_check
+from hf_posenc.registry import list_architectures
+
+from conftest import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def fresh_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process would: no class checked yet."""
+    monkeypatch.setattr(self_check, "_REPORTS", {})
+
+
+@pytest.fixture
+def untested_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed transformers is past the newest tested one (auto mode then checks)."""
+    monkeypatch.delenv(self_check.ENV, raising=False)
+    monkeypatch.setattr(compat, "TESTED_THROUGH", "5.0.0")
+
+
+@pytest.fixture
+def broken_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers as a release that loses the cached positions would behave."""
+    monkeypatch.setattr(DynamicCache, "get_seq_length", lambda self, layer_idx=0: 0)
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def cached_vs_uncached(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        full = model(ids).logits
+        first = model(ids[:, :6], use_cache=True)
+        step = model(ids[:, 6:7], **{compat.cache_kwarg(model): compat.cache_out(first)}, use_cache=True).logits
+    return float((step[:, -1] - full[:, 6]).abs().max())
+
+
+def test_auto_mode_checks_only_past_the_tested_release(monkeypatch):
+    monkeypatch.delenv(self_check.ENV, raising=False)
+    assert not self_check.wanted()  # the suite runs on TESTED_THROUGH (test_version keeps them equal)
+    assert self_check.untested("99.0.0") and not self_check.untested(compat.TESTED_THROUGH)
+    monkeypatch.setattr(compat, "TESTED_THROUGH", "5.0.0")
+    assert self_check.wanted() == self_check.untested()
+    monkeypatch.setenv(self_check.ENV, "never")
+    assert not self_check.wanted()
+    monkeypatch.setenv(self_check.ENV, "always")
+    assert self_check.wanted()
+
+
+def test_a_mode_that_is_not_one_is_named(monkeypatch):
+    monkeypatch.setenv(self_check.ENV, "sometimes")
+    with pytest.raises(hp.PosEncError, match="HF_POSENC_SELF_CHECK='sometimes' is not a mode; allowed: auto, always, never"):
+        hp.patch(tiny_model("llama"), "alibi")
+
+
+@pytest.mark.parametrize("model_type,scheme", [("llama", "alibi"), ("gpt2", "rope"), ("bert", "alibi"),
+                                               ("qwen3", "yarn")])
+def test_forced_check_passes_here_and_says_so_once(monkeypatch, caplog, model_type, scheme):
+    monkeypatch.setenv(self_check.ENV, "always")
+    runs: list[str] = []
+    real_run = self_check.run
+    monkeypatch.setattr(self_check, "run", lambda *a, **k: runs.append(a[2].scheme) or real_run(*a, **k))
+    options = {"factor": 4.0} if scheme == "yarn" else {}
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hp.patch(tiny_model(model_type), scheme, **options)
+        hp.patch(tiny_model(model_type, seed=1), scheme, **options)  # same class: checked once per process
+    assert runs == [scheme]
+    lines = [r.getMessage() for r in caplog.records if "self-check" in r.getMessage()]
+    assert len(lines) == 1 and "passed" in lines[0], lines
+    report = next(iter(self_check._REPORTS.values()))
+    assert report.passed and {c.name for c in report.checks} >= {"own == stock", "unpatch exact", "padded == alone"}
+    assert ("cached == uncached" in {c.name for c in report.checks}) == (model_type != "bert")
+
+
+def test_an_untested_release_that_passes_says_it_is_untested(untested_release, caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hp.patch(tiny_model("gpt2"), "alibi")
+    (line,) = [r.getMessage() for r in caplog.records if "self-check" in r.getMessage()]
+    assert f"transformers {transformers.__version__} is newer than 5.0.0" in line and "passed" in line
+
+
+def test_the_check_catches_a_release_that_loses_cached_positions(untested_release, broken_cache):
+    """Without the check the patch goes through and cached logits are wrong; with it, a refusal by name."""
+    ids = torch.randint(3, 120, (1, 8), generator=torch.Generator().manual_seed(0))
+    model = tiny_model("llama")
+    with pytest.MonkeyPatch.context() as never:
+        never.setenv(self_check.ENV, "never")
+        hp.patch(model, "alibi")
+    assert cached_vs_uncached(model, ids) > 0.1  # what the user would have got: a silently wrong model
+
+    model = tiny_model("llama")
+    with pytest.MonkeyPatch.context() as never:
+        never.setenv(self_check.ENV, "never")
+        hp.patch(model, "learned", init="normal")  # a previous patch with weights of its own
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    described, out = hp.describe(model), logits(model, ids)
+    with pytest.raises(hp.PosEncError) as err:
+        hp.patch(model, "alibi")
+    message = str(err.value)
+    for part in (f"transformers {transformers.__version__} breaks hf-posenc's 'alibi' patch of LlamaForCausalLM",
+                 "cached == uncached", "apart", "the newest transformers tested is 5.0.0",
+                 "pip install 'transformers==5.0.0'", "HF_POSENC_SELF_CHECK=never", "The model was not changed"):
+        assert part in message, (part, message)
+    assert hp.describe(model) == described
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.equal(logits(model, ids), out)
+
+
+def test_a_refused_release_stays_refused_for_that_class(untested_release, broken_cache):
+    for _ in range(2):
+        with pytest.raises(hp.PosEncError, match="self-check: cached == uncached"):
+            hp.patch(tiny_model("gpt2"), "rope")
+
+
+def test_the_check_runs_on_a_tiny_model_not_the_users(monkeypatch):
+    """The user's model is only read: a deep copy taken before equals it after, weights and config alike."""
+    monkeypatch.setenv(self_check.ENV, "always")
+    model = tiny_model("qwen2")
+    twin = copy.deepcopy(model)
+    report = release_check(type(model), "qwen2", hp.PosEncConfig("alibi"))
+    assert report.passed, report.failures()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    assert not hasattr(model.config, "posenc")
+
+
+def test_options_sized_for_the_real_model_fall_back_on_the_tiny_one(monkeypatch):
+    """LongRoPE lists of the real head_dim/2 do not fit the tiny model: it is checked with its own."""
+    monkeypatch.setenv(self_check.ENV, "always")
+    model = tiny_model("llama")  # head_dim 16: 8 pairs
+    pairs = 8
+    hp.patch(model, "longrope", factor=2.0, short_factor=[1.0] * pairs, long_factor=[2.0] * pairs)
+    assert next(iter(self_check._REPORTS.values())).passed
+
+
+def test_doctor_passes_here_with_every_family_and_the_versions(capsys):
+    assert cli.main(["doctor", "--schemes", "nope"]) == 0
+    out = capsys.readouterr().out
+    for name in ("torch", "transformers", "peft", "accelerate"):
+        assert f"\n{name}: " in f"\n{out}"
+    assert f"transformers: {transformers.__version__} (tested {compat.MIN_TRANSFORMERS} .. {compat.TESTED_THROUGH})" in out
+    rows = [line.split(" | ")[0].lstrip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert set(rows) - {"model type"} == set(self_check.families())
+    assert set(list_architectures()) <= set(rows)
+
+
+def test_doctor_fails_with_exit_1_under_the_simulated_break(broken_cache, capsys):
+    assert cli.main(["doctor", "--model-types", "llama", "t5", "--schemes", "alibi"]) == 1
+    out = capsys.readouterr().out
+    assert "| llama | LlamaForCausalLM | alibi | FAIL |" in out and "cached == uncached" in out
+
+
+def test_doctor_refuses_unknown_names_before_running(capsys):
+    assert cli.main(["doctor", "--schemes", "alibii"]) == 2
+    assert cli.main(["doctor", "--model-types", "lama"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown scheme 'alibii'" in err and "unknown model type(s) 'lama'" in err
