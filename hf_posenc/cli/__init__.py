@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hf_posenc.cli.train", "run a fine-tuning recipe through accelerate"),
     "card": ("hf_posenc.cli.card", "write a model card for a run folder"),
     "push": ("hf_posenc.cli.push", "upload a run folder to the Hub"),
+    "doctor": ("hf_posenc.cli.doctor", "check the installed transformers against every family (after an upgrade)"),
 }
 DEBUG_HELP = "show the full traceback of an error instead of one line"
 
