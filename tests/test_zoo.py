@@ -126,7 +126,7 @@ def test_a_config_alone_gets_the_same_answer_as_the_instance(model_type):
 
 @pytest.mark.parametrize("model_type,missing", [
     ("ctrl", "buffer pos_encoding"),  # a sinusoidal table added inside forward, no module to swap
-    ("gptj", "embed_positions"),  # rotary tables as buffers inside each attention
+    ("inkling2_text", "relative_position_bias"),  # a learned relative bias module in each attention
     ("prophetnet", "relative_pos_embeddings"),
     ("mamba", "no num_attention_heads"),
 ])
@@ -142,6 +142,10 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
     ("laguna", "alibi", {}, "num_attention_heads_per_layer"),
     ("roformer", "learned", {}, "not a code added to the token embeddings"),  # its table feeds a rotation
     ("gpt_bigcode", "rope", {}, "multi-query or another packing"),
+    # transformers 5.24's model-level rotary tables build without reading rope_parameters: a rebuild would
+    # silently keep the stock rotation
+    ("gptj", "yarn", {"factor": 2.0}, "GPTJRotaryEmbedding(config) ignores rope_parameters"),
+    ("codegen", "rope", {"theta": 100.0}, "CodeGenRotaryEmbedding(config) ignores rope_parameters"),
 ])
 def test_unsupported_cells_say_why_and_refuse_cleanly(model_type, scheme, options, reason):
     model = zoo.build(model_type)
