@@ -63,8 +63,11 @@ NO_DROPOUT = dict(initializer_range=0.2, attn_pdrop=0.0, resid_pdrop=0.0, embd_p
                   seq_classif_dropout=0.0)
 
 
-def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None) -> torch.nn.Module:
-    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders."""
+def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders. In
+    another `dtype` it has the same weights, as `from_pretrained(dtype=...)` loads them: parameters in
+    `dtype`, buffers as the model computes them (rotary frequencies stay fp32)."""
     torch.manual_seed(seed)
     config = TINY_CONFIGS[model_type]()
     for key, value in NO_DROPOUT.items():
@@ -76,6 +79,11 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
     cls = {"causal": transformers.AutoModelForCausalLM, "masked": transformers.AutoModelForMaskedLM,
            "base": transformers.AutoModel, "cls": transformers.AutoModelForSequenceClassification}[head]
     model = cls.from_config(config, attn_implementation=attn)
+    if dtype != torch.float32:
+        with torch.random.fork_rng():  # a patch after this draws what it draws after the fp32 model
+            loaded = cls.from_config(config, attn_implementation=attn, dtype=dtype)
+        loaded.load_state_dict(model.state_dict())
+        model = loaded
     return model.eval()
 
 
