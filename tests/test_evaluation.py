@@ -165,6 +165,25 @@ def test_a_length_past_a_learned_table_is_skipped_and_the_others_kept(kjv_ids):
     assert "fewer than 5000" in evaluation.perplexity_by_length(model, kjv_ids, [5000])[5000]["skipped"]
 
 
+def cuda_like_lookup(table: torch.nn.Embedding, args: tuple) -> None:
+    """What CUDA does with an index past a table: a device-side assert (a RuntimeError, after which the
+    process's CUDA context is lost), not the IndexError a CPU raises."""
+    if int(args[0].max()) >= table.num_embeddings:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+def test_a_length_past_a_learned_table_is_refused_before_the_forward(kjv_ids):
+    """The length is skipped as on CPU, by the model's table size, without the lookup ever running."""
+    model = tiny_model("gpt2")  # 64 learned positions
+    model.transformer.wpe.register_forward_pre_hook(cuda_like_lookup)
+    result = evaluation.perplexity_by_length(model, kjv_ids, [32, 128], max_windows=2)
+    assert "IndexError" in result[128]["skipped"] and "64 positions" in result[128]["skipped"]
+    assert result[32]["perplexity"] > 1
+    assert set(evaluation.prefix_perplexity(model, kjv_ids, [32, 65])) == {32, 65}
+    assert "64 positions" in evaluation.prefix_perplexity(model, kjv_ids, [32, 65])[65]["skipped"]
+    assert "64 positions" in evaluation.passkey(model, char_tokenizer(), [400], depths=[0.5], trials=1)[400]["skipped"]
+
+
 @pytest.mark.parametrize("lengths", [[0], [16, -4], [2.5]])
 def test_non_positive_lengths_are_refused(lengths, kjv_ids):
     with pytest.raises(PosEncError, match="positive integer"):
