@@ -15,7 +15,7 @@ from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
-from hf_posenc.train import load_recipe, modeling
+from hf_posenc.train import inputs, load_recipe, modeling
 from hf_posenc.train.inputs import Rows
 from hf_posenc.train.objectives import Objective, Teacher
 from hf_posenc.train.pose import PoseRows, pose_position_ids
@@ -109,6 +109,30 @@ def test_pose_packed_rows_keep_document_boundaries():
         alone = model(input_ids=doc2[None], position_ids=ids[None, 7:],
                       attention_mask=torch.ones(1, 10, dtype=torch.long)).logits[0]
     torch.testing.assert_close(packed[7:], alone, atol=1e-4, rtol=1e-4)  # nothing of doc1 leaks into doc2
+
+
+def test_pose_masks_of_a_bf16_model_are_in_its_dtype(assets, tmp_path):
+    """CUDA's memory-efficient sdpa takes no float mask of another dtype than q (bf16 weights, no autocast): the
+    recipe's PoSE rows carry block-causal masks in the model's dtype, masked with that dtype's min."""
+    recipe = _recipe(assets, tmp_path, model={"dtype": "bfloat16"}, data={"pose": {"target_length": 48, "chunks": 2}})
+    model, tokenizer = modeling.load_recipe_model(recipe)
+    rows = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer).train
+    item = next(rows[i] for i in range(len(rows)) if rows[i]["attention_mask"].ndim == 3)  # a packed row
+    mask, ids = item["attention_mask"], item["position_ids"]
+    assert model.dtype == mask.dtype == torch.bfloat16 and mask.min() == torch.finfo(torch.bfloat16).min
+    one_document = {**item, "attention_mask": torch.ones_like(ids)}
+    assert rows.collate([item, one_document])["attention_mask"].dtype == torch.bfloat16
+    last = int((ids == 0).nonzero().max())  # where the row's last document starts
+    with torch.no_grad():
+        def logits(mask: torch.Tensor) -> torch.Tensor:
+            return model(input_ids=item["input_ids"][None], position_ids=ids[None], attention_mask=mask[None]).logits[0]
+
+        alone = model(input_ids=item["input_ids"][None, last:], position_ids=ids[None, last:],
+                      attention_mask=torch.ones_like(ids[None, last:])).logits[0]
+        packed, leaking = logits(mask)[last:], logits(torch.ones_like(ids))[last:]
+    # the unmasked-equivalent reference, to bf16 rounding; the earlier documents leaking in would move it by more
+    bound = 0.02 * float(alone.abs().max())
+    assert float((packed - alone).abs().max()) <= bound < float((leaking - alone).abs().max())
 
 
 # --- distillation ---
