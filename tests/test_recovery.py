@@ -178,6 +178,46 @@ def test_distill_loss_equals_kl_by_hand(assets, tmp_path, objective, hidden_weig
     assert loss.requires_grad
 
 
+@pytest.fixture
+def bf16_accelerator():
+    """An Accelerator with bf16 mixed precision on CPU (torch autocasts CPU to bf16), its shared state reset after."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    yield Accelerator(cpu=True, mixed_precision="bf16")
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _autocast_seen(model: torch.nn.Module) -> list[bool]:
+    """Whether each forward of `model` from now on runs under CPU autocast (seen from its output head: accelerate
+    wraps the top forward itself, whose own hooks run outside it)."""
+    seen: list[bool] = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(torch.is_autocast_enabled("cpu")))
+    return seen
+
+
+def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets, tmp_path, bf16_accelerator):
+    """A bf16 student beside an fp32 teacher or baseline is another model on A100/H100: the teacher's forward and
+    the evaluation before the swap run under the same autocast as the student's."""
+    from hf_posenc.train import runner
+
+    recipe = _recipe(assets, tmp_path, training={"objective": "distill"})
+    student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
+    student = bf16_accelerator.prepare(student)
+    teacher.place(bf16_accelerator)
+    taught, teaching = _autocast_seen(student), _autocast_seen(teacher.model)
+    ids = torch.randint(3, 120, (2, 12))
+    Objective(recipe, teacher)(student, {"input_ids": ids, "labels": ids})
+    assert taught == [True] and teaching == [True]
+
+    original, tokenizer = modeling.load_recipe_model(recipe)  # scored before `prepare`, as the runner does
+    evaluated = _autocast_seen(original)
+    data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
+    loader = torch.utils.data.DataLoader(data.eval, 4, collate_fn=data.collate)
+    runner._evaluate(original, loader, bf16_accelerator, recipe, data, tokenizer)
+    assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
+
+
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])
 def test_teacher_logits_are_the_unpatched_models_bit_for_bit(assets, tmp_path, model_type, scheme):
     recipe = _recipe(assets, tmp_path, posenc={"scheme": scheme}, peft={"trainable": ["posenc", "norms"]},

@@ -134,17 +134,18 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
               data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes: the task's
-    per-sample scores, gathered, then its tables (`tasks.TASKS`)."""
+    per-sample scores, gathered, then its tables (`tasks.TASKS`). Under the training's autocast, which the model
+    before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
     task = tasks.TASKS[recipe.model.task]
     model.eval()
     gathered: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), accelerator.autocast():
         for batch in loader:
             for name, values in task.scores(model, batch).items():
                 gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
-    scores = {name: torch.cat(values) for name, values in gathered.items()}
-    # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
-    metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
+        scores = {name: torch.cat(values) for name, values in gathered.items()}
+        # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
+        metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
     model.train()
     return metrics
 
