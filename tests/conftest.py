@@ -10,6 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
 
@@ -120,3 +122,24 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
     return calls
+
+
+class DeviceWithoutFloat64(TorchDispatchMode):
+    """The meta device standing in for an accelerator without float64 (Apple MPS): records every float64 tensor
+    created there (`created`); a copy from it to the CPU gives zeros of the shape and dtype asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func is torch.ops.aten._to_copy.default and source is not None and source.is_meta \
+                and kwargs.get("device") == torch.device("cpu"):
+            return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype)
+        out = func(*args, **kwargs)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta and tensor.dtype == torch.float64:
+                self.created.append(str(func))
+        return out

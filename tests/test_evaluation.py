@@ -8,7 +8,7 @@ import string
 import datasets
 import pytest
 import torch
-from conftest import TINY, tiny_model
+from conftest import TINY, DeviceWithoutFloat64, tiny_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -182,6 +182,15 @@ def test_a_length_past_a_learned_table_is_refused_before_the_forward(kjv_ids):
     assert set(evaluation.prefix_perplexity(model, kjv_ids, [32, 65])) == {32, 65}
     assert "64 positions" in evaluation.prefix_perplexity(model, kjv_ids, [32, 65])[65]["skipped"]
     assert "64 positions" in evaluation.passkey(model, char_tokenizer(), [400], depths=[0.5], trials=1)[400]["skipped"]
+
+
+def test_token_nll_makes_no_float64_on_the_models_device():
+    """MPS has no float64: the losses accumulate in float64 only once on the CPU."""
+    head = torch.nn.Linear(8, TINY["vocab"], device="meta")
+    hidden, targets = torch.randn(5, 8, device="meta"), torch.randint(0, TINY["vocab"], (5,))
+    with DeviceWithoutFloat64() as device:
+        nll = evaluation.scoring.token_nll(head, hidden, targets)
+    assert device.created == [] and nll.dtype == torch.float64 and nll.device.type == "cpu"
 
 
 @pytest.mark.parametrize("lengths", [[0], [16, -4], [2.5]])

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import DeviceWithoutFloat64, tiny_model
 from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
-from hf_posenc.train import inputs, load_recipe, modeling
+from hf_posenc.train import curve, inputs, load_recipe, modeling
 from hf_posenc.train.inputs import Rows
 from hf_posenc.train.objectives import Objective, Teacher
 from hf_posenc.train.pose import PoseRows, pose_position_ids
@@ -176,6 +176,13 @@ def test_distill_loss_equals_kl_by_hand(assets, tmp_path, objective, hidden_weig
         expected += float(s.loss)
     assert float(loss) == pytest.approx(expected, rel=1e-4)
     assert loss.requires_grad
+
+
+def test_the_curve_clock_hands_the_device_no_float64():
+    """MPS has no float64: the CPU seconds go to the processes' sum as fp32, whatever device `reduce` uses."""
+    with DeviceWithoutFloat64() as device:
+        wall, cpu = curve.Clock(3.0, 4.0).totals(lambda x: x.to("meta").cpu())
+    assert device.created == [] and wall >= 3.0 and cpu == 4.0  # the stand-in device's sum: zeros
 
 
 @pytest.fixture

@@ -156,9 +156,10 @@ def logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def token_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token negative log-likelihood (float64, CPU) of `targets` after rows of hidden states. The
-    targets follow the logits to the head's device (a model spread by device_map="auto")."""
+    targets follow the logits to the head's device (a model spread by device_map="auto"); float64 only on the
+    CPU (MPS has none)."""
     scores = logits(head, hidden)
-    return F.cross_entropy(scores, targets.to(scores.device), reduction="none").double().cpu()
+    return F.cross_entropy(scores, targets.to(scores.device), reduction="none").cpu().double()
 
 
 def require_pad(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -296,7 +296,9 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
 
     bar = tqdm(total=t.max_steps, initial=state.step, disable=None if main else True, desc="train", unit="step",
                dynamic_ncols=True)  # None: off when stderr is not a terminal
-    window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
+    # loss sum, micro-batches, tokens since last log: float64 on the CPU, summed over processes as fp32 on the
+    # device (MPS has no float64)
+    window = torch.zeros(3, dtype=torch.float64)
     samples, tokens = state.samples[rank], state.tokens[rank]
     tick, cpu0 = time.perf_counter(), time.process_time()
     model.train()
@@ -320,7 +322,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
             state.step, state.offset = state.step + 1, state.offset + t.batch_size
             bar.update(1)
             if state.step % t.logging_steps == 0 or state.step == t.max_steps:
-                total = accelerator.reduce(window.to(accelerator.device), "sum").cpu()
+                total = accelerator.reduce(window.float().to(accelerator.device), "sum").cpu().double()
                 seconds = time.perf_counter() - tick
                 state.train_seconds += seconds
                 row = {"step": state.step, "loss": total[0].item() / total[1].item(),
