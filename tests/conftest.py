@@ -10,6 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
 
@@ -63,8 +65,11 @@ NO_DROPOUT = dict(initializer_range=0.2, attn_pdrop=0.0, resid_pdrop=0.0, embd_p
                   seq_classif_dropout=0.0)
 
 
-def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None) -> torch.nn.Module:
-    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders."""
+def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders. In
+    another `dtype` it has the same weights, as `from_pretrained(dtype=...)` loads them: parameters in
+    `dtype`, buffers as the model computes them (rotary frequencies stay fp32)."""
     torch.manual_seed(seed)
     config = TINY_CONFIGS[model_type]()
     for key, value in NO_DROPOUT.items():
@@ -76,6 +81,11 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
     cls = {"causal": transformers.AutoModelForCausalLM, "masked": transformers.AutoModelForMaskedLM,
            "base": transformers.AutoModel, "cls": transformers.AutoModelForSequenceClassification}[head]
     model = cls.from_config(config, attn_implementation=attn)
+    if dtype != torch.float32:
+        with torch.random.fork_rng():  # a patch after this draws what it draws after the fp32 model
+            loaded = cls.from_config(config, attn_implementation=attn, dtype=dtype)
+        loaded.load_state_dict(model.state_dict())
+        model = loaded
     return model.eval()
 
 
@@ -112,3 +122,24 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counted))
     return calls
+
+
+class DeviceWithoutFloat64(TorchDispatchMode):
+    """The meta device standing in for an accelerator without float64 (Apple MPS): records every float64 tensor
+    created there (`created`); a copy from it to the CPU gives zeros of the shape and dtype asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func is torch.ops.aten._to_copy.default and source is not None and source.is_meta \
+                and kwargs.get("device") == torch.device("cpu"):
+            return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype)
+        out = func(*args, **kwargs)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta and tensor.dtype == torch.float64:
+                self.created.append(str(func))
+        return out

@@ -8,7 +8,7 @@ import string
 import datasets
 import pytest
 import torch
-from conftest import TINY, tiny_model
+from conftest import TINY, DeviceWithoutFloat64, tiny_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -163,6 +163,34 @@ def test_a_length_past_a_learned_table_is_skipped_and_the_others_kept(kjv_ids):
     assert "IndexError" in result[128]["skipped"]
     assert result[32]["perplexity"] > 1 and result[48]["perplexity"] > 1
     assert "fewer than 5000" in evaluation.perplexity_by_length(model, kjv_ids, [5000])[5000]["skipped"]
+
+
+def cuda_like_lookup(table: torch.nn.Embedding, args: tuple) -> None:
+    """What CUDA does with an index past a table: a device-side assert (a RuntimeError, after which the
+    process's CUDA context is lost), not the IndexError a CPU raises."""
+    if int(args[0].max()) >= table.num_embeddings:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+def test_a_length_past_a_learned_table_is_refused_before_the_forward(kjv_ids):
+    """The length is skipped as on CPU, by the model's table size, without the lookup ever running."""
+    model = tiny_model("gpt2")  # 64 learned positions
+    model.transformer.wpe.register_forward_pre_hook(cuda_like_lookup)
+    result = evaluation.perplexity_by_length(model, kjv_ids, [32, 128], max_windows=2)
+    assert "IndexError" in result[128]["skipped"] and "64 positions" in result[128]["skipped"]
+    assert result[32]["perplexity"] > 1
+    assert set(evaluation.prefix_perplexity(model, kjv_ids, [32, 65])) == {32, 65}
+    assert "64 positions" in evaluation.prefix_perplexity(model, kjv_ids, [32, 65])[65]["skipped"]
+    assert "64 positions" in evaluation.passkey(model, char_tokenizer(), [400], depths=[0.5], trials=1)[400]["skipped"]
+
+
+def test_token_nll_makes_no_float64_on_the_models_device():
+    """MPS has no float64: the losses accumulate in float64 only once on the CPU."""
+    head = torch.nn.Linear(8, TINY["vocab"], device="meta")
+    hidden, targets = torch.randn(5, 8, device="meta"), torch.randint(0, TINY["vocab"], (5,))
+    with DeviceWithoutFloat64() as device:
+        nll = evaluation.scoring.token_nll(head, hidden, targets)
+    assert device.created == [] and nll.dtype == torch.float64 and nll.device.type == "cpu"
 
 
 @pytest.mark.parametrize("lengths", [[0], [16, -4], [2.5]])

@@ -9,6 +9,7 @@ import pytest
 
 import hf_posenc as hp
 import test_invariants  # noqa: F401  (importing a test module registers its rows)
+import test_bf16  # noqa: F401
 import test_paths  # noqa: F401
 import test_seq2seq
 from conftest import TINY_CONFIGS

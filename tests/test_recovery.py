@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import DeviceWithoutFloat64, tiny_model
 from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
-from hf_posenc.train import load_recipe, modeling
+from hf_posenc.train import curve, inputs, load_recipe, modeling
 from hf_posenc.train.inputs import Rows
 from hf_posenc.train.objectives import Objective, Teacher
 from hf_posenc.train.pose import PoseRows, pose_position_ids
@@ -111,6 +111,30 @@ def test_pose_packed_rows_keep_document_boundaries():
     torch.testing.assert_close(packed[7:], alone, atol=1e-4, rtol=1e-4)  # nothing of doc1 leaks into doc2
 
 
+def test_pose_masks_of_a_bf16_model_are_in_its_dtype(assets, tmp_path):
+    """CUDA's memory-efficient sdpa takes no float mask of another dtype than q (bf16 weights, no autocast): the
+    recipe's PoSE rows carry block-causal masks in the model's dtype, masked with that dtype's min."""
+    recipe = _recipe(assets, tmp_path, model={"dtype": "bfloat16"}, data={"pose": {"target_length": 48, "chunks": 2}})
+    model, tokenizer = modeling.load_recipe_model(recipe)
+    rows = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer).train
+    item = next(rows[i] for i in range(len(rows)) if rows[i]["attention_mask"].ndim == 3)  # a packed row
+    mask, ids = item["attention_mask"], item["position_ids"]
+    assert model.dtype == mask.dtype == torch.bfloat16 and mask.min() == torch.finfo(torch.bfloat16).min
+    one_document = {**item, "attention_mask": torch.ones_like(ids)}
+    assert rows.collate([item, one_document])["attention_mask"].dtype == torch.bfloat16
+    last = int((ids == 0).nonzero().max())  # where the row's last document starts
+    with torch.no_grad():
+        def logits(mask: torch.Tensor) -> torch.Tensor:
+            return model(input_ids=item["input_ids"][None], position_ids=ids[None], attention_mask=mask[None]).logits[0]
+
+        alone = model(input_ids=item["input_ids"][None, last:], position_ids=ids[None, last:],
+                      attention_mask=torch.ones_like(ids[None, last:])).logits[0]
+        packed, leaking = logits(mask)[last:], logits(torch.ones_like(ids))[last:]
+    # the unmasked-equivalent reference, to bf16 rounding; the earlier documents leaking in would move it by more
+    bound = 0.02 * float(alone.abs().max())
+    assert float((packed - alone).abs().max()) <= bound < float((leaking - alone).abs().max())
+
+
 # --- distillation ---
 
 def _recipe(assets, tmp_path, **sections):
@@ -152,6 +176,53 @@ def test_distill_loss_equals_kl_by_hand(assets, tmp_path, objective, hidden_weig
         expected += float(s.loss)
     assert float(loss) == pytest.approx(expected, rel=1e-4)
     assert loss.requires_grad
+
+
+def test_the_curve_clock_hands_the_device_no_float64():
+    """MPS has no float64: the CPU seconds go to the processes' sum as fp32, whatever device `reduce` uses."""
+    with DeviceWithoutFloat64() as device:
+        wall, cpu = curve.Clock(3.0, 4.0).totals(lambda x: x.to("meta").cpu())
+    assert device.created == [] and wall >= 3.0 and cpu == 4.0  # the stand-in device's sum: zeros
+
+
+@pytest.fixture
+def bf16_accelerator():
+    """An Accelerator with bf16 mixed precision on CPU (torch autocasts CPU to bf16), its shared state reset after."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    yield Accelerator(cpu=True, mixed_precision="bf16")
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _autocast_seen(model: torch.nn.Module) -> list[bool]:
+    """Whether each forward of `model` from now on runs under CPU autocast (seen from its output head: accelerate
+    wraps the top forward itself, whose own hooks run outside it)."""
+    seen: list[bool] = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(torch.is_autocast_enabled("cpu")))
+    return seen
+
+
+def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets, tmp_path, bf16_accelerator):
+    """A bf16 student beside an fp32 teacher or baseline is another model on A100/H100: the teacher's forward and
+    the evaluation before the swap run under the same autocast as the student's."""
+    from hf_posenc.train import runner
+
+    recipe = _recipe(assets, tmp_path, training={"objective": "distill"})
+    student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
+    student = bf16_accelerator.prepare(student)
+    teacher.place(bf16_accelerator)
+    taught, teaching = _autocast_seen(student), _autocast_seen(teacher.model)
+    ids = torch.randint(3, 120, (2, 12))
+    Objective(recipe, teacher)(student, {"input_ids": ids, "labels": ids})
+    assert taught == [True] and teaching == [True]
+
+    original, tokenizer = modeling.load_recipe_model(recipe)  # scored before `prepare`, as the runner does
+    evaluated = _autocast_seen(original)
+    data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
+    loader = torch.utils.data.DataLoader(data.eval, 4, collate_fn=data.collate)
+    runner._evaluate(original, loader, bf16_accelerator, recipe, data, tokenizer)
+    assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
 
 
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])

@@ -33,7 +33,7 @@ from ..errors import PosEncError
 from ..results import RULER_TASKS
 from ..stats import rate_fields
 from .names import MAX_SAMPLES, NOT_OFFLINE, parse_tasks
-from .scoring import LENGTH_LIMITS, skipped
+from .scoring import LENGTH_LIMITS, check_table, skipped
 
 # our task name -> lm-eval's (lm_eval/tasks/ruler/*.yaml)
 LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe"}.get(name, name)
@@ -176,6 +176,7 @@ def ruler_scores(
                     scores.setdefault(task, {})[length] = skipped(err)
                     continue
                 try:
+                    check_table(model, length)  # a prompt and its answer fit in `length` tokens
                     out = evaluate(lm, {"tasks": {LM_EVAL_NAMES[task]: built}, "groups": {}, "group_map": {}},
                                    limit=samples, log_samples=True)
                 except LENGTH_LIMITS as err:

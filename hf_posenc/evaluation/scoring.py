@@ -19,14 +19,15 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from ..errors import PosEncError
+from ..registry import adapter_for
 from .processes import across_processes
 
 METRICS_DIR = Path(__file__).parents[1] / "metrics"
 # Rows of hidden states sent through the output head at once: bounds the fp32 logits to
 # LOGIT_CHUNK x vocab (200 MB for a 49k vocabulary) whatever the context length.
 LOGIT_CHUNK = 1024
-# What "this model cannot run this length" looks like: a patch's declared limit (PosEncError), a learned
-# position table indexed past its end (IndexError), out of memory. Recorded as a skipped length so a
+# What "this model cannot run this length" looks like: a patch's declared limit (PosEncError), a length past
+# the model's own learned position table (IndexError, raised by `check_table` before the forward), out of memory. Recorded as a skipped length so a
 # sweep keeps its other results; any other error is a bug and propagates.
 LENGTH_LIMITS = (PosEncError, IndexError, torch.OutOfMemoryError)
 
@@ -52,6 +53,29 @@ def load_metric(name: str) -> evaluate.EvaluationModule:
 
 def device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def table_positions(model: torch.nn.Module) -> int | None:
+    """How many positions the model's own learned table holds (GPT-2, OPT, BERT), or None: relative positions,
+    a model no adapter places, or a patch's table (which refuses longer inputs itself)."""
+    try:
+        adapter = adapter_for(model)
+    except PosEncError:
+        return None
+    slot = model.base_model.get_submodule(adapter.position_slot) if adapter.position_slot else None
+    if not isinstance(slot, torch.nn.Embedding):
+        return None
+    return slot.num_embeddings - adapter.position_offset(model.config)
+
+
+def check_table(model: torch.nn.Module, length: int) -> None:
+    """Refuse `length` tokens past the model's learned position table before the forward: on CUDA the lookup
+    past its end is a device-side assert that ends the process, not the IndexError of a CPU run that
+    `LENGTH_LIMITS` records as a skipped length; this raises that IndexError on every device."""
+    limit = table_positions(model)
+    if limit is not None and length > limit:
+        raise IndexError(f"{length} tokens need positions 0..{length - 1}, but {type(model).__name__}'s learned "
+                         f"position table has {limit} positions")
 
 
 def check_lengths(lengths: Sequence[int], what: str = "length") -> list[int]:
@@ -106,6 +130,7 @@ def head_inputs(model: torch.nn.Module, head: torch.nn.Module, input_ids: torch.
     they score, in chunks, so memory stays bounded at any context length (a full (T, vocab) fp32
     logits tensor is 3.2 GB at 16k tokens for a 49k vocabulary).
     """
+    check_table(model, input_ids.shape[-1])
     captured: list[torch.Tensor] = []
 
     def keep_input(module: torch.nn.Module, args: tuple) -> tuple:
@@ -131,9 +156,10 @@ def logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def token_nll(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token negative log-likelihood (float64, CPU) of `targets` after rows of hidden states. The
-    targets follow the logits to the head's device (a model spread by device_map="auto")."""
+    targets follow the logits to the head's device (a model spread by device_map="auto"); float64 only on the
+    CPU (MPS has none)."""
     scores = logits(head, hidden)
-    return F.cross_entropy(scores, targets.to(scores.device), reduction="none").double().cpu()
+    return F.cross_entropy(scores, targets.to(scores.device), reduction="none").cpu().double()
 
 
 def require_pad(tokenizer: PreTrainedTokenizerBase) -> None:

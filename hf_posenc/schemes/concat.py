@@ -91,7 +91,7 @@ class Concat(InputScheme):
         module = ConcatPositions(token_basis, position_basis, table, options["base"], options["scale"] * 2**0.5,
                                  facts.position_offset)
         module.notes = {"token_energy_kept": round(kept, 6)}
-        return module.to(facts.device, facts.dtype)
+        return module.to(facts.dtype)  # bases too: saved like weights, they give the code its output dtype
 
 
 register_scheme(Concat())

@@ -79,7 +79,7 @@ class Learned(InputScheme):
         table = initial_table(options["init"], options["max_positions"], facts.hidden_size, logical, facts.dtype,
                               facts.token_rms)
         head = old[:offset].to("cpu", facts.dtype) if old is not None else torch.zeros(offset, facts.hidden_size)
-        return LearnedPositions(torch.cat((head.to(facts.dtype), table)).to(facts.device), offset)
+        return LearnedPositions(torch.cat((head.to(facts.dtype), table)), offset)
 
 
 register_scheme(Learned())

@@ -67,9 +67,8 @@ class Sinusoidal(InputScheme):
         return out
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-        module = SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype,
-                                     facts.position_offset, options["layout"], options["origin"])
-        return module.to(facts.device)
+        return SinusoidalPositions(facts.hidden_size, options["base"], options["scale"], facts.dtype,
+                                   facts.position_offset, options["layout"], options["origin"])
 
 
 register_scheme(Sinusoidal())

@@ -288,6 +288,17 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
         state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
 
 
+def place(module: nn.Module, facts: ModelFacts) -> nn.Module:
+    """A scheme's module as every site installs it: on the model's device, its parameters in the model's dtype
+    (the model stays one dtype: FSDP, `model.dtype`), its buffers in the dtype the scheme built them in. Those
+    hold frequencies, slopes and decays in fp32, as a stock model loaded in bf16 keeps its `inv_freq`: bf16
+    frequencies turn position 512 by 0.9 rad at theta 5e5 (or the model's dtype, where they only name it)."""
+    module.to(facts.device)
+    for param in module.parameters():
+        param.data = param.data.to(facts.dtype)
+    return module
+
+
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
                              facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
@@ -302,8 +313,7 @@ def add_scheme_module(name: str, kwarg: str, model: nn.Module, adapter: Adapter,
                       state: PatchState, loop: LayerLoop) -> None:
     """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
     of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
-    # in the model's dtype, so the model stays one dtype (FSDP, `model.dtype`); the modules compute in fp32
-    module = spec.module(state.config.options, facts).to(device=facts.device, dtype=facts.dtype)
+    module = place(spec.module(state.config.options, facts), facts)
     state.add_module(model.base_model, adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..attention import Positions
 from ..schemes.base import ModelFacts, Scheme
-from .base import LayerLoop, PatchHook, remove_native_positions
+from .base import LayerLoop, PatchHook, place, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -52,7 +52,7 @@ class ProjectTokens(PatchHook):
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
     base = model.base_model
-    code = spec.module(state.config.options, facts)
+    code = place(spec.module(state.config.options, facts), facts)
     if adapter.position_slot:
         state.replace(base, adapter.position_slot, code)
     else:

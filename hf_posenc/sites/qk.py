@@ -20,7 +20,7 @@ from ..attention import Positions
 from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
 from ..schemes.rope import native_partial, native_theta, rotate
-from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
+from .base import LayerLoop, PatchHook, place, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -118,10 +118,10 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
             params = layer_parameters(spec, options, facts, own)
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
-        state.replace(base, adapter.rotary, type(old)(config=compat.with_head_dim(config)).to(facts.device))
+        state.replace(base, adapter.rotary, place(type(old)(config=compat.with_head_dim(config)), facts))
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
-        rotary = spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)).to(facts.device)
+        rotary = place(spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)), facts)
         if adapter.rotary:
             state.replace(base, adapter.rotary, rotary)
         else:

@@ -34,9 +34,10 @@ class Clock:
 
     def totals(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
         """(wall, cpu) seconds so far over every session; `reduce` sums a tensor over processes (collective).
-        Leaves the clock paused: `resume` when training goes on."""
+        Leaves the clock paused: `resume` when training goes on. `reduce` gets fp32, which any device holds
+        (MPS has no float64)."""
         self.pause()
-        cpu = float(reduce(torch.tensor([self.cpu], dtype=torch.float64)).item())
+        cpu = float(reduce(torch.tensor([self.cpu], dtype=torch.float32)).item())
         return self.base_wall + self.wall, self.base_cpu + cpu
 
 

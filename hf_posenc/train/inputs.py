@@ -118,7 +118,8 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
         return Prepared(train, evals, eval_ids, None, collate=_stack)
     from .pose import PoseRows  # the held-out blocks keep plain positions: the model is scored as it is used
 
-    pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id)
+    pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
+                    getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
     return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)
 
 

@@ -17,8 +17,9 @@ collective like the student's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,12 +49,15 @@ class Teacher:
         if not share:
             self.model.requires_grad_(False)
         self.share, self.sharded = share, False
+        self.autocast: Callable[[], Any] = contextlib.nullcontext  # the student's, once placed
         self.frozen_bytes = 0 if share else _bytes(self.model.parameters())  # tied weights counted once
 
     def place(self, accelerator: Accelerator) -> None:
         """Once `accelerator.prepare` took the student: a teacher of its own (FSDP2) is sharded as accelerate
         sharded the student, by its `fsdp2_prepare_model` (the same groups, so the forward is collective like
-        the student's); a sharing one moves its clones and buffers to the student's device."""
+        the student's); a sharing one moves its clones and buffers to the student's device. Either runs under
+        the student's autocast: a bf16 student beside an fp32 teacher is two different models on a GPU."""
+        self.autocast = accelerator.autocast
         if self.share:
             self.model.to(accelerator.device)
             return
@@ -78,7 +82,8 @@ class Teacher:
     def __call__(self, batch: dict[str, torch.Tensor], hidden: bool) -> Any:
         """The teacher's outputs; sharded, a collective call that every process makes."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        out = self.model(**inputs, output_hidden_states=hidden, use_cache=False)
+        with self.autocast():
+            out = self.model(**inputs, output_hidden_states=hidden, use_cache=False)
         if self.sharded:
             from torch.distributed.fsdp import FSDPModule
 

@@ -46,13 +46,14 @@ def document_spans(input_ids: torch.Tensor, eos_id: int | None) -> list[tuple[in
     return list(zip([0, *ends[:-1]], ends))
 
 
-def block_causal_mask(spans: list[tuple[int, int]], length: int) -> torch.Tensor:
-    """An additive (1, L, L) float mask: causal inside each document, nothing across documents."""
+def block_causal_mask(spans: list[tuple[int, int]], length: int, dtype: torch.dtype) -> torch.Tensor:
+    """An additive (1, L, L) mask in the model's `dtype` (sdpa's fused kernels take no float mask of another dtype
+    than q): causal inside each document, nothing across documents."""
     allowed = torch.zeros(length, length, dtype=torch.bool)
     for a, b in spans:
         allowed[a:b, a:b] = True
     allowed &= torch.ones(length, length, dtype=torch.bool).tril()
-    mask = torch.zeros(length, length).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    mask = torch.zeros(length, length, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None]
 
 
@@ -63,10 +64,13 @@ class PoseRows(torch.utils.data.Dataset):
     do not step by +1 without a mask as packed sequences, which would cut attention at every skip); a
     row of several gets a block-causal 4-D float mask, so packed documents stay apart as their
     restarting ids say. Rows of a batch must then agree: `collate` pads every mask to 4-D when any is.
+    Float masks are in `dtype`, the model's.
     """
 
-    def __init__(self, rows: Rows, target_length: int, chunks: int, seed: int, eos_id: int | None) -> None:
+    def __init__(self, rows: Rows, target_length: int, chunks: int, seed: int, eos_id: int | None,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.rows, self.target_length, self.chunks, self.seed, self.eos_id = rows, target_length, chunks, seed, eos_id
+        self.dtype = dtype
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -77,13 +81,16 @@ class PoseRows(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         spans = document_spans(ids, self.eos_id)
         position_ids = torch.cat([pose_position_ids(b - a, self.target_length, self.chunks, g) for a, b in spans])
-        mask = torch.ones(ids.numel(), dtype=torch.long) if len(spans) == 1 else block_causal_mask(spans, ids.numel())
+        mask = (torch.ones(ids.numel(), dtype=torch.long) if len(spans) == 1
+                else block_causal_mask(spans, ids.numel(), self.dtype))
         return {**row, "position_ids": position_ids, "attention_mask": mask}
 
     @staticmethod
     def collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Stack rows; 2-D masks become 4-D causal ones when another row of the batch has documents."""
         if len({b["attention_mask"].ndim for b in batch if "attention_mask" in b}) > 1:
-            batch = [{**b, "attention_mask": block_causal_mask([(0, b["input_ids"].numel())], b["input_ids"].numel())}
+            dtype = next(b["attention_mask"].dtype for b in batch if b["attention_mask"].ndim == 3)
+            batch = [{**b, "attention_mask": block_causal_mask([(0, b["input_ids"].numel())], b["input_ids"].numel(),
+                                                               dtype)}
                      if b["attention_mask"].ndim == 1 else b for b in batch]
         return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}

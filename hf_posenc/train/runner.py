@@ -134,17 +134,18 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
               data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes: the task's
-    per-sample scores, gathered, then its tables (`tasks.TASKS`)."""
+    per-sample scores, gathered, then its tables (`tasks.TASKS`). Under the training's autocast, which the model
+    before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
     task = tasks.TASKS[recipe.model.task]
     model.eval()
     gathered: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), accelerator.autocast():
         for batch in loader:
             for name, values in task.scores(model, batch).items():
                 gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
-    scores = {name: torch.cat(values) for name, values in gathered.items()}
-    # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
-    metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
+        scores = {name: torch.cat(values) for name, values in gathered.items()}
+        # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
+        metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
     model.train()
     return metrics
 
@@ -295,7 +296,9 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
 
     bar = tqdm(total=t.max_steps, initial=state.step, disable=None if main else True, desc="train", unit="step",
                dynamic_ncols=True)  # None: off when stderr is not a terminal
-    window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, tokens since last log
+    # loss sum, micro-batches, tokens since last log: float64 on the CPU, summed over processes as fp32 on the
+    # device (MPS has no float64)
+    window = torch.zeros(3, dtype=torch.float64)
     samples, tokens = state.samples[rank], state.tokens[rank]
     tick, cpu0 = time.perf_counter(), time.process_time()
     model.train()
@@ -319,7 +322,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
             state.step, state.offset = state.step + 1, state.offset + t.batch_size
             bar.update(1)
             if state.step % t.logging_steps == 0 or state.step == t.max_steps:
-                total = accelerator.reduce(window.to(accelerator.device), "sum").cpu()
+                total = accelerator.reduce(window.float().to(accelerator.device), "sum").cpu().double()
                 seconds = time.perf_counter() - tick
                 state.train_seconds += seconds
                 row = {"step": state.step, "loss": total[0].item() / total[1].item(),
