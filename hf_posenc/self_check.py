@@ -104,21 +104,25 @@ def ensure(model: nn.Module, config: PosEncConfig, patch: Patcher, unpatch: Call
     """Before `patch(model, config)` touches `model`: the checks on a tiny model of its class, once per class
     and scheme; PosEncError naming the version, the failed check and the fix if one fails. `patch` must not
     check again (it is called on the tiny model)."""
-    key = (type(model), config.scheme)
+    model_class = type(model.get_base_model() if hasattr(model, "get_base_model") else model)  # under peft
+    key = (model_class, config.scheme)
     if key not in _REPORTS:
-        _REPORTS[key] = run(type(model), model.config.model_type, config, patch, unpatch)
+        _REPORTS[key] = run(model_class, model.config.model_type, config, patch, unpatch)
         if _REPORTS[key].status == "pass":
             why = (f"transformers {transformers.__version__} is newer than {compat.TESTED_THROUGH}, the newest "
                    "hf-posenc was tested on; " if untested() else "")
-            log.warning("hf-posenc: %sthe self-check of %s with %r passed (%.1f s)", why, type(model).__name__,
+            log.warning("hf-posenc: %sthe self-check of %s with %r passed (%.1f s)", why, model_class.__name__,
                         config.scheme, _REPORTS[key].seconds)
     report = _REPORTS[key]
-    if not report.passed:
-        raise PosEncError(
-            f"transformers {transformers.__version__} breaks hf-posenc's {config.scheme!r} patch of "
-            f"{report.model_class} (self-check: {report.failures()}); the newest transformers tested is "
-            f"{compat.TESTED_THROUGH}: pip install 'transformers=={compat.TESTED_THROUGH}' (or set {ENV}=never "
-            "to patch anyway, unchecked). The model was not changed.")
+    if report.passed:
+        return
+    found = (f"hf-posenc could not run its self-check of {config.scheme!r} on a tiny {report.model_class} under "
+             f"transformers {transformers.__version__} ({report.error})" if report.error else
+             f"transformers {transformers.__version__} breaks hf-posenc's {config.scheme!r} patch of "
+             f"{report.model_class} (self-check: {report.failures()})")
+    raise PosEncError(f"{found}; the newest transformers tested is {compat.TESTED_THROUGH}: pip install "
+                      f"'transformers=={compat.TESTED_THROUGH}' (or set {ENV}=never to patch anyway, unchecked). "
+                      "The model was not changed.")
 
 
 def run(model_class: type, model_type: str, config: PosEncConfig, patch: Patcher,

@@ -174,3 +174,22 @@ def test_doctor_refuses_unknown_names_before_running(capsys):
     assert cli.main(["doctor", "--model-types", "lama"]) == 2
     err = capsys.readouterr().err
     assert "unknown scheme 'alibii'" in err and "unknown model type(s) 'lama'" in err
+
+
+def test_a_peft_wrapped_model_is_checked_by_its_transformers_class(monkeypatch):
+    import peft
+
+    monkeypatch.setenv(self_check.ENV, "always")
+    model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(target_modules=["q_proj"]))
+    hp.patch(model, "alibi")
+    assert hp.describe(model).scheme == "alibi"
+    assert [k[0] for k in self_check._REPORTS] == [transformers.LlamaForCausalLM]
+
+
+def test_a_class_the_check_cannot_build_is_refused_as_such(untested_release):
+    """A model whose class builds no tiny copy (here its config names no known model type) is not waved through."""
+    model = tiny_model("gpt2")
+    model.config.model_type = "my_own_gpt2"
+    with pytest.raises(hp.PosEncError, match="could not run its self-check of 'alibi' on a tiny GPT2LMHeadModel"):
+        hp.patch(model, "alibi")
+    assert hp.describe(model) is None
