@@ -28,7 +28,7 @@ from . import backends
 from .masks import BLOCK, MaskSpec
 from .terms import KINDS, Call
 
-__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend", "runs"]
+__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend", "refusal", "runs"]
 
 BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "flex": backends.flex,
@@ -37,6 +37,7 @@ BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "flash_alibi": backends.flash_alibi,
 }
 FLEX_DEVICES = ("cuda", "xpu")  # where `auto` takes flex (see the module docstring for CPU)
+FLEX_BACKWARD_DEVICES = ("cuda", "xpu")  # where torch has a FlexAttention backward
 FLEX_ERRORS = (TorchDynamoException, FailOnRecompileLimitHit)
 _flex_failed: set[tuple[str, str]] = set()  # (device type, bias type) whose flex compile failed here
 
@@ -74,13 +75,9 @@ def biased_attention(
     name = choose_backend(call) if backend == "auto" else backend
     if name not in BACKENDS:
         raise PosEncError(f"unknown attention backend {backend!r}; choose 'auto' or one of {', '.join(BACKENDS)}")
-    if name == "flex" and dropout:
-        raise PosEncError("FlexAttention has no attention dropout; use backend='chunked' or dropout=0")
-    if name == "flex" and call.needs_grad and query.device.type == "cpu":
-        raise PosEncError("torch has no FlexAttention backward on CPU; use backend='chunked' (or 'auto') to train")
-    if name == "flash_alibi" and not backends.flash_alibi_applies(call):
-        raise PosEncError("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal "
-                          "MaskSpec without padding or documents, and positions that step by one")
+    reason = refusal(name, call)
+    if reason is not None:
+        raise PosEncError(f"{reason}; use backend='chunked' or 'auto'")
     if backend == "auto" and name == "flex":
         out = _flex_or_chunked(call)
     else:
@@ -95,6 +92,20 @@ def choose_backend(call: Call) -> str:
     return "flex" if _flex_runs(call) else "chunked"
 
 
+def refusal(name: str, call: Call) -> str | None:
+    """Why backend `name` cannot run this call, or None if it can."""
+    if name == "flex":
+        if call.dropout:
+            return "FlexAttention has no attention dropout"
+        device = call.query.device.type
+        if call.needs_grad and device not in FLEX_BACKWARD_DEVICES:
+            return f"torch has no FlexAttention backward on {device.upper()}"
+    if name == "flash_alibi" and not backends.flash_alibi_applies(call):
+        return ("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal MaskSpec "
+                "without padding or documents, and positions that step by one")
+    return None
+
+
 def runs(term: Any) -> bool:
     """Whether a position term (a scheme's module, or None) has a form the fused backends run."""
     return term is None or any(name is not None and hasattr(term, name) for name in KINDS)
@@ -104,10 +115,9 @@ def _flex_runs(call: Call) -> bool:
     device = call.query.device.type
     return (
         device in FLEX_DEVICES
-        and not (call.needs_grad and device == "cpu")  # torch has no CPU FlexAttention backward
-        and not call.dropout
         and call.query.shape[2] >= BLOCK  # shorter: one chunk does it without a compile
         and (device, type(call.bias).__name__) not in _flex_failed
+        and refusal("flex", call) is None
     )
 
 

@@ -44,16 +44,22 @@ def bucket(length: int) -> int:
     return -(-length // step) * step
 
 
-def flex(call: Call) -> torch.Tensor:
-    """Static shapes on padded lengths: torch 2.13's CPU flex template miscompiles dynamic shapes
-    (symbol names clash, e.g. `cur_kvSplitSize7`) and single query rows."""
-    rows = call.query.shape[2]
-    problem = call.padded(bucket(rows), bucket(call.key.shape[2])).problem()
+def flex_arguments(call: Call) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict[str, Any]]:
+    """flex_attention's (query, key, value) and keyword arguments for this call, on lengths padded to
+    their `bucket`: static shapes, as torch 2.13's CPU flex template miscompiles dynamic shapes (symbol
+    names clash, e.g. `cur_kvSplitSize7`) and single query rows."""
+    problem = call.padded(bucket(call.query.shape[2]), bucket(call.key.shape[2])).problem()
     query, key, value = problem.query, problem.key, problem.value
     bias_mod = problem.bias_mod
     score_mod = None if bias_mod is None else (lambda score, b, h, q, kv: score + bias_mod(b, h, q, kv))
     kwargs = dict(score_mod=score_mod, block_mask=problem.mask.block_mask(), scale=call.scaling,
                   enable_gqa=query.shape[1] != key.shape[1])
+    return (query, key, value), kwargs
+
+
+def flex(call: Call) -> torch.Tensor:
+    rows = call.query.shape[2]
+    (query, key, value), kwargs = flex_arguments(call)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer compile fuses it
         return flex_attention(query, key, value, **kwargs)[:, :, :rows]
     # A silent fallback to uncompiled flex would materialise every score: fail loudly instead.
