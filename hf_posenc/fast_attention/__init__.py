@@ -100,6 +100,9 @@ def refusal(name: str, call: Call) -> str | None:
         device = call.query.device.type
         if call.needs_grad and device not in FLEX_BACKWARD_DEVICES:
             return f"torch has no FlexAttention backward on {device.upper()}"
+        if call.needs_grad and not getattr(call.bias, "flex_backward", True):
+            return (f"Inductor cannot lower the backward of {type(call.bias).__name__}'s score_mod (it indexes one "
+                    "trainable tensor more than once)")
     if name == "flash_alibi" and not backends.flash_alibi_applies(call):
         return ("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal MaskSpec "
                 "without padding or documents, and positions that step by one")
