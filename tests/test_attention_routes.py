@@ -5,6 +5,10 @@ maths (tests/stand_ins/flash_attn)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from functorch.compile import default_partition, make_boxed_func
@@ -12,11 +16,12 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
 from torch.nn.attention.flex_attention import flex_attention
 
-from hf_posenc import fast_attention
+from hf_posenc import attention, fast_attention
 from hf_posenc.errors import PosEncError
 from hf_posenc.fast_attention import MaskSpec, backends, biased_attention, choose_backend
 from hf_posenc.fast_attention.terms import Call
-from test_fast_attention import LEARNED, make_bias
+from matrix import ids, patched
+from test_fast_attention import LEARNED, inputs, make_bias, make_case, on, reference, run
 
 B, H, D, L = 1, 4, 16, 128  # one flex block: auto's shortest flex call
 
@@ -85,3 +90,60 @@ def test_grad_calls_go_only_where_flex_can_lower_the_backward(flex_backward_here
     with pytest.raises(PosEncError, match="cannot lower the backward of FireBias"):
         biased_attention(fire.query, fire.key, fire.value, q_pos=fire.q_pos, k_pos=fire.k_pos, bias=fire.bias,
                          mask=fire.mask, backend="flex")
+
+
+# ------------------------------------------------------------------ flash-attn, through the CPU stand-in
+
+STAND_INS = Path(__file__).parent / "stand_ins"
+
+
+@pytest.fixture
+def flash_stand_in(monkeypatch):
+    """flash_attn importable as the CPU stand-in, and CPU a device the flash path applies to."""
+    monkeypatch.syspath_prepend(str(STAND_INS))
+    monkeypatch.setattr(backends, "FLASH_DEVICES", ("cpu",))
+    previous = sys.modules.pop("flash_attn", None)
+    module = importlib.import_module("flash_attn")
+    assert Path(module.__file__).is_relative_to(STAND_INS)
+    module.CALLS.clear()
+    yield module
+    sys.modules.pop("flash_attn")
+    if previous is not None:
+        sys.modules["flash_attn"] = previous
+
+
+@pytest.mark.parametrize("case", ["causal", "window", "continue"])
+def test_flash_alibi_equals_the_reference(case, flash_stand_in):
+    """The kernel-level contract: flash's bottom-right ALiBi by index is the scheme's bias where auto takes it."""
+    bias, case = make_bias("alibi"), make_case(case)
+    query, key, value = inputs(case)
+    call = Call(query.bfloat16(), key.bfloat16(), value.bfloat16(), case.q_pos, case.k_pos, bias, case.spec, D**-0.5, 0.0)
+    with torch.no_grad():
+        assert choose_backend(call) == "flash_alibi"
+        got = run(bias, case, "flash_alibi", query.bfloat16(), key.bfloat16(), value.bfloat16())
+    assert len(flash_stand_in.CALLS) == 1
+    torch.testing.assert_close(got.float(), reference(bias, case, query, key, value), atol=6e-2, rtol=0)
+
+
+def test_flash_path_on_a_patched_alibi_model_equals_dense(flash_stand_in, monkeypatch):
+    """A tiny peaky ALiBi model in bf16 under auto, every call fused (prefill on flash, decode steps
+    chunked): logits and greedy generate match the dense path to bf16 rounding."""
+    monkeypatch.setattr(attention, "DENSE_SCORES", 1)
+    model = patched("llama", "alibi").to(torch.bfloat16)
+    tokens = ids(batch=1, length=16, seed=5)
+    with torch.no_grad():
+        expected = on("dense", lambda: model(tokens).logits.float())
+        assert not flash_stand_in.CALLS
+        got = on("auto", lambda: model(tokens).logits.float())
+        assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers
+        assert (expected - on("dense", lambda: patched("llama", "nope").to(torch.bfloat16)(tokens).logits.float())
+                ).abs().max() > 1.0  # ALiBi moves these logits far past the tolerance below
+        torch.testing.assert_close(got, expected, atol=0.1, rtol=0.02)
+        greedy = dict(do_sample=False, max_new_tokens=6, pad_token_id=0, eos_token_id=None, output_scores=True,
+                      return_dict_in_generate=True)
+        dense = on("dense", lambda: model.generate(tokens, **greedy))
+        flash_stand_in.CALLS.clear()
+        fused = on("auto", lambda: model.generate(tokens, **greedy))
+    assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers  # the prefill
+    assert torch.equal(fused.sequences, dense.sequences)
+    torch.testing.assert_close(torch.stack(fused.scores).float(), torch.stack(dense.scores).float(), atol=0.1, rtol=0.02)

@@ -30,6 +30,7 @@ from .terms import Call, Problem, dense_logits, pad_value
 CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
 MIN_CHUNK = 16
 RECOMPILE_LIMIT = 64  # flex compiles one kernel per (bias, mask) code and bucketed shape
+FLASH_DEVICES = ("cuda",)  # device types flash-attn has kernels for (tests point it at a CPU stand-in)
 
 
 @functools.cache
@@ -166,7 +167,9 @@ def flash_alibi_applies(call: Call) -> bool:
     """flash-attn adds -m_h |i + k - q - j| by index: right only when positions are slot indices up to a
     shift, the mask causal and nothing padded or packed."""
     query, bias, mask, q_pos, k_pos = call.query, call.bias, call.mask, call.q_pos, call.k_pos
-    if not (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and hasattr(bias, "slopes")):
+    if query.device.type not in FLASH_DEVICES or query.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not hasattr(bias, "slopes"):
         return False
     if not isinstance(mask, MaskSpec) or not mask.causal or mask.key_padding is not None or mask.documents is not None:
         return False
