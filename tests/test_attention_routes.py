@@ -6,6 +6,7 @@ maths (tests/stand_ins/flash_attn)."""
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from hf_posenc.errors import PosEncError
 from hf_posenc.fast_attention import MaskSpec, backends, biased_attention, choose_backend
 from hf_posenc.fast_attention.terms import Call
 from matrix import ids, patched
-from test_fast_attention import LEARNED, inputs, make_bias, make_case, on, reference, run
+from test_fast_attention import LEARNED, inputs, left_padded, make_bias, make_case, on, reference, run
 
 B, H, D, L = 1, 4, 16, 128  # one flex block: auto's shortest flex call
 
@@ -52,7 +53,8 @@ def flex_backward_graphs(call: Call) -> list[torch.fx.Graph]:
 
     backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition)
     args, kwargs = backends.flex_arguments(call)
-    torch.compile(flex_attention, backend=backend, fullgraph=True)(*args, **kwargs)
+    with torch._dynamo.config.patch(recompile_limit=backends.RECOMPILE_LIMIT):  # flex tests ran before
+        torch.compile(flex_attention, backend=backend, fullgraph=True)(*args, **kwargs)
     return graphs
 
 
@@ -147,3 +149,27 @@ def test_flash_path_on_a_patched_alibi_model_equals_dense(flash_stand_in, monkey
     assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers  # the prefill
     assert torch.equal(fused.sequences, dense.sequences)
     torch.testing.assert_close(torch.stack(fused.scores).float(), torch.stack(dense.scores).float(), atol=0.1, rtol=0.02)
+
+
+def test_a_forced_backend_falls_back_once_logged_for_calls_it_cannot_take(flash_stand_in, caplog, monkeypatch):
+    """HF_POSENC_ATTENTION=flash_alibi: decode steps (one query, no mask) and padded batches (bool masks) run
+    where auto would run them, with one log line for the whole process; the calls flash can take stay on it."""
+    monkeypatch.setattr(fast_attention, "_fell_back", set())  # as in a fresh process
+    model = patched("llama", "alibi").to(torch.bfloat16)
+    batch, mask = left_padded()
+    greedy = dict(do_sample=False, max_new_tokens=4, pad_token_id=0, eos_token_id=None, output_scores=True,
+                  return_dict_in_generate=True)
+
+    def generate(rows: slice):
+        return lambda: model.generate(batch[rows], attention_mask=mask[rows], **greedy)
+
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        for rows in (slice(0, 1), slice(0, 2)):  # one unpadded prompt, then a left-padded batch
+            expected = on("dense", generate(rows))
+            got = on("flash_alibi", generate(rows))
+            assert torch.equal(got.sequences, expected.sequences)
+            torch.testing.assert_close(torch.stack(got.scores).float(), torch.stack(expected.scores).float(),
+                                       atol=0.1, rtol=0.02)
+    assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers  # the unpadded prefill only
+    said = [record.getMessage() for record in caplog.records if "flash_alibi" in record.getMessage()]
+    assert len(said) == 1 and "falling back" in said[0], said

@@ -17,6 +17,7 @@ backward either. `backend="flex"` still runs it there.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Callable
 
@@ -40,6 +41,8 @@ FLEX_DEVICES = ("cuda", "xpu")  # where `auto` takes flex (see the module docstr
 FLEX_BACKWARD_DEVICES = ("cuda", "xpu")  # where torch has a FlexAttention backward
 FLEX_ERRORS = (TorchDynamoException, FailOnRecompileLimitHit)
 _flex_failed: set[tuple[str, str]] = set()  # (device type, bias type) whose flex compile failed here
+_fell_back: set[tuple[str, str]] = set()  # (backend, reason) already logged by a `fallback` call
+LOG = logging.getLogger(__name__)
 
 
 def biased_attention(
@@ -54,6 +57,7 @@ def biased_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     backend: str = "auto",
+    fallback: bool = False,
 ) -> tuple[torch.Tensor, None]:
     """Softmax attention with the scheme's position term added once, whatever the mask.
 
@@ -65,6 +69,9 @@ def biased_attention(
             FlexAttention BlockMask, a (B, 1, q, k) bool or 0/-inf float tensor, or None (no mask).
         scaling: logit scale, default D**-0.5. dropout: attention dropout probability (not with flex).
         backend: "auto", or one of `BACKENDS`.
+        fallback: a `backend` that cannot take this call hands it to "auto" instead of raising, with one log
+            line per (backend, reason) in the process (a backend forced on a whole model meets decode steps
+            and padded batches it cannot run).
 
     Returns:
         ((B, q, H, D) output, None), as transformers' attention functions. Rows that see no key are 0.
@@ -76,8 +83,13 @@ def biased_attention(
     if name not in BACKENDS:
         raise PosEncError(f"unknown attention backend {backend!r}; choose 'auto' or one of {', '.join(BACKENDS)}")
     reason = refusal(name, call)
-    if reason is not None:
+    if reason is not None and not fallback:
         raise PosEncError(f"{reason}; use backend='chunked' or 'auto'")
+    if reason is not None:
+        if (name, reason) not in _fell_back:
+            _fell_back.add((name, reason))
+            LOG.warning("attention backend %r cannot take some calls (%s): falling back to 'auto' for those", name, reason)
+        backend, name = "auto", choose_backend(call)
     if backend == "auto" and name == "flex":
         out = _flex_or_chunked(call)
     else:
