@@ -108,7 +108,9 @@ def flash_stand_in(monkeypatch):
     module = importlib.import_module("flash_attn")
     assert Path(module.__file__).is_relative_to(STAND_INS)
     module.CALLS.clear()
+    backends.flash_runs.cache_clear()
     yield module
+    backends.flash_runs.cache_clear()
     sys.modules.pop("flash_attn")
     if previous is not None:
         sys.modules["flash_attn"] = previous
@@ -123,7 +125,7 @@ def test_flash_alibi_equals_the_reference(case, flash_stand_in):
     with torch.no_grad():
         assert choose_backend(call) == "flash_alibi"
         got = run(bias, case, "flash_alibi", query.bfloat16(), key.bfloat16(), value.bfloat16())
-    assert len(flash_stand_in.CALLS) == 1
+    assert len(flash_stand_in.CALLS) == 2  # the device's probe, then the call
     torch.testing.assert_close(got.float(), reference(bias, case, query, key, value), atol=6e-2, rtol=0)
 
 
@@ -137,7 +139,7 @@ def test_flash_path_on_a_patched_alibi_model_equals_dense(flash_stand_in, monkey
         expected = on("dense", lambda: model(tokens).logits.float())
         assert not flash_stand_in.CALLS
         got = on("auto", lambda: model(tokens).logits.float())
-        assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers
+        assert len(flash_stand_in.CALLS) == 1 + model.config.num_hidden_layers  # the probe, then each layer
         assert (expected - on("dense", lambda: patched("llama", "nope").to(torch.bfloat16)(tokens).logits.float())
                 ).abs().max() > 1.0  # ALiBi moves these logits far past the tolerance below
         torch.testing.assert_close(got, expected, atol=0.1, rtol=0.02)
@@ -170,6 +172,20 @@ def test_a_forced_backend_falls_back_once_logged_for_calls_it_cannot_take(flash_
             assert torch.equal(got.sequences, expected.sequences)
             torch.testing.assert_close(torch.stack(got.scores).float(), torch.stack(expected.scores).float(),
                                        atol=0.1, rtol=0.02)
-    assert len(flash_stand_in.CALLS) == model.config.num_hidden_layers  # the unpadded prefill only
+    assert len(flash_stand_in.CALLS) == 1 + model.config.num_hidden_layers  # the probe, the unpadded prefill
     said = [record.getMessage() for record in caplog.records if "flash_alibi" in record.getMessage()]
     assert len(said) == 1 and "falling back" in said[0], said
+
+
+def test_auto_takes_flash_only_where_a_probe_call_ran(flash_stand_in, monkeypatch):
+    """flash-attn imports on GPUs it has no kernels for (T4, V100: before Ampere) and in wheels built for another
+    torch, and fails only when called: auto takes it only after a tiny call ran on the device, once per device."""
+    monkeypatch.setattr(flash_stand_in, "CAPABILITY", (7, 5))  # a T4
+    monkeypatch.setattr(attention, "DENSE_SCORES", 1)
+    model = patched("llama", "alibi").to(torch.bfloat16)
+    tokens = ids(batch=1, length=16, seed=5)
+    with torch.no_grad():
+        expected = on("dense", lambda: model(tokens).logits)
+        for _ in range(2):
+            torch.testing.assert_close(on("auto", lambda: model(tokens).logits), expected, atol=0.1, rtol=0.02)
+    assert len(flash_stand_in.CALLS) == 1  # the probe, once for the device

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from .terms import Call, Problem, dense_logits, pad_value
 CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
 MIN_CHUNK = 16
 RECOMPILE_LIMIT = 64  # flex compiles one kernel per (bias, mask) code and bucketed shape
+LOG = logging.getLogger(__name__)
 FLASH_DEVICES = ("cuda",)  # device types flash-attn has kernels for (tests point it at a CPU stand-in)
 
 
@@ -175,10 +177,28 @@ def flash_alibi_applies(call: Call) -> bool:
         return False
     if mask.q_offset is not None and not bool(torch.all(torch.as_tensor(mask.q_offset) == k_pos.shape[1] - q_pos.shape[1])):
         return False
-    if importlib.util.find_spec("flash_attn") is None:
+    if not flash_runs(query.device, query.dtype):
         return False
     steps = torch.arange(k_pos.shape[1], device=k_pos.device)
     return bool(((k_pos - k_pos[:, :1]) == steps).all() and (q_pos == k_pos[:, -q_pos.shape[1]:]).all())
+
+
+@functools.cache
+def flash_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether flash-attn runs here. It imports on GPUs it has no kernels for (before Ampere: T4, V100) and
+    in wheels built for another torch, and fails only when called: so a tiny call decides, once per device."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        from flash_attn import flash_attn_func
+
+        x = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype)
+        flash_attn_func(x, x, x, causal=True, alibi_slopes=torch.zeros(1, device=device))
+    except Exception as error:  # any build or device failure (RuntimeError, OSError: undefined symbol, ...)
+        LOG.warning("flash-attn does not run on %s (%s: %s); ALiBi attention uses the other backends there",
+                    device, type(error).__name__, error)
+        return False
+    return True
 
 
 def flash_alibi(call: Call) -> torch.Tensor:
