@@ -189,3 +189,29 @@ def test_auto_takes_flash_only_where_a_probe_call_ran(flash_stand_in, monkeypatc
         for _ in range(2):
             torch.testing.assert_close(on("auto", lambda: model(tokens).logits), expected, atol=0.1, rtol=0.02)
     assert len(flash_stand_in.CALLS) == 1  # the probe, once for the device
+
+
+def test_deterministic_algorithms_keep_grad_calls_off_flex_and_make_flash_deterministic(flash_stand_in,
+                                                                                         flex_backward_here):
+    """training.deterministic: flex's backward adds captured tensors' gradients atomically, so grad calls go
+    chunked; flash-attn's backward is deterministic only when asked (deterministic=True)."""
+    case = make_case("causal")
+    bf16 = [x.bfloat16() for x in inputs(case)]
+
+    def flash_call() -> dict:
+        with torch.no_grad():
+            run(make_bias("alibi"), case, "flash_alibi", *bf16)
+        return flash_stand_in.CALLS[-1]
+
+    call = grad_call("t5")
+    assert choose_backend(call) == "flex" and flash_call()["deterministic"] is False
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert choose_backend(call) == "chunked"
+        with torch.no_grad():  # inference has no backward: flex stays
+            assert choose_backend(call) == "flex"
+        assert flash_call()["deterministic"] is True
+    finally:
+        torch.use_deterministic_algorithms(before)
+

@@ -115,6 +115,8 @@ def refusal(name: str, call: Call) -> str | None:
         if call.needs_grad and not getattr(call.bias, "flex_backward", True):
             return (f"Inductor cannot lower the backward of {type(call.bias).__name__}'s score_mod (it indexes one "
                     "trainable tensor more than once)")
+        if call.needs_grad and torch.are_deterministic_algorithms_enabled():
+            return "deterministic algorithms are on and FlexAttention's backward scatters gradients with atomic adds"
     if name == "flash_alibi" and not backends.flash_alibi_applies(call):
         return ("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal MaskSpec "
                 "without padding or documents, and positions that step by one")

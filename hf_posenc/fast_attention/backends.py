@@ -207,5 +207,6 @@ def flash_alibi(call: Call) -> torch.Tensor:
     window = (-1, -1) if call.mask.sliding_window is None else (call.mask.sliding_window - 1, 0)
     q, k, v = (x.transpose(1, 2) for x in (call.query, call.key, call.value))
     out = flash_attn_func(q, k, v, dropout_p=call.dropout, softmax_scale=call.scaling, causal=True,
-                          window_size=window, alibi_slopes=call.bias.slopes.float())
+                          window_size=window, alibi_slopes=call.bias.slopes.float(),
+                          deterministic=torch.are_deterministic_algorithms_enabled())  # its backward, else atomic
     return out.transpose(1, 2)
