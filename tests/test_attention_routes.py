@@ -215,3 +215,23 @@ def test_deterministic_algorithms_keep_grad_calls_off_flex_and_make_flash_determ
     finally:
         torch.use_deterministic_algorithms(before)
 
+
+@pytest.mark.parametrize("name", ["window", "left_padding", "continue"])  # band (Toeplitz) rows and masked rows
+@pytest.mark.parametrize("term", ["none", "alibi", "fire"])
+def test_chunked_sends_no_grouped_heads_with_a_mask_to_sdpa(term, name, monkeypatch):
+    """On CUDA, sdpa's enable_gqa with an attn_mask runs only on its math kernel: the chunked path repeats
+    grouped key/value heads wherever it passes a mask, and gives what keys repeated by the caller give."""
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs) or sdpa(*args, **kwargs))
+    monkeypatch.setattr(backends, "CHUNK_ELEMENTS", 4096)  # several query blocks
+    bias, case = make_bias(term), make_case(name)
+    query, key, value = inputs(case)
+    groups = query.shape[1] // key.shape[1]
+    assert groups > 1
+    with torch.no_grad():
+        grouped = run(bias, case, "chunked", query, key, value)
+        assert len(calls) > 1 and all(call.get("attn_mask") is not None for call in calls)
+        assert not any(call.get("enable_gqa") for call in calls)
+        repeated = run(bias, case, "chunked", query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1))
+    assert torch.equal(grouped, repeated)

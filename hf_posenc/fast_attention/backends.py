@@ -130,9 +130,8 @@ def _band_rows(problem: Problem, mask: Mask, band: tuple[int, int | None, bool],
         heads = torch.arange(query.shape[1], device=query.device)[:, None]
         values = problem.by_distance(heads, distance[None]).to(query.dtype)
     values = values.masked_fill(~allowed, torch.finfo(query.dtype).min)
-    out = F.scaled_dot_product_attention(query.flip(2), key[:, :, lo:hi], value[:, :, lo:hi],
-                                         attn_mask=values.unfold(-1, hi - lo, 1)[None], dropout_p=dropout,
-                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    out = masked_sdpa(query.flip(2), key[:, :, lo:hi], value[:, :, lo:hi], values.unfold(-1, hi - lo, 1)[None],
+                      dropout, scaling)
     return out.flip(2)
 
 
@@ -148,9 +147,18 @@ def _rows(problem: Problem, mask: Mask, band: None, key: torch.Tensor, value: to
         bias = problem.materialised(q_pos[:, r0:r1], k_pos[:, lo:hi]).to(query.dtype)
     # min, not -inf, where masked: a row with no key gives uniform weights (zeroed below), never NaN.
     attn_mask = bias.masked_fill(~allowed, torch.finfo(query.dtype).min)
-    out = F.scaled_dot_product_attention(query, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=attn_mask,
-                                         dropout_p=dropout, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    out = masked_sdpa(query, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask, dropout, scaling)
     return out.masked_fill(~allowed.any(-1, keepdim=True), 0)
+
+
+def masked_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor, dropout: float,
+                scaling: float) -> torch.Tensor:
+    """sdpa with a mask, grouped key/value heads repeated to the query heads first: on CUDA, enable_gqa with
+    an attn_mask runs only on the math kernel. Inside a block, so backward recomputes the copy."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout, scale=scaling)
 
 
 def dense(call: Call) -> torch.Tensor:
