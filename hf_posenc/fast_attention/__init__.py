@@ -8,8 +8,9 @@
 UntiedBias, SelfExtendAttention) or None; the same maths feeds every backend (see `terms`). Backends:
 `flex` (FlexAttention, compiled once), `chunked` (query blocks + fused sdpa, no compiler), `dense`
 (the materialised reference), `flash_alibi` (flash-attn's native ALiBi on CUDA, Dao 2023). `auto` takes
-flash_alibi where it applies, else flex on CUDA/XPU, else chunked; a flex compile failure is reported once
-and falls back to chunked. Not flex on CPU by default: there its first call per (term, mask, length
+flash_alibi where it applies (and a probe call ran on the device), else flex on CUDA/XPU, else chunked; a
+flex compile failure is reported once and falls back to chunked. Calls that train go chunked where flex's
+backward cannot run: a term that says `flex_backward = False` (FIRE), or deterministic algorithms on. Not flex on CPU by default: there its first call per (term, mask, length
 bucket) compiles for 10-18 s, and it then beats chunked by only ~0.4 s per 8k-token ALiBi call (0.59 s
 against 1.01 s, one thread), so a compile pays off after dozens of same-shaped calls; it has no CPU
 backward either. `backend="flex"` still runs it there.

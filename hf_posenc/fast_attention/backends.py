@@ -10,7 +10,8 @@
   strided view of H x (rows + keys) values, with the block's rows reversed so the view's strides are
   positive -- no (rows, keys) tensor is computed at all. No bias and a plain causal mask: one sdpa call;
 - `dense`: the materialised reference (the scheme's own (B, H, q, k) bias, fp32 softmax);
-- `flash_alibi`: flash-attn's native ALiBi (CUDA, fp16/bf16 only; untested on this CPU-only machine).
+- `flash_alibi`: flash-attn's native ALiBi (CUDA, fp16/bf16 only; on CPU only through the test stand-in,
+  tests/stand_ins/flash_attn, which computes its documented maths).
 """
 
 from __future__ import annotations
