@@ -56,5 +56,9 @@ test-min: $(MIN_STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 
+# GPU paths (issue 32): CUDA invariants, flash/flex/chunked vs dense, bf16 recipe, FSDP2; out/test-gpu/results.json
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu.py
+
 clean:
 	rm -rf $(VENV) $(MIN_VENV) out

@@ -24,7 +24,8 @@ Backends (issue 12): materialising that mask is O(L^2) memory and keeps sdpa off
 flash-attn's ALiBi on CUDA where it applies, FlexAttention on CUDA, query-chunked sdpa elsewhere), with
 the same positions and mask. `posenc_eager` always materialises: it is the reference. The environment
 variable `HF_POSENC_ATTENTION` (or `attention_backend(name)` in code) forces one of `BACKEND_CHOICES`
-for `posenc_sdpa`; `dense` is today's materialised path.
+for `posenc_sdpa`; `dense` is today's materialised path. A forced backend hands the calls it cannot take
+(flash_alibi: decode steps, padded batches) to `auto`, said once per reason in the log.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     out, _ = fast.biased_attention(
         query, key, value, q_pos=positions.queries.expand(batch, -1),
         k_pos=fit_keys(positions.keys, kv_length).expand(batch, -1), bias=term, mask=mask,
-        scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0), backend=backend)
+        scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0), backend=backend, fallback=True)
     return out.to(query.dtype), None
 
 

@@ -282,12 +282,18 @@ def test_lora_trains_projections_plus_new_positional_params_norms_embeddings(tmp
     assert not any(n.endswith("c_attn.base_layer.weight") for n in trainable)  # frozen under LoRA
 
 
-def test_deterministic_holds_for_the_run_only(assets, tmp_path):
+def test_deterministic_holds_for_the_run_only(assets, tmp_path, monkeypatch):
     """`training.deterministic` switches torch's deterministic algorithms on for the run and back off after it:
-    train() in a notebook must not change the rest of the caller's process."""
-    from hf_posenc.train import train
+    train() in a notebook must not change the rest of the caller's process. On CUDA the first matmul under
+    them raises unless CUBLAS_WORKSPACE_CONFIG is set: the run sets it (when unset) and removes it after."""
+    from hf_posenc.train import modeling, train
 
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen, load = [], modeling.load_recipe_model
+    monkeypatch.setattr(modeling, "load_recipe_model",
+                        lambda recipe: seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG")) or load(recipe))
     assert not torch.are_deterministic_algorithms_enabled()
     data = recipe_dict(assets, tmp_path / "out", training={"max_steps": 2, "deterministic": True})
     assert train(load_recipe(write_recipe(tmp_path / "r.yaml", data))).run("after training")
     assert not torch.are_deterministic_algorithms_enabled()
+    assert seen == [":4096:8"] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ

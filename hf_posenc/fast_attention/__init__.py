@@ -8,8 +8,9 @@
 UntiedBias, SelfExtendAttention) or None; the same maths feeds every backend (see `terms`). Backends:
 `flex` (FlexAttention, compiled once), `chunked` (query blocks + fused sdpa, no compiler), `dense`
 (the materialised reference), `flash_alibi` (flash-attn's native ALiBi on CUDA, Dao 2023). `auto` takes
-flash_alibi where it applies, else flex on CUDA/XPU, else chunked; a flex compile failure is reported once
-and falls back to chunked. Not flex on CPU by default: there its first call per (term, mask, length
+flash_alibi where it applies (and a probe call ran on the device), else flex on CUDA/XPU, else chunked; a
+flex compile failure is reported once and falls back to chunked. Calls that train go chunked where flex's
+backward cannot run: a term that says `flex_backward = False` (FIRE), or deterministic algorithms on. Not flex on CPU by default: there its first call per (term, mask, length
 bucket) compiles for 10-18 s, and it then beats chunked by only ~0.4 s per 8k-token ALiBi call (0.59 s
 against 1.01 s, one thread), so a compile pays off after dozens of same-shaped calls; it has no CPU
 backward either. `backend="flex"` still runs it there.
@@ -17,6 +18,7 @@ backward either. `backend="flex"` still runs it there.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any, Callable
 
@@ -28,7 +30,7 @@ from . import backends
 from .masks import BLOCK, MaskSpec
 from .terms import KINDS, Call
 
-__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend", "runs"]
+__all__ = ["BACKENDS", "MaskSpec", "biased_attention", "choose_backend", "refusal", "runs"]
 
 BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "flex": backends.flex,
@@ -37,8 +39,11 @@ BACKENDS: dict[str, Callable[[Call], torch.Tensor]] = {
     "flash_alibi": backends.flash_alibi,
 }
 FLEX_DEVICES = ("cuda", "xpu")  # where `auto` takes flex (see the module docstring for CPU)
+FLEX_BACKWARD_DEVICES = ("cuda", "xpu")  # where torch has a FlexAttention backward
 FLEX_ERRORS = (TorchDynamoException, FailOnRecompileLimitHit)
 _flex_failed: set[tuple[str, str]] = set()  # (device type, bias type) whose flex compile failed here
+_fell_back: set[tuple[str, str]] = set()  # (backend, reason) already logged by a `fallback` call
+LOG = logging.getLogger(__name__)
 
 
 def biased_attention(
@@ -53,6 +58,7 @@ def biased_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     backend: str = "auto",
+    fallback: bool = False,
 ) -> tuple[torch.Tensor, None]:
     """Softmax attention with the scheme's position term added once, whatever the mask.
 
@@ -64,6 +70,9 @@ def biased_attention(
             FlexAttention BlockMask, a (B, 1, q, k) bool or 0/-inf float tensor, or None (no mask).
         scaling: logit scale, default D**-0.5. dropout: attention dropout probability (not with flex).
         backend: "auto", or one of `BACKENDS`.
+        fallback: a `backend` that cannot take this call hands it to "auto" instead of raising, with one log
+            line per (backend, reason) in the process (a backend forced on a whole model meets decode steps
+            and padded batches it cannot run).
 
     Returns:
         ((B, q, H, D) output, None), as transformers' attention functions. Rows that see no key are 0.
@@ -74,13 +83,14 @@ def biased_attention(
     name = choose_backend(call) if backend == "auto" else backend
     if name not in BACKENDS:
         raise PosEncError(f"unknown attention backend {backend!r}; choose 'auto' or one of {', '.join(BACKENDS)}")
-    if name == "flex" and dropout:
-        raise PosEncError("FlexAttention has no attention dropout; use backend='chunked' or dropout=0")
-    if name == "flex" and call.needs_grad and query.device.type == "cpu":
-        raise PosEncError("torch has no FlexAttention backward on CPU; use backend='chunked' (or 'auto') to train")
-    if name == "flash_alibi" and not backends.flash_alibi_applies(call):
-        raise PosEncError("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal "
-                          "MaskSpec without padding or documents, and positions that step by one")
+    reason = refusal(name, call)
+    if reason is not None and not fallback:
+        raise PosEncError(f"{reason}; use backend='chunked' or 'auto'")
+    if reason is not None:
+        if (name, reason) not in _fell_back:
+            _fell_back.add((name, reason))
+            LOG.warning("attention backend %r cannot take some calls (%s): falling back to 'auto' for those", name, reason)
+        backend, name = "auto", choose_backend(call)
     if backend == "auto" and name == "flex":
         out = _flex_or_chunked(call)
     else:
@@ -95,6 +105,25 @@ def choose_backend(call: Call) -> str:
     return "flex" if _flex_runs(call) else "chunked"
 
 
+def refusal(name: str, call: Call) -> str | None:
+    """Why backend `name` cannot run this call, or None if it can."""
+    if name == "flex":
+        if call.dropout:
+            return "FlexAttention has no attention dropout"
+        device = call.query.device.type
+        if call.needs_grad and device not in FLEX_BACKWARD_DEVICES:
+            return f"torch has no FlexAttention backward on {device.upper()}"
+        if call.needs_grad and not getattr(call.bias, "flex_backward", True):
+            return (f"Inductor cannot lower the backward of {type(call.bias).__name__}'s score_mod (it indexes one "
+                    "trainable tensor more than once)")
+        if call.needs_grad and torch.are_deterministic_algorithms_enabled():
+            return "deterministic algorithms are on and FlexAttention's backward scatters gradients with atomic adds"
+    if name == "flash_alibi" and not backends.flash_alibi_applies(call):
+        return ("flash_alibi needs CUDA fp16/bf16 inputs, flash-attn installed, an ALiBi bias, a causal MaskSpec "
+                "without padding or documents, and positions that step by one")
+    return None
+
+
 def runs(term: Any) -> bool:
     """Whether a position term (a scheme's module, or None) has a form the fused backends run."""
     return term is None or any(name is not None and hasattr(term, name) for name in KINDS)
@@ -104,10 +133,9 @@ def _flex_runs(call: Call) -> bool:
     device = call.query.device.type
     return (
         device in FLEX_DEVICES
-        and not (call.needs_grad and device == "cpu")  # torch has no CPU FlexAttention backward
-        and not call.dropout
         and call.query.shape[2] >= BLOCK  # shorter: one chunk does it without a compile
         and (device, type(call.bias).__name__) not in _flex_failed
+        and refusal("flex", call) is None
     )
 
 

@@ -10,13 +10,15 @@
   strided view of H x (rows + keys) values, with the block's rows reversed so the view's strides are
   positive -- no (rows, keys) tensor is computed at all. No bias and a plain causal mask: one sdpa call;
 - `dense`: the materialised reference (the scheme's own (B, H, q, k) bias, fp32 softmax);
-- `flash_alibi`: flash-attn's native ALiBi (CUDA, fp16/bf16 only; untested on this CPU-only machine).
+- `flash_alibi`: flash-attn's native ALiBi (CUDA, fp16/bf16 only; on CPU only through the test stand-in,
+  tests/stand_ins/flash_attn, which computes its documented maths).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from typing import Any
 
 import torch
@@ -30,6 +32,8 @@ from .terms import Call, Problem, dense_logits, pad_value
 CHUNK_ELEMENTS = 2**23  # scores per query block (B * H * rows * keys): a 32 MB fp32 bias
 MIN_CHUNK = 16
 RECOMPILE_LIMIT = 64  # flex compiles one kernel per (bias, mask) code and bucketed shape
+LOG = logging.getLogger(__name__)
+FLASH_DEVICES = ("cuda",)  # device types flash-attn has kernels for (tests point it at a CPU stand-in)
 
 
 @functools.cache
@@ -44,16 +48,22 @@ def bucket(length: int) -> int:
     return -(-length // step) * step
 
 
-def flex(call: Call) -> torch.Tensor:
-    """Static shapes on padded lengths: torch 2.13's CPU flex template miscompiles dynamic shapes
-    (symbol names clash, e.g. `cur_kvSplitSize7`) and single query rows."""
-    rows = call.query.shape[2]
-    problem = call.padded(bucket(rows), bucket(call.key.shape[2])).problem()
+def flex_arguments(call: Call) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict[str, Any]]:
+    """flex_attention's (query, key, value) and keyword arguments for this call, on lengths padded to
+    their `bucket`: static shapes, as torch 2.13's CPU flex template miscompiles dynamic shapes (symbol
+    names clash, e.g. `cur_kvSplitSize7`) and single query rows."""
+    problem = call.padded(bucket(call.query.shape[2]), bucket(call.key.shape[2])).problem()
     query, key, value = problem.query, problem.key, problem.value
     bias_mod = problem.bias_mod
     score_mod = None if bias_mod is None else (lambda score, b, h, q, kv: score + bias_mod(b, h, q, kv))
     kwargs = dict(score_mod=score_mod, block_mask=problem.mask.block_mask(), scale=call.scaling,
                   enable_gqa=query.shape[1] != key.shape[1])
+    return (query, key, value), kwargs
+
+
+def flex(call: Call) -> torch.Tensor:
+    rows = call.query.shape[2]
+    (query, key, value), kwargs = flex_arguments(call)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer compile fuses it
         return flex_attention(query, key, value, **kwargs)[:, :, :rows]
     # A silent fallback to uncompiled flex would materialise every score: fail loudly instead.
@@ -121,9 +131,8 @@ def _band_rows(problem: Problem, mask: Mask, band: tuple[int, int | None, bool],
         heads = torch.arange(query.shape[1], device=query.device)[:, None]
         values = problem.by_distance(heads, distance[None]).to(query.dtype)
     values = values.masked_fill(~allowed, torch.finfo(query.dtype).min)
-    out = F.scaled_dot_product_attention(query.flip(2), key[:, :, lo:hi], value[:, :, lo:hi],
-                                         attn_mask=values.unfold(-1, hi - lo, 1)[None], dropout_p=dropout,
-                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    out = masked_sdpa(query.flip(2), key[:, :, lo:hi], value[:, :, lo:hi], values.unfold(-1, hi - lo, 1)[None],
+                      dropout, scaling)
     return out.flip(2)
 
 
@@ -139,9 +148,18 @@ def _rows(problem: Problem, mask: Mask, band: None, key: torch.Tensor, value: to
         bias = problem.materialised(q_pos[:, r0:r1], k_pos[:, lo:hi]).to(query.dtype)
     # min, not -inf, where masked: a row with no key gives uniform weights (zeroed below), never NaN.
     attn_mask = bias.masked_fill(~allowed, torch.finfo(query.dtype).min)
-    out = F.scaled_dot_product_attention(query, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=attn_mask,
-                                         dropout_p=dropout, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    out = masked_sdpa(query, key[:, :, lo:hi], value[:, :, lo:hi], attn_mask, dropout, scaling)
     return out.masked_fill(~allowed.any(-1, keepdim=True), 0)
+
+
+def masked_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor, dropout: float,
+                scaling: float) -> torch.Tensor:
+    """sdpa with a mask, grouped key/value heads repeated to the query heads first: on CUDA, enable_gqa with
+    an attn_mask runs only on the math kernel. Inside a block, so backward recomputes the copy."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout, scale=scaling)
 
 
 def dense(call: Call) -> torch.Tensor:
@@ -160,16 +178,36 @@ def flash_alibi_applies(call: Call) -> bool:
     """flash-attn adds -m_h |i + k - q - j| by index: right only when positions are slot indices up to a
     shift, the mask causal and nothing padded or packed."""
     query, bias, mask, q_pos, k_pos = call.query, call.bias, call.mask, call.q_pos, call.k_pos
-    if not (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and hasattr(bias, "slopes")):
+    if query.device.type not in FLASH_DEVICES or query.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not hasattr(bias, "slopes"):
         return False
     if not isinstance(mask, MaskSpec) or not mask.causal or mask.key_padding is not None or mask.documents is not None:
         return False
     if mask.q_offset is not None and not bool(torch.all(torch.as_tensor(mask.q_offset) == k_pos.shape[1] - q_pos.shape[1])):
         return False
-    if importlib.util.find_spec("flash_attn") is None:
+    if not flash_runs(query.device, query.dtype):
         return False
     steps = torch.arange(k_pos.shape[1], device=k_pos.device)
     return bool(((k_pos - k_pos[:, :1]) == steps).all() and (q_pos == k_pos[:, -q_pos.shape[1]:]).all())
+
+
+@functools.cache
+def flash_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether flash-attn runs here. It imports on GPUs it has no kernels for (before Ampere: T4, V100) and
+    in wheels built for another torch, and fails only when called: so a tiny call decides, once per device."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        from flash_attn import flash_attn_func
+
+        x = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype)
+        flash_attn_func(x, x, x, causal=True, alibi_slopes=torch.zeros(1, device=device))
+    except Exception as error:  # any build or device failure (RuntimeError, OSError: undefined symbol, ...)
+        LOG.warning("flash-attn does not run on %s (%s: %s); ALiBi attention uses the other backends there",
+                    device, type(error).__name__, error)
+        return False
+    return True
 
 
 def flash_alibi(call: Call) -> torch.Tensor:
@@ -178,5 +216,6 @@ def flash_alibi(call: Call) -> torch.Tensor:
     window = (-1, -1) if call.mask.sliding_window is None else (call.mask.sliding_window - 1, 0)
     q, k, v = (x.transpose(1, 2) for x in (call.query, call.key, call.value))
     out = flash_attn_func(q, k, v, dropout_p=call.dropout, softmax_scale=call.scaling, causal=True,
-                          window_size=window, alibi_slopes=call.bias.slopes.float())
+                          window_size=window, alibi_slopes=call.bias.slopes.float(),
+                          deterministic=torch.are_deterministic_algorithms_enabled())  # its backward, else atomic
     return out.transpose(1, 2)

@@ -31,6 +31,9 @@ class RelativeBias(nn.Module):
     build a (q, k) block as a strided view of one row of distances (a Toeplitz matrix)."""
 
     heads: int
+    # Whether Inductor can lower FlexAttention's backward through `score`: it refuses a score_mod that
+    # indexes one trainable tensor more than once ("multiple indexing operations"); such terms train chunked.
+    flex_backward: bool = True
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.by_distance(head, q_pos - k_pos)
@@ -103,6 +106,8 @@ class T5(BiasScheme):
 
 class FireBias(RelativeBias):
     """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1); c, L learned (kept > 0)."""
+
+    flex_backward = False  # `score` indexes the MLP's weights once per hidden unit
 
     def __init__(self, heads: int, hidden: int, c: float, threshold: float, zero_init: bool) -> None:
         super().__init__()

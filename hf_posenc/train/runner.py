@@ -27,6 +27,7 @@ from .recipe import Recipe
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 CHECKPOINTS = "checkpoints"
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # what deterministic cuBLAS needs (CUDA docs, "Reproducibility")
 # Fields that may change between a run and its resume; anything else means a different run.
 RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
                      "training.logging_steps", "evaluation", "output"}
@@ -192,11 +193,13 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
             "auto": if there is one).
         overwrite: replace the run in `output.dir`.
     """
-    before = torch.are_deterministic_algorithms_enabled()
+    before, workspace = torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_WORKSPACE)
     try:  # `training.deterministic` holds for this run only, not for the rest of the caller's process
         return _train(recipe, resume, overwrite)
     finally:
         torch.use_deterministic_algorithms(before)
+        if workspace is None:
+            os.environ.pop(CUBLAS_WORKSPACE, None)
 
 
 def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Results:
@@ -221,6 +224,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
 
     set_seed(t.seed)
     if t.deterministic:
+        os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")  # else cuBLAS matmuls raise under deterministic algorithms
         torch.use_deterministic_algorithms(True)
     model, tokenizer = modeling.load_recipe_model(recipe)
     task = tasks.TASKS[recipe.model.task]
