@@ -398,3 +398,16 @@ def test_cli_inspect_minilm_end_to_end(tmp_path):
     run = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "inspect", "minilm", "--out", str(tmp_path / "long"),
                           "--text", long_text], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert run.returncode == 1 and "allows at most 512 positions" in run.stderr  # found after loading: runtime
+
+
+def test_subspace_geometry_makes_no_float64_on_the_tables_device():
+    """MPS has no float64: the SVDs and angles run in float64 on the CPU, whatever device the tables live on."""
+    from conftest import DeviceWithoutFloat64
+
+    tokens, positions = torch.randn(40, 16, device="meta"), torch.randn(24, 16, device="meta")
+    with DeviceWithoutFloat64() as device:
+        basis = A.geometry.principal_basis(positions, k=4)
+        A.geometry.principal_angles(A.geometry.principal_basis(tokens, k=4), basis)
+        A.geometry.energy_share(tokens, basis)
+        A.geometry.encoding_by_distance(positions)
+    assert device.created == [] and basis.device.type == "cpu"

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PosEncError
-from .geometry import principal_basis
+from .geometry import exact, principal_basis
 
 
 def default_rank(num_positions: int, d: int) -> int:
@@ -75,9 +75,9 @@ def shift_fit(positions: Tensor, offsets: Sequence[int] | None = None, rank: int
     random = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
     def coords(table: Tensor) -> Tensor:
-        return table.double() @ principal_basis(table, k=rank)
+        return exact(table) @ principal_basis(table, k=rank)
 
-    ours, chance = coords(positions), coords(random * positions.double().std())
+    ours, chance = coords(positions), coords(random * exact(positions).std())
     return {"rank": rank, "num_positions": n, "offsets": offsets,
             "r2": [shift_r2(ours, k) for k in offsets], "random_r2": [shift_r2(chance, k) for k in offsets]}
 
@@ -98,9 +98,9 @@ def energy_by_direction(positions: Tensor, tokens: Tensor) -> dict[str, Any]:
     """
     if positions.shape[1] != tokens.shape[1]:
         raise PosEncError(f"token vectors have width {tokens.shape[1]} but position vectors {positions.shape[1]}")
-    p = positions.double()
+    p = exact(positions)
     varied = p - p.mean(0)
-    _, s, vh = torch.linalg.svd(tokens.double(), full_matrices=False)
+    _, s, vh = torch.linalg.svd(exact(tokens), full_matrices=False)
     return {
         "per_dimension": {"energy": _shares(p), "variation": _shares(varied)},
         "per_token_direction": {"energy": _shares(p @ vh.T), "variation": _shares(varied @ vh.T),

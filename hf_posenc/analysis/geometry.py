@@ -12,13 +12,18 @@ from ..errors import PosEncError
 ENERGY = 0.9  # default subspace rank: fewest principal directions that hold 90% of the energy
 
 
+def exact(vectors: Tensor) -> Tensor:
+    """float64 on the CPU, for the SVDs and angles: the tables are small, and some devices have no float64 (MPS)."""
+    return vectors.detach().cpu().double()
+
+
 def principal_basis(vectors: Tensor, k: int | None = None, energy: float = ENERGY) -> Tensor:
     """Orthonormal basis (d, k) of the top-k principal directions of the rows of `vectors`.
 
     Uncentred (right singular vectors), because what the model adds is the vectors themselves,
     mean included. `k=None`: the fewest directions that hold `energy` of the squared norm.
     """
-    _, s, vh = torch.linalg.svd(vectors.double(), full_matrices=False)
+    _, s, vh = torch.linalg.svd(exact(vectors), full_matrices=False)
     if k is None:
         share = (s**2).cumsum(0) / (s**2).sum()
         k = int((share < energy).sum()) + 1
@@ -33,14 +38,14 @@ def principal_angles(a: Tensor, b: Tensor) -> Tensor:
     cos(theta_i) are the singular values of a^T b (Bjorck & Golub 1973). Computed in fp64; the cosines
     are clamped to [0, 1] against rounding.
     """
-    cos = torch.linalg.svdvals(a.double().T @ b.double()).clamp(0.0, 1.0)
+    cos = torch.linalg.svdvals(exact(a).T @ exact(b)).clamp(0.0, 1.0)
     return torch.rad2deg(torch.arccos(cos)).sort().values
 
 
 def energy_share(vectors: Tensor, basis: Tensor) -> float:
     """Share of the rows' squared norm that lies in span(basis): ||V B||^2 / ||V||^2."""
-    v = vectors.double()
-    return float((v @ basis.double()).pow(2).sum() / v.pow(2).sum())
+    v = exact(vectors)
+    return float((v @ exact(basis)).pow(2).sum() / v.pow(2).sum())
 
 
 def random_basis(d: int, k: int, seed: int) -> Tensor:
@@ -117,7 +122,7 @@ def format_geometry(geo: dict[str, Any]) -> str:
 
 def encoding_by_distance(positions: Tensor) -> dict[str, list[float]]:
     """Mean dot product and cosine of position i with position i + delta, for each distance delta."""
-    p = positions.double()
+    p = exact(positions)
     dots = p @ p.T
     norms = p.norm(dim=-1)
     cosines = dots / (norms[:, None] * norms[None, :]).clamp_min(1e-12)

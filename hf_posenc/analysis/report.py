@@ -15,7 +15,7 @@ from ..patching import describe
 from ..schemes.sinusoidal import sinusoidal_code
 from .attention_terms import BIAS_TERMS, TERMS, alibi_slopes, four_terms, rotary_cos, rotary_profile
 from .encoding import energy_by_direction, format_encoding, shift_fit
-from .geometry import encoding_by_distance, format_geometry, principal_basis, subspace_geometry
+from .geometry import encoding_by_distance, exact, format_geometry, principal_basis, subspace_geometry
 from .positions import check_length, max_positions, position_kind, position_vectors, token_vectors
 
 
@@ -64,7 +64,7 @@ def inspect_model(
                       summary=format_geometry(geo) + "\n" + format_encoding(fit, energy))
         plots.subspace(geo, out / "subspace.png", name)
         plots.four_terms(terms, TERMS, BIAS_TERMS, out / "four_terms.png", name)
-        components = positions.double() @ principal_basis(positions, k=min(32, *positions.shape))
+        components = exact(positions) @ principal_basis(positions, k=min(32, *positions.shape))
         plots.encoding(positions, components, by_distance, out / "encoding.png", f"{name}: the positions it adds")
         plots.shift_fit(fit, out / "shift_fit.png", name)
         plots.position_energy(energy, reference, out / "position_energy.png", name)
