@@ -174,6 +174,11 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     # --- list and the dispatcher (argparse: its usage line, then the error)
     ("list-bad-flag", ["list", "--bogus"], ["unrecognized arguments: --bogus"]),
     ("no-such-command", ["nosuch"], ["invalid choice: 'nosuch'", "choose from"]),
+    # --- doctor: names checked before any model is built
+    ("doctor-unknown-scheme", ["doctor", "--schemes", "alibii"], ["unknown scheme 'alibii'", "available schemes: alibi"]),
+    ("doctor-unknown-model-type", ["doctor", "--model-types", "lama"],
+     ["unknown model type(s) 'lama'", "hf-posenc list --model-types"]),
+    ("doctor-no-model-types", ["doctor", "--model-types"], ["expected at least one argument"]),
     # --- patch: scheme and options
     ("patch-unknown-scheme", ["patch", "{work}/tiny", "nosuch", "--out", OUT], ["unknown scheme 'nosuch'", "available schemes: alibi"]),
     ("patch-opt-not-number", ["patch", "{work}/tiny", "yarn", "--opt", "factor=abc", "--out", OUT], ["scheme 'yarn': factor must be a number >= 1, got 'abc'"]),
