@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("hf_posenc.cli.eval_", "evaluate a (patched) model: perplexity by length, passkey, sentiment"),
     "inspect": ("hf_posenc.cli.inspect", "subspace geometry, four-term attention, encoding plots"),
     "train": ("hf_posenc.cli.train", "run a fine-tuning recipe through accelerate"),
+    "recipes": ("hf_posenc.cli.recipes", "list the shipped recipes, or copy one to edit"),
     "card": ("hf_posenc.cli.card", "write a model card for a run folder"),
     "push": ("hf_posenc.cli.push", "upload a run folder to the Hub"),
     "doctor": ("hf_posenc.cli.doctor", "check the installed transformers against every family (after an upgrade)"),

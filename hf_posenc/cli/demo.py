@@ -17,6 +17,7 @@ from typing import Any
 from .. import results
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
+from ..train.shipped import recipe_path
 from . import check_model_takes, int_list
 from .checks import at_least, model_folder
 from .inspect import DEFAULT_TEXT
@@ -28,7 +29,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("alibi, no training", "alibi", {}),
 ]
 RECOVERED = "alibi, {steps} recovery steps"
-RECIPE = "recipes/smollm2-135m/alibi/config_smoke.yaml"
+RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
 # wider than +-0.31 (one prompt per cell could only say 0% or 100%).
@@ -50,7 +51,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     # 128 of the smoke recipe's 192 steps of 2 x 128 tokens: what fits the whole demo in 8 minutes on 2 idle
     # cores (192 took 9.5); more, smaller steps recovered more per CPU-second (benchmarks/demo_recovery.py)
     parser.add_argument("--steps", type=int, default=128, help="ALiBi recovery steps of the smoke recipe (0: none)")
-    parser.add_argument("--recipe", default=RECIPE, help="the recovery recipe (its model is replaced by --model)")
+    parser.add_argument("--recipe", default=RECIPE, help="the recovery recipe, a file or a shipped name (its model is replaced by --model)")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -60,9 +61,9 @@ def check(args: argparse.Namespace) -> None:
     if not 0 < args.target_tokens < min(args.lengths):
         raise PosEncError(f"--target-tokens must be in 1..{min(args.lengths) - 1} (below the shortest of --lengths), "
                           f"got {args.target_tokens}")
-    if args.steps and not Path(args.recipe).is_file():
-        raise PosEncError(f"--recipe {args.recipe} is not a file; run the demo from the hf-posenc repository "
-                          f"(make demo), give a recipe YAML, or pass --steps 0")
+    if args.steps and not recipe_path(args.recipe).is_file():
+        raise PosEncError(f"--recipe {args.recipe} is neither a recipe file nor a shipped recipe (`hf-posenc recipes`); "
+                          "give one, or pass --steps 0")
     if args.steps:  # minutes of scoring come before the recovery: its recipe is checked now
         _recovery_recipe(args, Path(args.out))
     model_folder(args.model, "--model")

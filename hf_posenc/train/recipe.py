@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal, NoReturn
 import yaml
 
 from ..errors import PosEncError
+from .shipped import recipe_path
 
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 # model.task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
@@ -403,13 +404,14 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read a recipe YAML, apply command-line overrides, validate everything.
 
     Args:
-        path: the YAML file.
+        path: the YAML file, or a shipped recipe's name (`smollm2-135m/alibi/smoke`, `hf-posenc recipes`).
         overrides: argv-style, e.g. ["--training.lr", "1e-4", "--max_steps", "10", "--peft.target_modules", "q_proj", "v_proj"].
     """
-    path = Path(path)
+    path = recipe_path(path)
     if not path.is_file():
         raise PosEncError(f"recipe {str(path)!r} not found" + (" (it is a folder; give the YAML file)" if path.is_dir()
-                                                                 else "; give a recipe YAML file (see recipes/)"))
+                                                                 else "; give a recipe YAML file or a shipped recipe's "
+                                                                 "name (`hf-posenc recipes`)"))
     return from_dict(read_yaml(path, "recipe") or {}, source=str(path), overrides=overrides)
 
 
