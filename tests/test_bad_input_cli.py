@@ -179,6 +179,13 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("doctor-unknown-model-type", ["doctor", "--model-types", "lama"],
      ["unknown model type(s) 'lama'", "hf-posenc list --model-types"]),
     ("doctor-no-model-types", ["doctor", "--model-types"], ["expected at least one argument"]),
+    # --- recipes: names and folders checked before anything is written
+    ("recipes-unknown-name", ["recipes", "copy", "smollm2-135m/alibi/smok", OUT], ["no shipped recipe 'smollm2-135m/alibi/smok'", "shipped: bart-tiny/copy/alibi"]),
+    ("recipes-copy-no-dir", ["recipes", "copy", "smollm2-135m/alibi/smoke"], ["recipes copy needs NAME and DIR"]),
+    ("recipes-copy-existing", ["recipes", "copy", "smollm2-135m/alibi/smoke", "{work}/existing"], ["already exists and is not an empty folder"]),
+    ("recipes-copy-file", ["recipes", "copy", "smollm2-135m/alibi/smoke", "{work}/afile"], ["already exists and is not an empty folder"]),
+    ("recipes-list-extra", ["recipes", "list", "smollm2-135m/alibi/smoke"], ["recipes takes NAME and DIR only after `copy`"]),
+    ("train-unknown-shipped-name", ["train", "smollm2-135m/alibi/smok"], ["no shipped recipe 'smollm2-135m/alibi/smok'"]),
     # --- patch: scheme and options
     ("patch-unknown-scheme", ["patch", "{work}/tiny", "nosuch", "--out", OUT], ["unknown scheme 'nosuch'", "available schemes: alibi"]),
     ("patch-opt-not-number", ["patch", "{work}/tiny", "yarn", "--opt", "factor=abc", "--out", OUT], ["scheme 'yarn': factor must be a number >= 1, got 'abc'"]),
