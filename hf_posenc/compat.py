@@ -8,7 +8,9 @@ the one piece of peft's layout the patch needs (what runs inside a `modules_to_s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+import warnings
 
 from typing import Any, Callable
 
@@ -198,8 +200,11 @@ def cache_in(kwargs: dict[str, Any]) -> Any:
 
 
 def cache_out(output: Any) -> Any:
-    """The cache a model output carries, under either name."""
-    return next((getattr(output, name) for name in CACHE_NAMES if getattr(output, name, None) is not None), None)
+    """The cache a model output carries, under whichever name is one of its fields (5.24's outputs answer to the
+    old name too, through a property that logs a deprecation: it is never read where `cache` is a field)."""
+    fields = {f.name for f in dataclasses.fields(output)} if dataclasses.is_dataclass(output) else set(CACHE_NAMES)
+    return next((getattr(output, name) for name in CACHE_NAMES if name in fields and getattr(output, name, None)
+                 is not None), None)
 
 
 def cache_length(cache: Any) -> int:
@@ -266,3 +271,13 @@ def checkpoint_key_renamer(model: torch.nn.Module) -> Callable[[str], str]:
         return key
 
     return rename
+
+
+def get_peft_model(model: torch.nn.Module, config: Any) -> Any:
+    """peft's `get_peft_model`, without the FutureWarning transformers 5.24 raises when peft (0.21) reads the
+    deprecated `is_gradient_checkpointing` it calls on our behalf."""
+    import peft
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return peft.get_peft_model(model, config)

@@ -20,9 +20,9 @@ import tarfile
 from pathlib import Path
 import datasets
 import numpy as np
-from tqdm.auto import tqdm
 
 from .errors import PosEncError
+from .progress import bar
 from .evaluation.names import SYNTHETIC_TASKS
 
 __all__ = [
@@ -209,7 +209,7 @@ def _vader_movie_rows(sdist: Path) -> list[tuple[str, int]]:
     with tarfile.open(fileobj=io.BytesIO(inner_bytes)) as inner:
         lines = inner.extractfile(VADER_MOVIES).read().decode("utf-8").splitlines()
     rows = []
-    for line in tqdm(lines, desc="building sentiment set", unit="row", disable=None):
+    for line in bar(lines, desc="building sentiment set", unit="row"):
         _, score, text = line.split("\t", 2)
         if float(score) != 0.0:
             rows.append((text.strip(), int(float(score) > 0)))

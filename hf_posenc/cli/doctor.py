@@ -63,10 +63,9 @@ def versions() -> dict[str, dict[str, Any]]:
 
 def rows(model_types: list[str], schemes: list[str] | None) -> list[dict[str, Any]]:
     """One row per model type and scheme: each check's outcome, or why nothing was checked."""
-    from tqdm.auto import tqdm
-
     from .. import self_check
     from ..patching import release_check
+    from ..progress import bar
 
     plan: list[tuple[str, Any, str | None, str]] = []
     for model_type in model_types:
@@ -78,7 +77,7 @@ def rows(model_types: list[str], schemes: list[str] | None) -> list[dict[str, An
             continue
         plan.extend((model_type, model_class, name, "") for name in names)
     out = []
-    for model_type, model_class, name, error in tqdm(plan, desc="doctor", unit="check", disable=None):
+    for model_type, model_class, name, error in bar(plan, desc="doctor", unit="check"):
         row: dict[str, Any] = {"model_type": model_type, "class": getattr(model_class, "__name__", ""),
                                "scheme": name or "", "status": "FAIL", "checks": {}, "seconds": 0.0, "why": error}
         if not error:

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from ..progress import bar
 from ..stats import rate_fields
 from .names import DEFAULT_MODE, PERPLEXITY_MODES, check_mode
 from .processes import across_processes
@@ -189,8 +189,7 @@ def _score_windows(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Ten
     def score(batch_windows: list[tuple[int, int, int]]) -> list[tuple[float, int, list[int]]]:
         """(summed nll, tokens scored, target ids) of each window."""
         scored = []
-        bar = tqdm(total=len(batch_windows), desc=f"perplexity @ {length}", unit="window",
-                   disable=None if progress else True)
+        shown = bar(total=len(batch_windows), desc=f"perplexity @ {length}", unit="window", show=progress)
         for i in range(0, len(batch_windows), batch_size):
             batch = batch_windows[i : i + batch_size]
             rows = torch.stack([ids[start:end] for start, end, _ in batch]).to(device(model))
@@ -200,8 +199,8 @@ def _score_windows(model: PreTrainedModel, head: torch.nn.Module, ids: torch.Ten
                 nll = torch.cat([token_nll(head, hidden[row, lo - 1 : hi - 1], rows[row, lo:hi])
                                  for lo, hi in _chunks(first, length)])
                 scored.append((nll.sum().item(), count, rows[row, first:].tolist()))
-            bar.update(len(batch))
-        bar.close()
+            shown.update(len(batch))
+        shown.close()
         return scored
 
     scored = across_processes(windows, score, distributed)
@@ -237,7 +236,7 @@ def prefix_perplexity(
         hidden = head_inputs(model, head, window)[0]
         nll = torch.cat([
             token_nll(head, hidden[lo - 1 : hi - 1], window[0, lo:hi])
-            for lo, hi in tqdm(_chunks(1, longest), desc=f"prefix perplexity @ {longest}", disable=None if progress else True)
+            for lo, hi in bar(_chunks(1, longest), desc=f"prefix perplexity @ {longest}", show=progress)
         ]).cumsum(0)
     except LENGTH_LIMITS as err:
         return {**results, **{L: skipped(err) for L in fitting}}

@@ -10,7 +10,6 @@ from pathlib import Path
 import evaluate
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -19,6 +18,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from ..errors import PosEncError
+from ..progress import bar
 from ..registry import adapter_for
 from .processes import across_processes
 
@@ -212,7 +212,7 @@ def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     def decode(part: list[tuple[list[int], int]]) -> list[str]:
         order = sorted(range(len(part)), key=lambda i: len(part[i][0]))  # similar lengths share a batch
         out: dict[int, str] = {}
-        for i in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=None if progress else True):
+        for i in bar(range(0, len(order), batch_size), desc=desc, unit="batch", show=progress):
             idx = order[i : i + batch_size]
             hidden = padded_hidden(model, head, [part[j][0] for j in idx], tokenizer.pad_token_id)
             for r, j in enumerate(idx):

@@ -8,10 +8,10 @@ from typing import Any
 import datasets
 import evaluate
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import PosEncError
+from ..progress import bar
 from ..seq2seq import is_seq2seq
 from ..stats import rate_fields
 from .processes import across_processes
@@ -99,9 +99,8 @@ def seq2seq_length_generalization(
 
     def generate(part: list[tuple[str, str]]) -> list[str]:
         out = []
-        bar = tqdm(range(0, len(part), batch_size), desc="seq2seq length generalisation", unit="batch",
-                   disable=None if progress else True)
-        for i in bar:
+        shown = bar(range(0, len(part), batch_size), desc="seq2seq length generalisation", unit="batch", show=progress)
+        for i in shown:
             chunk = part[i : i + batch_size]
             enc = tokenizer([source for source, _ in chunk], padding=True, return_tensors="pt").to(device(model))
             longest = max(len(ids) for ids in tokenizer(text_target=[t for _, t in chunk])["input_ids"])
@@ -158,8 +157,8 @@ def classification(
     texts, labels = dataset[text_column], dataset[label_column]
 
     def predict_all(part: list[str]) -> list[int]:
-        bar = tqdm(range(0, len(part), batch_size), desc=f"classification ({mode})", unit="batch", disable=None if progress else True)
-        return [label for i in bar for label in predict(part[i : i + batch_size])]
+        shown = bar(range(0, len(part), batch_size), desc=f"classification ({mode})", unit="batch", show=progress)
+        return [label for i in shown for label in predict(part[i : i + batch_size])]
 
     predictions = across_processes(texts, predict_all, distributed)
     scores = evaluate.combine([load_metric("accuracy"), load_metric("f1")]).compute(

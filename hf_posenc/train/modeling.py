@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import transformers
 
-from .. import loading
+from .. import compat, loading
 from ..errors import PosEncError
 from .recipe import Recipe
 
@@ -104,7 +104,7 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
         exclude_modules=list(HEAD_MODULES) if recipe.model.task == "classification" else None,
     )
     try:
-        wrapped = peft.get_peft_model(model, config)
+        wrapped = compat.get_peft_model(model, config)
     except ValueError as err:
         raise PosEncError(f"{recipe.source}: peft.target_modules: {err}") from None
     base = wrapped.get_base_model()

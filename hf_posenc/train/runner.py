@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
-from tqdm.auto import tqdm
 
 from .. import folders, plots, results
+from ..progress import bar
 from ..errors import PosEncError
 from ..evaluation import processes
 from ..patching import describe
@@ -141,7 +141,7 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
     model.eval()
     gathered: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad(), accelerator.autocast():
-        for batch in loader:
+        for batch in bar(loader, desc="held-out evaluation", unit="batch", show=accelerator.is_main_process):
             for name, values in task.scores(model, batch).items():
                 gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
         scores = {name: torch.cat(values) for name, values in gathered.items()}
@@ -298,8 +298,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
         state.curve.append(curve.point(0, 0, 0.0, 0.0, state.before, recipe.data.seq_len))
     clock = curve.Clock(*state.clock)
 
-    bar = tqdm(total=t.max_steps, initial=state.step, disable=None if main else True, desc="train", unit="step",
-               dynamic_ncols=True)  # None: off when stderr is not a terminal
+    shown = bar(total=t.max_steps, initial=state.step, show=main, desc="train", unit="step")
     # loss sum, micro-batches, tokens since last log: float64 on the CPU, summed over processes as fp32 on the
     # device (MPS has no float64)
     window = torch.zeros(3, dtype=torch.float64)
@@ -324,7 +323,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
                 continue
             scheduler.step()
             state.step, state.offset = state.step + 1, state.offset + t.batch_size
-            bar.update(1)
+            shown.update(1)
             if state.step % t.logging_steps == 0 or state.step == t.max_steps:
                 total = accelerator.reduce(window.float().to(accelerator.device), "sum").cpu().double()
                 seconds = time.perf_counter() - tick
@@ -334,7 +333,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
                        "elapsed_s": state.train_seconds,
                        "cpu_s": time.process_time() - cpu0}  # this session's process CPU time: robust to a busy machine
                 state.log.append(row)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                shown.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 window.zero_()
                 tick = time.perf_counter()
             if every and state.step % every == 0:
@@ -355,7 +354,7 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
                 break
         else:
             state.epoch, state.offset = state.epoch + 1, 0
-    bar.close()
+    shown.close()
     counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
     state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
 
