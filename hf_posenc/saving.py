@@ -12,7 +12,12 @@ deep-copyable), which lets transformers save and then marks the folder (`mark_fo
   already rotates) keeps its `model_type`: plain transformers rebuilds exactly that model;
 - any other patch gets `model_type` "hf_posenc" (the stock one is kept as `posenc.model_type`)
   and `AutoConfig` in `auto_map`: without `trust_remote_code=True` transformers refuses the folder
-  and says to pass it, instead of loading the stock model.
+  and says to pass it, instead of loading the stock model;
+- and its `architectures` name classes only hf-posenc provides (`PosEncLlamaForCausalLM`; the stock
+  names are kept as `posenc.architectures`): engines (vLLM, SGLang, TGI) dispatch on `architectures`
+  alone and never run remote code, so with the stock name they would serve the stock positions
+  under the new weights. An engine without hf-posenc's plug-in (`hf_posenc.serving`) refuses the
+  folder by that name.
 
 `load_config` and `from_pretrained` (= `hf_posenc.from_pretrained`) read every layout, folders
 written before this one included.
@@ -30,10 +35,13 @@ from typing import Any
 from . import folders
 from .errors import PosEncError
 
-__all__ = ["MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "from_pretrained", "is_native", "load_config",
-           "mark_folder", "native_config", "save_pretrained"]
+__all__ = ["ARCHITECTURE_PREFIX", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "from_pretrained",
+           "is_native", "load_config", "mark_folder", "native_config", "own_architecture", "save_pretrained",
+           "stock_architectures"]
 
 MODEL_TYPE = "hf_posenc"
+# `architectures` of a folder whose positions its stock class does not compute: the stock name behind it
+ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
 # Auto class -> the class of the remote-code file that loads through it (one each: the file must
@@ -114,6 +122,19 @@ def native_config(config: dict[str, Any]) -> bool:
     return is_native(model)
 
 
+def own_architecture(stock: str) -> str:
+    """The architecture a non-native patched folder names: a class only hf-posenc provides."""
+    return f"{ARCHITECTURE_PREFIX}{stock}"
+
+
+def stock_architectures(config: Any) -> list[str]:
+    """The transformers classes a config (a transformers config or a config.json dict) was saved from:
+    the stock names behind hf-posenc's own (`posenc.architectures`), else `architectures` as written
+    (native folders, and folders written before the names existed)."""
+    fields = config if isinstance(config, dict) else vars(config)
+    return list((fields.get("posenc") or {}).get("architectures") or fields.get("architectures") or [])
+
+
 def _write_text(path: Path, text: str) -> None:
     """Replace a file atomically, through a new inode (never through a hard link to another folder's file)."""
     tmp = path.with_name(f".tmp-{path.name}")
@@ -131,11 +152,18 @@ def mark_folder(folder: str | os.PathLike, native: bool) -> None:
     if not posenc:
         return
     model_type = posenc.get("model_type") if config.get("model_type") == MODEL_TYPE else config["model_type"]
+    # transformers writes the class it saved; a copied marked config.json already has hf-posenc's names
+    stock = [name.removeprefix(ARCHITECTURE_PREFIX) for name in config.get("architectures") or []]
     if native:
         config["model_type"] = model_type
         posenc.pop("model_type", None)
+        posenc.pop("architectures", None)
     else:
         config["model_type"], posenc["model_type"] = MODEL_TYPE, model_type
+        if stock:
+            posenc["architectures"] = stock
+    if stock:
+        config["architectures"] = stock if native else [own_architecture(name) for name in stock]
     config["auto_map"] = auto_map(model_type, native, config.get("auto_map"))
     _write_text(folder / REMOTE_CODE, remote_code())
     _write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -178,7 +206,9 @@ def _stock_dict(config: dict[str, Any]) -> dict[str, Any]:
 def load_config(path: str | os.PathLike, **kwargs: Any) -> Any:
     """The stock transformers config of a saved folder, Hub repo or GGUF file, in any layout,
     with `config.posenc`; behaves as `AutoConfig.from_pretrained(path, **kwargs)` otherwise
-    (`return_unused_kwargs=True` returns (config, unused kwargs))."""
+    (`return_unused_kwargs=True` returns (config, unused kwargs)). `architectures` stay as written:
+    an engine reads this config (AutoConfig with `trust_remote_code=True`) and must see hf-posenc's
+    names; `stock_architectures` gives the classes behind them."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -224,6 +254,10 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
         kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
     else:
         config = copy.deepcopy(config)
+    # the model built here is the stock class, patched: its config names that class, as transformers' own would
+    stock = stock_architectures(config)
+    if stock:
+        config.architectures = stock
     if hasattr(config, "auto_map"):
         del config.auto_map  # the model is patched here; remote code would only call back into this function
     return load_patched(path, model_cls, config=config, **kwargs)

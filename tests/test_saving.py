@@ -21,7 +21,7 @@ import transformers
 from conftest import tiny_model
 
 import hf_posenc as hp
-from hf_posenc import hub, saving
+from hf_posenc import hub, loading, saving
 from hf_posenc.patching import describe_modules
 
 LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
@@ -80,6 +80,10 @@ def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type,
     assert (folder / saving.REMOTE_CODE).read_text() == saving.remote_code()
     assert config["model_type"] == (model_type if native else saving.MODEL_TYPE)
     assert ("AutoConfig" in config["auto_map"]) is not native
+    # engines dispatch on `architectures`: only a native patch may name the stock class
+    stock = type(model).__name__
+    assert config["architectures"] == [stock if native else f"PosEnc{stock}"]
+    assert saving.stock_architectures(config) == [stock]
 
     remote = auto.from_pretrained(folder, trust_remote_code=True).eval()
     assert type(remote) is type(model) and hp.describe(remote) == hp.describe(model)
@@ -92,11 +96,14 @@ def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type,
     else:
         refused_without_remote_code(lambda: auto.from_pretrained(folder))
         refused_without_remote_code(lambda: transformers.AutoConfig.from_pretrained(folder))
-        stock = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
-        assert type(stock) is type(model.config) and stock.posenc["scheme"] == scheme
+        served = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)  # what an engine reads
+        assert type(served) is type(model.config) and served.posenc["scheme"] == scheme
+        assert served.architectures == [f"PosEnc{stock}"]
+    assert remote.config.architectures == [stock]  # the model built is the stock class, patched
 
     # what was loaded through the remote code saves a folder that loads the same way again
     remote.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["architectures"] == config["architectures"]
     again = auto.from_pretrained(tmp_path / "again", trust_remote_code=True).eval()
     assert torch.equal(output(again, ids), expected)
 
@@ -145,10 +152,32 @@ def test_folders_saved_before_the_marks_still_load_and_export_marked(tmp_path):
         assert torch.equal(output(hp.from_pretrained(str(old)).eval(), ids), expected)
 
         repo = hub.export(old, tmp_path / f"repo-{scheme}")
-        assert json.loads((repo / "config.json").read_text())["model_type"] == ("llama" if native else saving.MODEL_TYPE)
+        exported = json.loads((repo / "config.json").read_text())
+        assert exported["model_type"] == ("llama" if native else saving.MODEL_TYPE)
+        assert exported["architectures"] == ["LlamaForCausalLM" if native else "PosEncLlamaForCausalLM"]
         remote = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
         assert torch.equal(output(remote, ids), expected)
         assert json.loads((old / "config.json").read_text())["model_type"] == "llama"  # the source is untouched
+
+
+def test_folders_that_name_the_stock_architecture_with_own_model_type_still_load(tmp_path):
+    """The layout of the release before hf-posenc named its own architectures: model_type "hf_posenc",
+    `architectures` the stock class."""
+    model = patched("llama", "causal", "kerple", {})
+    ids = torch.randint(1, 128, (1, LONG))
+    expected = output(model, ids)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = config["posenc"].pop("architectures")
+    (folder / "config.json").write_text(json.dumps(config))
+
+    remote = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert torch.equal(output(remote, ids), expected)
+    saved = loading.load_model(str(folder), task="saved")
+    assert type(saved) is transformers.LlamaForCausalLM and torch.equal(output(saved, ids), expected)
+    repo = hub.export(folder, tmp_path / "repo")
+    assert json.loads((repo / "config.json").read_text())["architectures"] == ["PosEncLlamaForCausalLM"]
 
 
 HIDE_HF_POSENC = """

@@ -5,6 +5,10 @@ The folder's config.json names the stock architecture in `posenc.model_type` (or
 `model_type` when transformers can express the scheme), and hf-posenc loads that stock class,
 re-applies the scheme in `config.posenc` and loads the scheme's weights: the model you get is the
 stock transformers class, patched. Needs hf-posenc installed: `pip install hf-posenc`.
+
+Inference engines never run this file's `from_pretrained`: they read `architectures`, which names a class
+only hf-posenc's engine plug-ins provide (vLLM: `hf_posenc.serving`), and an engine without the plug-in
+refuses the folder by that name.
 """
 
 import transformers
@@ -31,6 +35,12 @@ class PosEncModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         return from_pretrained(pretrained_model_name_or_path, getattr(transformers, cls.auto_class), **kwargs)
+
+    @classmethod
+    def _can_set_attn_implementation(cls):
+        """False: vLLM's Transformers backend serves a remote-code class that takes its attention, building it from
+        config -- without the patch. Asked here, it refuses the folder by its architecture's name instead."""
+        return False
 
 
 class PosEncForCausalLM(PosEncModel):
