@@ -277,7 +277,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("demo-steps-neg", ["demo", "--steps", "-1", "--out", OUT], ["--steps must be an integer >= 0, got -1"]),
     ("demo-target-tokens", ["demo", "--target-tokens", "0", "--out", OUT], ["--target-tokens must be in 1..127"]),
     ("demo-lengths", ["demo", "--lengths", "-5", "--out", OUT], ["lengths must be positive integers"]),
-    ("demo-recipe", ["demo", "--recipe", "{work}/nowhere.yaml", "--out", OUT], ["--recipe", "is not a file", "--steps 0"]),
+    ("demo-recipe", ["demo", "--recipe", "{work}/nowhere.yaml", "--out", OUT], ["--recipe", "is neither a recipe file nor a shipped recipe", "--steps 0"]),
     ("demo-recipe-scheme", ["demo", "--recipe", "{work}/recipes/rope.yaml", "--out", OUT], ["--recipe", "rope.yaml swaps to 'rope'; the demo recovers alibi"]),
     ("demo-recipe-invalid", ["demo", "--recipe", "{work}/recipes/invalid.yaml", "--out", OUT], ["invalid.yaml: line 4, column 5"]),
     ("demo-model", ["demo", "--model", "{work}/nowhere", "--steps", "0", "--out", OUT], ["--model: ", "is not a model folder"]),

@@ -42,17 +42,20 @@ def test_bad_scheme_or_option(scheme, options, message):
 
 def test_unsupported_architecture_names_what_the_generic_adapter_cannot_place():
     # GPT-J up to transformers 5.23 keeps its rotation table as a buffer inside each attention module, where no
-    # site reaches; 5.24 moved it to one model-level rotary module, which the generic adapter then patches
+    # site reaches; 5.24 moved it to one model-level rotary module that ignores rope_parameters: RoPE is refused by
+    # name there (a rebuild would keep the stock rotation), other sites reach the attention
     config = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
                                      initializer_range=0.2)
     model = transformers.GPTJForCausalLM(config).eval()
     if hasattr(model.transformer, "rotary_emb"):
         x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
         stock = model(x).logits
-        hp.patch(model, "rope")
-        torch.testing.assert_close(model(x).logits, stock, rtol=0, atol=1e-6)  # own scheme == stock
+        with pytest.raises(hp.PosEncError, match=r"cannot take scheme 'rope' .*GPTJRotaryEmbedding\(config\) ignores "
+                                                 r"rope_parameters"):
+            hp.patch(model, "rope")
+        assert torch.equal(model(x).logits, stock)
         hp.patch(model, "alibi")
-        assert (model(x).logits - stock).abs().max() > 1e-2  # and a swap reaches the attention
+        assert (model(x).logits - stock).abs().max() > 1e-2  # a swap reaches the attention
         return
     with pytest.raises(hp.PosEncError, match=r"'gptj': positions enter where .*buffer h\.0\.attn\.embed_positions"):
         hp.patch(model, "rope")
