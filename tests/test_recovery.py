@@ -187,10 +187,12 @@ def test_the_curve_clock_hands_the_device_no_float64():
 
 @pytest.fixture
 def bf16_accelerator():
-    """An Accelerator with bf16 mixed precision on CPU (torch autocasts CPU to bf16), its shared state reset after."""
+    """An Accelerator with bf16 mixed precision on CPU (torch autocasts CPU to bf16), its shared state reset before
+    (an earlier test's Accelerator would keep its own precision) and after."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
+    AcceleratorState._reset_state(reset_partial_state=True)
     yield Accelerator(cpu=True, mixed_precision="bf16")
     AcceleratorState._reset_state(reset_partial_state=True)
 

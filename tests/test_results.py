@@ -8,7 +8,6 @@ import json
 import pytest
 from conftest import tiny_model
 from test_evaluation import char_tokenizer
-from test_train import REPO
 
 import hf_posenc as hp
 from hf_posenc import cli, data, evaluation, hub, results
@@ -76,7 +75,7 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     char_tokenizer().save_pretrained(folder)
     out = tmp_path / "demo"
     assert cli.main(["demo", "--model", str(folder), "--lengths", "16,48", "--target-tokens", "8", "--windows", "2",
-                     "--steps", "2", "--recipe", str(REPO / demo.RECIPE), "--out", str(out)]) == 0
+                     "--steps", "2", "--recipe", demo.RECIPE, "--out", str(out)]) == 0
     record = results.load(out / "results.json")
     assert record.kind == "demo" and record.complete
     assert record.settings["perplexity_mode"] == "same_target" and record.settings["target_tokens"] == 8
