@@ -32,7 +32,7 @@ from torch import nn
 from . import compat, seq2seq
 from .config import PosEncConfig, required_options
 from .errors import PosEncError
-from .registry import adapter_for, get_scheme, why_not
+from .registry import ADAPTERS, adapter_for, get_scheme, list_architectures, supports, why_not
 from .tiny import tiny_config, tiny_ids
 
 ENV = "HF_POSENC_SELF_CHECK"
@@ -269,8 +269,6 @@ GENERIC_FAMILIES = ("gpt_neox", "phi", "opt", "bloom", "mpt", "falcon", "gemma3_
 
 
 def families() -> list[str]:
-    from .registry import list_architectures
-
     return [*list_architectures(), *GENERIC_FAMILIES]
 
 
@@ -278,8 +276,6 @@ def model_class_for(model_type: str) -> type:
     """The model class a user of `model_type` loads: seq-to-seq LM, masked LM for the encoder families,
     else causal LM."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
-
-    from .registry import ADAPTERS
 
     config_class = type(tiny_config(model_type))
     for auto in (AutoModelForSeq2SeqLM, AutoModelForMaskedLM if model_type in ADAPTERS and
@@ -292,8 +288,6 @@ def model_class_for(model_type: str) -> type:
 
 def default_schemes(model_class: type, model_type: str) -> list[str]:
     """The family's own scheme and the scheme standing for each site it supports."""
-    from .registry import supports
-
     with torch.device("meta"):
         model = model_class._from_config(tiny_config(model_type))
     native = (seq2seq.stack_adapter(model, seq2seq.text_stacks(model)[-1]) if seq2seq.is_seq2seq(model)
