@@ -17,7 +17,7 @@ Each arm is written as soon as it finishes (benchmarks/results/recovery/recovery
 so an interrupted run keeps what it measured; a rerun skips the arms already there. Arms run in other
 processes (`--out elsewhere`) join with `--merge elsewhere/recovery.json`. The committed results are
 every arm at 200 steps with a curve every 25, run 2-5 processes at a time
-on 2 cores; the README's "Recovery" section reads them.
+on 2 cores; the docs' recovery page (docs/benchmarks/recovery.md) includes them.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ them back bit for bit; and the family's own scheme gives back the stock logits (
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/seq2seq_catalog.py [model_type ...]
 
 writes benchmarks/results/seq2seq_catalog.json, the table seq2seq_support.md and hf_posenc/seq2seq_types.json
-(what `hf-posenc list --model-types` prints after the causal types), and prints the README's block (counts and
-table; tests/test_seq2seq.py checks the README has it).
+(what `hf-posenc list --model-types` prints after the causal types), and prints the support page's block (counts and
+table; tests/test_seq2seq_zoo.py checks docs/support.md has it).
 """
 
 from __future__ import annotations

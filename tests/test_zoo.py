@@ -233,14 +233,14 @@ def test_a_patched_copy_gets_the_adapter_of_the_stock_model():
 
 
 def test_support_table_list_and_readme_are_the_catalog():
-    """benchmarks/results/zoo_support.md, what `hf-posenc list` ships and the README's summary are
+    """benchmarks/results/zoo_support.md, what `hf-posenc list` ships and the support page's summary are
     generated from the catalog, which the tests above keep equal to what the code does."""
     root = Path(__file__).parents[1]
     assert (root / "benchmarks" / "results" / "zoo_support.md").read_text() == zoo.table(CATALOG)
     shipped = json.loads(hp.registry.MODEL_TYPES.read_text())
     assert shipped == {**zoo.shipped(CATALOG), "transformers": shipped["transformers"]}
     assert shipped["transformers"] == transformers.__version__, "catalog written on another transformers"
-    assert zoo.readme_block(CATALOG) in (root / "README.md").read_text(), "rerun benchmarks/zoo_catalog.py"
+    assert zoo.readme_block(CATALOG) in (root / "docs" / "support.md").read_text(), "rerun benchmarks/zoo_catalog.py"
 
 
 # ---------------------------------------------------------------- real configs (tests/real_configs.py)

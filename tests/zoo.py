@@ -320,13 +320,13 @@ def shipped(catalog: dict[str, dict[str, Any]]) -> dict[str, Any]:
                       for t, row in catalog.items()}}
 
 
-# The model types issue 11 names; the README says where each stands.
+# The model types issue 11 names; docs/support.md says where each stands.
 NAMED = ("gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt_neox", "opt", "bloom", "falcon", "mixtral", "qwen2_moe",
          "qwen3_moe", "olmo2", "granite", "stablelm", "starcoder2", "cohere")
 
 
 def readme_block(catalog: dict[str, dict[str, Any]]) -> str:
-    """The README's summary of the catalog (tests/test_zoo.py checks the README holds it)."""
+    """The support page's summary of the catalog (tests/test_zoo.py checks docs/support.md holds it)."""
     counts = summary(catalog)["counts"]
     named = ", ".join(f"{t} {status(catalog[t])}" for t in NAMED if t in catalog)
     return (f"Of the {len(catalog)} causal-LM model types of transformers {transformers.__version__}, the zoo sweep "

@@ -1,0 +1,123 @@
+"""The docs site builds offline with `mkdocs build --strict`, shows what the registry and the benchmarks
+say, and keeps every page of its navigation.
+
+The support matrix, the scheme list and the option tables are generated at build time from `hf-posenc list`
+(docs/hooks.py); the benchmark tables the scripts write are included from their files (pymdownx.snippets), so
+these tests check that the built pages hold them, not copies. The code blocks of the pages run in
+tests/test_readme.py.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+# pages every build must have (page source -> what it must hold)
+KEY_PAGES = {
+    "index.md": "hf-posenc", "guide/patch.md": "Patching a model", "guide/train.md": "recipes",
+    "guide/eval.md": "RULER", "guide/serve.md": "vLLM", "guide/inspect.md": "inspect", "guide/hub.md": "Hub",
+    "guide/releases.md": "doctor", "schemes.md": "Schemes", "support.md": "Support matrix",
+    "benchmarks/study.md": "What we found", "benchmarks/recovery.md": "Recovery", "extending.md": "Extending",
+    "layout.md": "laid out", "api.md": "API reference",
+}
+# benchmark outputs the pages include as they are written (page -> files)
+INCLUDED = {
+    "benchmarks/recovery.md": ["benchmarks/results/recovery/recovery.md", "benchmarks/results/recovery/demo_variants.md"],
+    "benchmarks/study.md": ["benchmarks/study/results.md"],
+    "support.md": ["benchmarks/results/seq2seq_support.md"],
+}
+
+
+def page_html(site: Path, source: str) -> str:
+    target = site / ("index.html" if source == "index.md" else source.removesuffix(".md") + "/index.html")
+    return target.read_text(encoding="utf-8")
+
+
+def text_of(markup: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    # no network: a build that reaches for one (fonts, plugins) fails instead of hanging
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_MKDOCS_2_WARNING": "1", "no_proxy": "*",
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    print(f"mkdocs build --strict: {time.perf_counter() - start:.1f} s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def test_the_site_builds_with_every_key_page(site):
+    for source, wanted in KEY_PAGES.items():
+        assert (DOCS / source).is_file(), source
+        assert wanted in text_of(page_html(site, source)), f"{source} lost {wanted!r}"
+    assert "fonts.googleapis" not in page_html(site, "index.md"), "the theme fetches fonts: set theme.font: false"
+
+
+def test_every_page_is_in_the_navigation():
+    nav = (REPO / "mkdocs.yml").read_text()
+    for page in DOCS.rglob("*.md"):
+        assert page.relative_to(DOCS).as_posix() in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def tables(markup: str) -> list[list[list[str]]]:
+    """Each <table> of a page as rows of cell texts, the header row first."""
+    return [[[text_of(c).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, flags=re.S)]
+             for row in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)]
+            for table in re.findall(r"<table>(.*?)</table>", markup, flags=re.S)]
+
+
+def test_the_support_matrix_is_the_registry(site):
+    """Every (adapter, scheme) cell of the built page, in both tables, is what the registry says (through
+    `hf-posenc list --json`, whose data tests/test_cli.py keeps equal to the registry)."""
+    listing = json.loads(subprocess.run([sys.executable, "-m", "hf_posenc.cli", "list", "--json"], cwd=REPO,
+                                        capture_output=True, text=True, check=True).stdout)
+    matrix = listing["matrix"]
+    grouped, full = tables(page_html(site, "support.md"))[:2]
+    schemes = full[0][1:]
+    assert sorted(schemes) == sorted(next(iter(matrix.values())))
+    assert {row[0]: {s: mark == "yes" for s, mark in zip(schemes, row[1:])} for row in full[1:]} == matrix
+    seen = {}
+    for row in grouped[1:]:
+        for adapter in row[0].split(", "):
+            for group, mark in zip(grouped[0][1:], row[1:]):
+                for scheme in group.split(", "):
+                    seen.setdefault(adapter, {})[scheme] = mark == "yes"
+    assert seen == matrix
+    schemes_page = tables(page_html(site, "schemes.md"))[0]
+    assert sorted(row[0] for row in schemes_page[1:]) == sorted(schemes)
+
+
+def test_the_benchmark_tables_are_the_files_the_benchmarks_write(site):
+    for source, files in INCLUDED.items():
+        assert all(f'--8<-- "{f}"' in (DOCS / source).read_text() for f in files), source
+        built = text_of(page_html(site, source))
+        for f in files:
+            first_row = (REPO / f).read_text().splitlines()[2].split("|")[1].strip()
+            assert first_row in built, f"{source} does not show {f}"
+
+
+def test_the_plots_are_in_the_site(site):
+    """Every image a built page shows is a file of the site (the plots live in benchmarks/, served by docs/hooks.py)."""
+    shown = 0
+    for page in site.rglob("*.html"):
+        for src in re.findall(r'<img[^>]* src="([^"]+)"', page.read_text(encoding="utf-8")):
+            if not src.startswith(("http:", "https:", "data:")):
+                assert (page.parent / src).resolve().is_file(), f"{page}: {src}"
+                shown += 1
+    assert shown >= 9
