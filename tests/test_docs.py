@@ -121,3 +121,11 @@ def test_the_plots_are_in_the_site(site):
                 assert (page.parent / src).resolve().is_file(), f"{page}: {src}"
                 shown += 1
     assert shown >= 9
+
+
+def test_the_readme_shows_the_demo_table_of_the_demo_page():
+    """The headline table on the README's first screen is the demo page's (one table, two places)."""
+    def table(text: str) -> str:
+        return re.search(r"^\| model \| ppl @ 128 .*?(?=\n\n)", text, flags=re.S | re.M).group(0)
+
+    assert table((REPO / "README.md").read_text()) == table((DOCS / "benchmarks" / "demo.md").read_text())
