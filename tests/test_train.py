@@ -79,10 +79,10 @@ def write_recipe(path: Path, data: dict) -> Path:
 
 
 def run_cli(args: list[str], timeout: float = 240, **popen) -> subprocess.CompletedProcess:
-    """`python -m hf_posenc.train ...` in a real process, offline, single-threaded for determinism."""
+    """`python -m hf_posenc.cli train ...` in a real process, offline, single-threaded for determinism."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "hf_posenc.train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, **popen)
+    return subprocess.run([sys.executable, "-m", "hf_posenc.cli", "train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **popen)
 
 
 @pytest.fixture(scope="module")

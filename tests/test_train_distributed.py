@@ -84,7 +84,7 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
 def _kill_after_checkpoint(args: list[str], out: Path, step: int) -> None:
     """Start a run and SIGKILL it while it writes the checkpoint after `step` (or just after)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.train", *args], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "train", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = out / "checkpoints"
     deadline = time.monotonic() + 240

@@ -9,6 +9,7 @@ from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from . import check_model_takes, float_list, int_list, parse_options, scheme_config
 from .checks import at_least, model_folder
+from .launch import accelerate_config, launch, launch_settings
 
 SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
               "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some); encoder-decoder models: "
@@ -117,8 +118,6 @@ def check(args: argparse.Namespace) -> None:
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options)  # torch-free: a scheme mistake is refused at once
     if args.accelerate_config is not None:
-        from .train import accelerate_config, launch_settings
-
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites
 
@@ -147,11 +146,8 @@ def main(args: argparse.Namespace) -> int:
                       mixed=args.mixed))
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
-        from .train import accelerate_config, launch
-
         clear_out(args.out, "eval", [args.model])
-        return launch(accelerate_config(args.accelerate_config), args.launch, ["hf_posenc.cli", "eval", *_argv(args)],
-                      "evaluation")
+        return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
     import torch
 
     from .. import results

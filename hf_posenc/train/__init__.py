@@ -2,8 +2,8 @@
 
 The same code runs under every launcher (the command line lives in `hf_posenc.cli.train`):
 
-    accelerate launch --config_file CFG -m hf_posenc.train RECIPE.yaml [--section.field value ...]
-    python -m hf_posenc.train RECIPE.yaml                       # one process
+    accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml [--section.field value ...]
+    python -m hf_posenc.cli train RECIPE.yaml                   # one process
     hf-posenc train RECIPE.yaml --accelerate-config cpu_2proc   # a shipped config, by name
 
     recipe    the recipe dataclasses, parsed from YAML and overrides
@@ -16,12 +16,12 @@ from typing import Any
 
 from .recipe import Recipe, load_recipe
 
-__all__ = ["Recipe", "load_recipe", "preflight", "train"]
+__all__ = ["Checked", "Recipe", "load_recipe", "preflight", "train"]
 
 
 def __getattr__(name: str) -> Any:
     """The runner imports torch: only when used, so a recipe mistake is refused before torch loads."""
-    if name in ("preflight", "train"):
+    if name in ("Checked", "preflight", "train"):
         from . import runner
 
         return getattr(runner, name)

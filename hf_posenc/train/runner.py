@@ -9,8 +9,9 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
@@ -114,9 +115,19 @@ def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
     return _diff(json.loads((out / RUN_FILE).read_text())["recipe"], recipe.to_dict())
 
 
-def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: int) -> tuple[Any, bool, bool]:
+class Checked(NamedTuple):
+    """What `preflight` found, for `train` to start from: the raw data (None: load it at setup, as a
+    process launched after the checks does) and the resume and overwrite the run does, settled."""
+
+    raw: datasets.DatasetDict | None
+    resume: bool
+    overwrite: bool
+
+
+def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: int) -> Checked:
     """Every check that needs no compute: output folder, scheme support, dataset columns, batch split.
-    Returns the raw data and the (resume, overwrite) the run does (see `check_output`)."""
+    Run once per run, before any process starts; returns the raw data and the (resume, overwrite) the run
+    does (see `check_output`)."""
     t = recipe.training
     if t.batch_size % (t.micro_batch_size * world_size):
         fits = [m for m in range(t.micro_batch_size, 0, -1) if t.batch_size % (m * world_size) == 0]
@@ -129,7 +140,7 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
     config = modeling.load_config(recipe)
     tasks.check_model(recipe, config)
     modeling.check_scheme(recipe, config)
-    return inputs.load_raw(recipe), resume, overwrite
+    return Checked(inputs.load_raw(recipe), resume, overwrite)
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
@@ -183,7 +194,8 @@ def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=lr)
 
 
-def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -> results.Results:
+def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
+          checked: Checked | None = None) -> results.Results:
     """Run a recipe under whatever `accelerate launch` set up; returns what it wrote to results.json:
     the runs "original" (LM only), "before training" and "after training", as `evaluation` sets allow.
 
@@ -192,21 +204,24 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         resume: continue from the latest checkpoint in `output.dir` (True: there must be one;
             "auto": if there is one).
         overwrite: replace the run in `output.dir`.
+        checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
+            else it runs here.
     """
     before, workspace = torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_WORKSPACE)
     try:  # `training.deterministic` holds for this run only, not for the rest of the caller's process
-        return _train(recipe, resume, overwrite)
+        return _train(recipe, resume, overwrite, checked)
     finally:
         torch.use_deterministic_algorithms(before)
         if workspace is None:
             os.environ.pop(CUBLAS_WORKSPACE, None)
 
 
-def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Results:
+def _train(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None) -> results.Results:
     t, out = recipe.training, Path(recipe.output.dir)
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
     cpu, world = joined.device.type == "cpu", joined.num_processes
-    raw, resume, overwrite = preflight(recipe, resume, overwrite, world)  # before any compute
+    raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
+    raw = inputs.load_raw(recipe) if raw is None else raw
     record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
     accelerator = Accelerator(
         cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
