@@ -22,7 +22,7 @@ import hf_posenc
 from hf_posenc import cli, folders, results
 from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe
-from hf_posenc.train.runner import preflight
+from hf_posenc.train.run_folder import preflight
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog bird sat ran flew on under over mat log tree and then it was red blue big small".split()

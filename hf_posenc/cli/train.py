@@ -95,7 +95,7 @@ def summary(record: Any, out: str) -> str:
 
 
 def saved(args: argparse.Namespace) -> str:
-    from ..train.runner import checkpoints
+    from ..train.run_folder import checkpoints
 
     recipe = getattr(args, "recipe_obj", None)
     found = checkpoints(Path(recipe.output.dir)) if recipe is not None else []

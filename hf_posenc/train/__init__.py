@@ -9,9 +9,11 @@ The same code runs under every launcher (the command line lives in `hf_posenc.cl
     recipe    the recipe dataclasses, parsed from YAML and overrides
     inputs    the data: load, check columns, tokenize, a resumable sampler
     modeling  the model: load, swap the scheme, choose what trains (peft), save
-    runner    the training loop under one Accelerator, checkpoints, results.json
+    run_folder  preflight (every check before compute, once per run), run.json, checkpoints
+    runner    a run under one Accelerator as setup -> loop -> finish, results.json
 """
 
+import importlib
 from typing import Any
 
 from .recipe import Recipe, load_recipe
@@ -19,10 +21,11 @@ from .recipe import Recipe, load_recipe
 __all__ = ["Checked", "Recipe", "load_recipe", "preflight", "train"]
 
 
-def __getattr__(name: str) -> Any:
-    """The runner imports torch: only when used, so a recipe mistake is refused before torch loads."""
-    if name in ("Checked", "preflight", "train"):
-        from . import runner
+# name -> its module, imported on first use: they import torch, and a recipe mistake is refused before it loads
+LAZY = {"Checked": "run_folder", "preflight": "run_folder", "train": "runner"}
 
-        return getattr(runner, name)
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
     raise AttributeError(f"module 'hf_posenc.train' has no attribute {name!r}")

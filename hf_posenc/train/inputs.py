@@ -93,9 +93,9 @@ def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
 
 def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
     """Tokenize for the recipe's task (`tasks.TASKS[model.task].prepare`)."""
-    from .tasks import TASKS  # the task registry builds on this module's preparers
+    from .tasks import TRAINING_TASKS  # the task registry builds on this module's preparers
 
-    return TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
+    return TRAINING_TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
 
 
 def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
