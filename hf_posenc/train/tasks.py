@@ -113,6 +113,11 @@ TRAINING_TASKS: dict[str, Task] = {
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
 
 
+def prepare(recipe: Recipe, raw: Any, tokenizer: Any) -> inputs.Prepared:
+    """Tokenize the raw data as the recipe's task does."""
+    return TRAINING_TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
+
+
 def check_model(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     """A model the task cannot train is a recipe error naming its type, raised before loading weights:
     seq2seq needs an encoder-decoder (labels go through its decoder), causal_lm a decoder-only model."""
