@@ -38,7 +38,7 @@ import hf_posenc as hp  # noqa: E402
 from hf_posenc import data, plots  # noqa: E402
 from hf_posenc.results import write_json  # noqa: E402
 from hf_posenc.train import run_folder, runner  # noqa: E402
-from hf_posenc.train.recipe import from_dict  # noqa: E402
+from hf_posenc.train.reading import from_dict  # noqa: E402
 
 SMOKE_ARMS = ("learned", "rope")
 

@@ -29,7 +29,7 @@ def accelerate_config(name: str) -> Path:
 
 def launch_settings(path: Path) -> dict[str, Any]:
     """An accelerate config file as a mapping, its process count a positive integer."""
-    from ..train.recipe import read_yaml
+    from ..train.reading import read_yaml
 
     config = read_yaml(path, "accelerate config") or {}
     processes = config.get("num_processes", 1) if isinstance(config, dict) else None

@@ -6,17 +6,19 @@ The same code runs under every launcher (the command line lives in `hf_posenc.cl
     python -m hf_posenc.cli train RECIPE.yaml                   # one process
     hf-posenc train RECIPE.yaml --accelerate-config cpu_2proc   # a shipped config, by name
 
-    recipe    the recipe dataclasses, parsed from YAML and overrides
-    inputs    the data: load, check columns, tokenize, a resumable sampler
-    modeling  the model: load, swap the scheme, choose what trains (peft), save
+    recipe      the recipe dataclasses and their cross-field checks
+    reading     a recipe YAML and its --section.field overrides into a Recipe
+    inputs      the data: load, check columns, tokenize, a resumable sampler
+    modeling    the model: load, swap the scheme, choose what trains (peft), save
     run_folder  preflight (every check before compute, once per run), run.json, checkpoints
-    runner    a run under one Accelerator as setup -> loop -> finish, results.json
+    runner      a run under one Accelerator as setup -> loop -> finish, results.json
 """
 
 import importlib
 from typing import Any
 
-from .recipe import Recipe, load_recipe
+from .reading import load_recipe
+from .recipe import Recipe
 
 __all__ = ["Checked", "Recipe", "load_recipe", "preflight", "train"]
 
