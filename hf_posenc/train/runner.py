@@ -1,4 +1,5 @@
-"""The training loop: one Accelerator, from 1 CPU process to N GPUs, resumable after a crash."""
+"""A training run in three parts, setup -> loop -> finish, under one Accelerator: from 1 CPU process to
+N GPUs, resumable after a crash. What may be written where, and the checkpoints, are `run_folder`'s."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # what deterministic cuBLAS needs 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
               data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes: the task's
-    per-sample scores, gathered, then its tables (`tasks.TRAINING_TASKS`). Under the training's autocast, which the model
-    before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
+    per-sample scores, gathered, then its tables (`tasks.TRAINING_TASKS`). Under the training's autocast, which
+    the model before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
     task = tasks.TRAINING_TASKS[recipe.model.task]
     model.eval()
     gathered: dict[str, list[torch.Tensor]] = {}
