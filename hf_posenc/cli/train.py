@@ -47,10 +47,12 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """The recipe, the batch split over the processes, the output folder, the scheme and the data:
     `preflight`, once, here (in the launching process when there is one), its result kept for `main`."""
-    from ..train import Checked, load_recipe, preflight
+    from ..train import load_recipe
 
     args.recipe_obj = recipe = load_recipe(args.recipe, args.overrides)  # torch-free: refused at once
     if args.checked:  # a launched process: the launching one checked, and settled resume and overwrite
+        from ..train import Checked
+
         args.config_path, args.preflight = None, Checked(None, bool(args.resume), args.overwrite)
         return
     model_folder(recipe.model.name_or_path, f"{recipe.source}: model.name_or_path")
@@ -58,6 +60,8 @@ def check(args: argparse.Namespace) -> None:
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)
         args.launch = launch_settings(args.config_path)
+    from ..train import preflight  # torch: after every torch-free check
+
     # under a launcher of the user's own (`accelerate launch -m hf_posenc.cli train`) torchrun says how many
     world = args.launch.get("num_processes", 1) if args.config_path else int(os.environ.get("WORLD_SIZE", "1"))
     args.preflight = preflight(recipe, args.resume, args.overwrite, world)
