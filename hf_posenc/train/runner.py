@@ -119,8 +119,6 @@ class Session:
 
 
 # ---------------------------------------------------------------- setup
-
-
 def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None) -> Session:
     """Preflight (unless done), the Accelerator, model, data and optimizer, restored from the latest
     checkpoint when resuming; the run folder marked and run.json written; the model scored before training."""
@@ -254,8 +252,6 @@ def _write_run_file(run: Session, latest: Path | None, teacher: objectives.Teach
 
 
 # ---------------------------------------------------------------- loop
-
-
 @dataclasses.dataclass
 class Meter:
     """The loop's running measures: loss sum, micro-batches and tokens since the last log (float64 on the CPU,
@@ -347,8 +343,6 @@ def _log(run: Session, meter: Meter) -> None:
 
 
 # ---------------------------------------------------------------- finish
-
-
 def _finish(run: Session) -> results.Results:
     """Score the trained model, write results.json, loss.json, the plots and the model; end the run."""
     recipe, accelerator = run.recipe, run.accelerator
