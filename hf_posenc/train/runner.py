@@ -126,6 +126,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
     world = joined.num_processes
     raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
+    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())  # its clock starts
     accelerator = _accelerator(recipe, cpu=joined.device.type == "cpu", world=world)
     if overwrite and accelerator.is_main_process and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
@@ -136,7 +137,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     if t.deterministic:
         os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")  # else cuBLAS matmuls raise under deterministic algorithms
         torch.use_deterministic_algorithms(True)
-    run = _model_and_data(recipe, accelerator, inputs.load_raw(recipe) if raw is None else raw)
+    run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and run.task.original and latest is None:
         run.model.to(accelerator.device)
@@ -179,7 +180,8 @@ def _fsdp(accelerator: Accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def _model_and_data(recipe: Recipe, accelerator: Accelerator, raw: datasets.DatasetDict) -> Session:
+def _model_and_data(recipe: Recipe, accelerator: Accelerator, record: results.Results,
+                    raw: datasets.DatasetDict) -> Session:
     """The model before the swap, its tokenizer, the task's rows and the held-out loader."""
     model, tokenizer = modeling.load_recipe_model(recipe)
     task = tasks.TRAINING_TASKS[recipe.model.task]
@@ -187,7 +189,6 @@ def _model_and_data(recipe: Recipe, accelerator: Accelerator, raw: datasets.Data
     eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
         data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
         generator=torch.Generator().manual_seed(recipe.training.seed)))
-    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
     return Session(recipe, accelerator, record, model, tokenizer, task, data, eval_loader)
 
 
