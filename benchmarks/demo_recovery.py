@@ -47,7 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def recipe(changes: dict[str, Any], out: Path) -> Any:
-    from hf_posenc.train.recipe import from_dict
+    from hf_posenc.train.reading import from_dict
 
     data = yaml.safe_load(SMOKE.read_text())
     for dotted, value in {**BASE, **changes}.items():

@@ -88,7 +88,7 @@ def score(model: Any, streams: dict[str, Any], lengths: list[int]) -> dict[str, 
 
 
 def recipe(arm: dict[str, Any], steps: int, every: int, out: Path) -> Any:
-    from hf_posenc.train.recipe import from_dict
+    from hf_posenc.train.reading import from_dict
 
     data = yaml.safe_load(SMOKE.read_text())
     data["posenc"] = {"scheme": arm["scheme"], "options": arm["options"]}

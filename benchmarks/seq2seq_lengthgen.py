@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from hf_posenc import plots, results  # noqa: E402
 from hf_posenc.data import seq2seq_pairs  # noqa: E402
-from hf_posenc.evaluation import run_suites, seq2seq_length_generalization  # noqa: E402
+from hf_posenc.evaluation import SuiteSettings, run_suites, seq2seq_length_generalization  # noqa: E402
 from hf_posenc.loading import load  # noqa: E402
 from hf_posenc.stats import rate_fields  # noqa: E402
 from hf_posenc.tiny_seq2seq import write_task  # noqa: E402
@@ -57,8 +57,9 @@ def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args:
     held_out = record.run("after training").metrics["seq2seq"][str(assets["data"])]
     model, tokenizer = load(str(out), task="seq2seq")
     lengths = test_lengths(args.train_max)
-    scored = run_suites(model, tokenizer, [f"seq2seq_{args.task}"], [args.train_max], work / f"eval-{model_type}-{scheme}",
-                        name=f"{model_type} {scheme}", task_lengths=lengths, examples=args.examples, seed=0)
+    settings = SuiteSettings([f"seq2seq_{args.task}"], [args.train_max], name=f"{model_type} {scheme}",
+                             task_lengths=lengths, examples=args.examples, seed=0)
+    scored = run_suites(model, tokenizer, settings, work / f"eval-{model_type}-{scheme}")
     cells = scored.runs[0].metrics[f"seq2seq_{args.task}"]
     for length in lengths:  # what the misses are: too short an answer (the EOS decision), or wrong digits
         cells[str(length)].update(answer_shape(model, tokenizer, args.task, length, args.examples, args.train_max,

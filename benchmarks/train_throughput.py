@@ -70,7 +70,7 @@ def _throughput(times: list[float], tokens_per_step: int) -> float:
 
 
 def worker_runner(args: argparse.Namespace, recipe: dict) -> dict:
-    from hf_posenc.train.recipe import from_dict
+    from hf_posenc.train.reading import from_dict
     from hf_posenc.train.runner import train
 
     train(from_dict(recipe))
@@ -84,15 +84,15 @@ def worker_runner(args: argparse.Namespace, recipe: dict) -> dict:
 def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
     import transformers
 
-    from hf_posenc.train import inputs, modeling
-    from hf_posenc.train.recipe import from_dict
+    from hf_posenc.train import inputs, modeling, tasks
+    from hf_posenc.train.reading import from_dict
 
     recipe = from_dict(recipe_data)
     transformers.set_seed(0)
     raw = inputs.load_raw(recipe)
     model, tokenizer = modeling.load_recipe_model(recipe)
     model = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
-    data = inputs.prepare(recipe, raw, tokenizer)
+    data = tasks.prepare(recipe, raw, tokenizer)
     times: list[float] = []
     cpu: list[float] = []
 

@@ -61,7 +61,7 @@ EVAL_DATASETS = {
     "ruler": ("ruler", "RULER synthetic tasks (Hsieh et al. 2024, lm-eval's generators; essay haystack: the KJV)"),
 }
 # metric table -> (model-index task type, task name)
-TASKS = {
+MODEL_INDEX_TASKS = {
     "perplexity": ("text-generation", "Perplexity by context length"),
     "passkey": ("text-generation", "Passkey retrieval"),
     "copy": ("text-generation", "Length generalisation"),
@@ -165,7 +165,8 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
             for field in spec.fields:
                 if isinstance(cell.get(field), (int, float)):
                     entries.append(EvalResult(
-                        task_type=TASKS[metric][0], task_name=TASKS[metric][1], **_dataset(record, metric, key),
+                        task_type=MODEL_INDEX_TASKS[metric][0], task_name=MODEL_INDEX_TASKS[metric][1],
+                        **_dataset(record, metric, key),
                         metric_type=field, metric_name=f"{results.field_name(metric, field)} @ {_setting(metric, key)}",
                         metric_value=round(cell[field], 4), metric_args=args or None))
     return entries

@@ -77,7 +77,7 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from hf_posenc.train import inputs, load_recipe, modeling
+    from hf_posenc.train import inputs, load_recipe, modeling, tasks
 
     out: dict = {"world": world}
     for path in recipes:
@@ -95,7 +95,7 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
             fully_shard(model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.lr)
-        rows = inputs.prepare(recipe, inputs.load_raw(recipe), tokenizer).train
+        rows = tasks.prepare(recipe, inputs.load_raw(recipe), tokenizer).train
         share = t.batch_size // world
         losses = []
         for step in range(3):

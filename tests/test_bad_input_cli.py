@@ -474,7 +474,7 @@ def test_rerunning_into_a_marked_folder_is_allowed_and_a_changed_folder_is_not(t
 
 def test_train_marks_its_run_and_overwrites_only_a_marked_run(work, tmp_path):
     from hf_posenc.train import load_recipe
-    from hf_posenc.train.runner import RUN_FILE, check_output
+    from hf_posenc.train.run_folder import RUN_FILE, check_output
 
     run = tmp_path / "run"
     recipe = load_recipe(_recipe(tmp_path, "r", output={"dir": str(run)}))

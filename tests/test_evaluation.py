@@ -360,8 +360,8 @@ def test_a_bug_during_scoring_propagates_instead_of_skipping_the_length(kjv_ids)
 def test_results_on_disk_survive_a_crash_in_a_later_suite(tmp_path):
     model = tiny_model("llama")
     with pytest.raises(PosEncError, match="pad_token"):
-        evaluation.run_suites(model, char_tokenizer(pad=False), ["ppl", "rotten_tomatoes"], [16, 32], tmp_path,
-                              max_windows=1)
+        evaluation.run_suites(model, char_tokenizer(pad=False),
+                              evaluation.SuiteSettings(["ppl", "rotten_tomatoes"], [16, 32], max_windows=1), tmp_path)
     record = results.load(tmp_path / "results.json")
     assert record.complete is False
     assert set(record.runs[0].metrics["perplexity"]) == {"16", "32"}
@@ -369,7 +369,7 @@ def test_results_on_disk_survive_a_crash_in_a_later_suite(tmp_path):
 
 def test_sst2_is_the_glue_task_and_needs_the_hub(tmp_path):
     with pytest.raises(PosEncError, match="could not load dataset 'glue'.*eval suite rotten_tomatoes"):
-        evaluation.run_suites(tiny_model("llama"), char_tokenizer(), ["sst2"], [16], tmp_path)
+        evaluation.run_suites(tiny_model("llama"), char_tokenizer(), evaluation.SuiteSettings(["sst2"], [16]), tmp_path)
 
 
 def test_eval_command_patches_and_compares(saved_tiny, tmp_path):

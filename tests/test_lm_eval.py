@@ -31,7 +31,7 @@ from integration_support import char_tokenizer, doc_commands, randomize_scheme_w
 def evaluate(model_args: str, tasks: list[str], model: str = "hf-posenc", metadata: dict | None = None,
              **kwargs: Any) -> dict[str, Any]:
     """lm-eval's own `simple_evaluate` on CPU with the package's task folder, samples logged."""
-    manager = TaskManager(include_path=str(integration.TASKS), include_defaults=False, metadata=metadata)
+    manager = TaskManager(include_path=str(integration.LM_EVAL_TASK_DIR), include_defaults=False, metadata=metadata)
     return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, device="cpu",
                                    task_manager=manager, log_samples=True, **kwargs)
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import tiny_model
 from hf_posenc import PosEncError, cli, results
-from hf_posenc.evaluation import compare, run_suites
+from hf_posenc.evaluation import SuiteSettings, compare, run_suites
 from hf_posenc.evaluation import ruler as ruler_mod
 from hf_posenc.evaluation.suites import parse_suites, ruler_tasks
 from hf_posenc.stats import intervals_overlap, rate_fields, wilson
@@ -116,8 +116,8 @@ TASKS = ["niah_single_1", "niah_single_2"]  # repeated-sentence and prose (KJV) 
 def tiny_ruler(tmp_path_factory):
     model, tokenizer = tiny_model("llama"), char_tokenizer()
     out = tmp_path_factory.mktemp("ruler")
-    record = run_suites(model, tokenizer, [f"ruler:{','.join(TASKS)}"], [LENGTH], out, samples=3, gen_tokens=8,
-                        baseline=False)
+    settings = SuiteSettings([f"ruler:{','.join(TASKS)}"], [LENGTH], samples=3, gen_tokens=8, baseline=False)
+    record = run_suites(model, tokenizer, settings, out)
     return record, tokenizer, out
 
 

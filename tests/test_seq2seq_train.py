@@ -18,7 +18,7 @@ import hf_posenc
 from hf_posenc import cli, results
 from hf_posenc.data import seq2seq_pairs
 from hf_posenc.errors import PosEncError
-from hf_posenc.evaluation import run_suites, seq2seq_length_generalization
+from hf_posenc.evaluation import SuiteSettings, run_suites, seq2seq_length_generalization
 from hf_posenc.loading import load, load_tokenizer
 from hf_posenc.stats import wilson
 from hf_posenc.tiny_seq2seq import digit_tokenizer, write_task
@@ -71,10 +71,10 @@ def test_recipe_trains_and_the_saved_folder_reloads_identically(trained, model_t
     model = hf_posenc.from_pretrained(run["out"], model_cls=transformers.AutoModelForSeq2SeqLM).eval()
     assert type(model).__name__.lower().startswith(model_type) and hf_posenc.describe(model).scheme == SCHEME[model_type]
     tokenizer = load_tokenizer(str(run["out"]))
-    data = inputs.prepare(recipe, inputs.load_raw(recipe), tokenizer)
+    data = tasks.prepare(recipe, inputs.load_raw(recipe), tokenizer)
     batch = data.collate([data.eval[i] for i in range(len(data.eval))])
     with torch.no_grad():
-        scores = tasks.TASKS["seq2seq"].scores(model, batch)
+        scores = tasks.TRAINING_TASKS["seq2seq"].scores(model, batch)
     plain = transformers.AutoModelForSeq2SeqLM.from_pretrained(run["out"], trust_remote_code=True).eval()
     with torch.no_grad():  # the folder also loads without hf-posenc's loader, to the same logits
         torch.testing.assert_close(plain(**batch).logits, model(**batch).logits, rtol=0, atol=0)
@@ -99,7 +99,7 @@ def test_labels_go_through_the_decoder(tmp_path, model_type):
             for ids, labels in (([5, 9, 14, 2], [7, 8, 2]), ([30, 31, 2], [40, 41, 42, 43, 2]))]
     batch = inputs._pad(rows, config.pad_token_id)
     assert batch["labels"][0, 3:].tolist() == [inputs.IGNORE_INDEX] * 2 and batch["attention_mask"][1, 3].item() == 0
-    scores = tasks.TASKS["seq2seq"].scores(model, batch)
+    scores = tasks.TRAINING_TASKS["seq2seq"].scores(model, batch)
     ours = scores["loss_sum"].sum() / scores["tokens"].sum()
     labels = batch["labels"]
     decoder_in = torch.cat([torch.full((2, 1), config.decoder_start_token_id), labels[:, :-1]], dim=1)
@@ -176,7 +176,8 @@ def test_pairs_have_the_requested_lengths(task):
 def test_exact_match_equals_a_hand_count_of_generated_outputs(trained, tmp_path):
     folder = str(trained["t5"]["out"])
     model, tokenizer = load(folder, task="seq2seq")
-    record = run_suites(model, tokenizer, ["seq2seq_copy"], [8], tmp_path / "ev", task_lengths=[2, 4, 8], examples=12)
+    record = run_suites(model, tokenizer, SuiteSettings(["seq2seq_copy"], [8], task_lengths=[2, 4, 8], examples=12),
+                        tmp_path / "ev")
     cells = record.runs[0].metrics["seq2seq_copy"]
     for length in (2, 4, 8):
         pairs = seq2seq_pairs("copy", length, 12, seed=0)
@@ -189,9 +190,9 @@ def test_exact_match_equals_a_hand_count_of_generated_outputs(trained, tmp_path)
         assert (cell["low"], cell["high"]) == pytest.approx(wilson(hits, 12))
     assert cells["2"]["exact_match"] > 0  # trained 40 steps at 1..4 digits: the hand count is not 0 == 0
     with pytest.raises(PosEncError, match="is not an encoder-decoder model: the suites seq2seq_copy need one"):
-        run_suites(tiny_assets_model(tmp_path), tokenizer, ["seq2seq_copy"], [8], tmp_path / "no")
+        run_suites(tiny_assets_model(tmp_path), tokenizer, SuiteSettings(["seq2seq_copy"], [8]), tmp_path / "no")
     with pytest.raises(PosEncError, match="is an encoder-decoder model: it takes the suites .* not copy"):
-        run_suites(model, tokenizer, ["copy"], [8], tmp_path / "no2")
+        run_suites(model, tokenizer, SuiteSettings(["copy"], [8]), tmp_path / "no2")
     assert not (tmp_path / "no").exists() and not (tmp_path / "no2").exists()
 
 

@@ -22,7 +22,7 @@ import hf_posenc
 from hf_posenc import cli, folders, results
 from hf_posenc.errors import PosEncError
 from hf_posenc.train import load_recipe
-from hf_posenc.train.runner import preflight
+from hf_posenc.train.run_folder import preflight
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog bird sat ran flew on under over mat log tree and then it was red blue big small".split()
@@ -79,10 +79,10 @@ def write_recipe(path: Path, data: dict) -> Path:
 
 
 def run_cli(args: list[str], timeout: float = 240, **popen) -> subprocess.CompletedProcess:
-    """`python -m hf_posenc.train ...` in a real process, offline, single-threaded for determinism."""
+    """`python -m hf_posenc.cli train ...` in a real process, offline, single-threaded for determinism."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "hf_posenc.train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, **popen)
+    return subprocess.run([sys.executable, "-m", "hf_posenc.cli", "train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **popen)
 
 
 @pytest.fixture(scope="module")

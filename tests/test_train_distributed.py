@@ -84,7 +84,7 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
 def _kill_after_checkpoint(args: list[str], out: Path, step: int) -> None:
     """Start a run and SIGKILL it while it writes the checkpoint after `step` (or just after)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.train", *args], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "train", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = out / "checkpoints"
     deadline = time.monotonic() + 240
@@ -110,7 +110,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, assets):
 
     _kill_after_checkpoint([str(cut)], tmp_path / "cut", step=4)
     # whatever the kill interrupted, every listed checkpoint is complete and a resume picks the latest
-    from hf_posenc.train.runner import checkpoints
+    from hf_posenc.train.run_folder import checkpoints
 
     kept = checkpoints(tmp_path / "cut")
     assert kept and all((p / "model.safetensors").is_file() and (p / "trainer_state.json").is_file() for p in kept)
@@ -138,7 +138,7 @@ def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
     training = {"max_steps": 8, "save_steps": 2}
     cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", training=training))
     _kill_after_checkpoint([str(cut)], tmp_path / "cut", step=6)
-    from hf_posenc.train.runner import checkpoints
+    from hf_posenc.train.run_folder import checkpoints
 
     root = tmp_path / "cut" / "checkpoints"
     # simulate the worst case too: a save killed half way leaves a temp folder with partial files

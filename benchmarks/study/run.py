@@ -37,8 +37,8 @@ from tqdm.auto import tqdm  # noqa: E402
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import data, plots  # noqa: E402
 from hf_posenc.results import write_json  # noqa: E402
-from hf_posenc.train import runner  # noqa: E402
-from hf_posenc.train.recipe import from_dict  # noqa: E402
+from hf_posenc.train import run_folder, runner  # noqa: E402
+from hf_posenc.train.reading import from_dict  # noqa: E402
 
 SMOKE_ARMS = ("learned", "rope")
 
@@ -81,7 +81,7 @@ def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: to
     metrics = {**length_metrics(model, tokenizer, ids, s),
                "held_out_loss": trained.run("after training").metrics["perplexity"][str(s.seq_len)]["loss"]}
     if arm.added:
-        steps = [(0, None), *((int(c.name.split("-")[1]), c) for c in runner.checkpoints(folder / "run"))]
+        steps = [(0, None), *((int(c.name.split("-")[1]), c) for c in run_folder.checkpoints(folder / "run"))]
         trace = [{"step": step, **geometry(checkpoint_model(recipe, ckpt), ids, s.seq_len)} for step, ckpt in steps]
         metrics["geometry"] = [*trace, {"step": s.steps, **geometry(model, ids, s.seq_len)}]
     return {"arm": name, "seed": seed, "tokens": sum(trained.details["tokens_per_rank"]),

@@ -121,14 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     return _run(build_parser(argv), argv)
 
 
-def run_alone(command: str, argv: list[str] | None = None) -> int:
-    """One subcommand as its own program: `python -m hf_posenc.train` (what `accelerate launch -m`
-    runs in each process) is `hf-posenc train`."""
-    parser = argparse.ArgumentParser(prog=f"python -m hf_posenc.{command}")
-    _add(parser, command)
-    return _run(parser, sys.argv[1:] if argv is None else argv)
-
-
 # ---------------------------------------------------------------- argument types shared by subcommands
 
 

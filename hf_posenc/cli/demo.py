@@ -139,12 +139,13 @@ def _slug(label: str) -> str:
 def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: dict[str, Any], out: Path,
            args: argparse.Namespace) -> results.Run:
     """One model's perplexity (same targets) and passkey, as the eval suites score it, written to `out`."""
-    from ..evaluation import run_suites
+    from ..evaluation import SuiteSettings, run_suites
 
     t0 = time.perf_counter()
-    scored = run_suites(model, tokenizer, ["perplexity", "passkey"], args.lengths, out, name=args.model,
-                        scheme=scheme, options=options, max_windows=args.windows, target_tokens=args.target_tokens,
-                        depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS)
+    settings = SuiteSettings(["perplexity", "passkey"], args.lengths, name=args.model, scheme=scheme,
+                             options=options, max_windows=args.windows, target_tokens=args.target_tokens,
+                             depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS)
+    scored = run_suites(model, tokenizer, settings, out)
     run = scored.runs[0]
     run.label, run.seconds = label, round(time.perf_counter() - t0, 1)
     return run

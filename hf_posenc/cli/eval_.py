@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from . import check_model_takes, float_list, int_list, parse_options, scheme_config
 from .checks import at_least, model_folder
+from .launch import accelerate_config, launch, launch_settings
+
+if TYPE_CHECKING:
+    from ..evaluation import SuiteSettings
 
 SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
               "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some); encoder-decoder models: "
@@ -117,8 +122,6 @@ def check(args: argparse.Namespace) -> None:
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options)  # torch-free: a scheme mistake is refused at once
     if args.accelerate_config is not None:
-        from .train import accelerate_config, launch_settings
-
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites
 
@@ -147,11 +150,8 @@ def main(args: argparse.Namespace) -> int:
                       mixed=args.mixed))
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
-        from .train import accelerate_config, launch
-
         clear_out(args.out, "eval", [args.model])
-        return launch(accelerate_config(args.accelerate_config), args.launch, ["hf_posenc.cli", "eval", *_argv(args)],
-                      "evaluation")
+        return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
     import torch
 
     from .. import results
@@ -170,19 +170,24 @@ def main(args: argparse.Namespace) -> int:
         patch(model, args.config)
     # launched: cleared (and marked) once, before the launch
     out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])
-    record = run_suites(
-        model, tokenizer, args.suites, args.lengths, out, name=args.model, scheme=args.scheme, options=args.options,
-        text=args.text, text_config=args.text_config, text_column=args.text_column, stride=args.stride,
-        max_windows=args.max_windows, perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens,
-        batch_size=args.batch_size, depths=args.depths, trials=args.trials, samples=args.samples,
-        gen_tokens=args.gen_tokens,
-        task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
-        baseline=not args.no_baseline, distributed=distributed,
-    )
+    record = run_suites(model, tokenizer, suite_settings(args, distributed), out)
     if state.is_main_process:
         print(results.markdown(record.runs))
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     return 0
+
+
+def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings:
+    """The checked flags as `run_suites` takes them."""
+    from ..evaluation import SuiteSettings
+
+    return SuiteSettings(
+        args.suites, args.lengths, name=args.model, scheme=args.scheme, options=args.options, text=args.text,
+        text_config=args.text_config, text_column=args.text_column, stride=args.stride, max_windows=args.max_windows,
+        perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens, batch_size=args.batch_size,
+        depths=args.depths, trials=args.trials, samples=args.samples, gen_tokens=args.gen_tokens,
+        task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
+        baseline=not args.no_baseline, distributed=distributed)
 
 
 def saved(args: argparse.Namespace) -> str:

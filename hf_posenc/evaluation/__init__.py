@@ -29,7 +29,7 @@ _EXPORTS = {name: module for module, names in {
     "names": ("PERPLEXITY_MODES", "SUITES", "RULER_TASKS"),
     "scoring": ("LENGTH_LIMITS", "METRICS_DIR", "load_metric", "text_token_ids"),
     "ruler": ("ruler_scores",),
-    "suites": ("compare", "run_suites"),
+    "suites": ("SuiteSettings", "compare", "run_suites"),
     "tasks": ("SENTIMENT_PROMPT", "classification", "length_generalization", "seq2seq_length_generalization"),
 }.items() for name in names}
 

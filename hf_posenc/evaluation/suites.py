@@ -17,17 +17,12 @@ from ..patching import describe, unpatch
 from ..seq2seq import is_seq2seq
 from ..stats import rate_fields
 from .long_context import default_target, passkey, perplexity_by_length, tokens_needed
-from .names import (DEFAULT_MODE, PERPLEXITY_MODES, SENTIMENT, SEQ2SEQ_SUITES, SUITES, check_mode, check_model_kind,
+from .names import (DEFAULT_MODE, PERPLEXITY_MODES, SENTIMENT, SEQ2SEQ_SUITES, check_mode, check_model_kind,
                     parse_suites, parse_tasks)
 from .processes import main_process_first, rank_and_world
-from .ruler import HAYSTACK, RULER_TASKS, ruler_scores
+from .ruler import HAYSTACK, ruler_scores
 from .scoring import check_lengths, text_token_ids
 from .tasks import classification, length_generalization, seq2seq_length_generalization
-
-
-
-
-
 
 
 def ruler_tasks(suites: Sequence[str]) -> list[str]:
@@ -36,46 +31,18 @@ def ruler_tasks(suites: Sequence[str]) -> list[str]:
                  if s.startswith("ruler")), [])
 
 
-def run_suites(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    suites: Sequence[str],
-    lengths: Sequence[int],
-    out: str | Path,
-    *,
-    name: str | None = None,
-    scheme: str | None = None,
-    options: dict[str, Any] | None = None,
-    text: str = "kjv",
-    text_config: str | None = None,
-    text_column: str = "text",
-    stride: int | None = None,
-    max_windows: int | None = 4,
-    perplexity_mode: str = DEFAULT_MODE,
-    target_tokens: int | None = None,
-    batch_size: int = 1,
-    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-    trials: int = 4,
-    samples: int = 20,
-    gen_tokens: int | None = None,
-    task_lengths: Sequence[int] = (2, 4, 8, 16),
-    examples: int = 20,
-    limit: int | None = None,
-    seed: int = 0,
-    dtype: str | None = None,
-    baseline: bool = False,
-    distributed: bool = False,
-) -> results.Results:
-    """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
-    finished survives a crash, and the plots are drawn at the end.
+@dataclasses.dataclass
+class SuiteSettings:
+    """What `run_suites` scores and how: `hf-posenc eval` builds it from its flags; results.json records it.
 
     Args:
+        suites, lengths: the suites (`names.SUITES`) and context lengths in tokens.
         name: the model's name or path, for the results; scheme, options: the patch applied after loading.
         text, text_config, text_column: the long text for perplexity ("kjv" offline, or a datasets name).
         stride, max_windows, batch_size: see `perplexity_by_length`; depths, trials: see `passkey`.
-        samples, gen_tokens: RULER prompts per task and length, and the cap on answer tokens (see `ruler_scores`).
         perplexity_mode, target_tokens: `perplexity_by_length`'s mode and target (same_target: the same
             `target_tokens` tokens, default half the shortest length, are scored at every length).
+        samples, gen_tokens: RULER prompts per task and length, and the cap on answer tokens (see `ruler_scores`).
         task_lengths, examples: digits and examples per length of the synthetic tasks.
         limit: score only the first `limit` sentences of a sentiment suite.
         dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
@@ -83,34 +50,77 @@ def run_suites(
             (the run "<name> (unpatched)": for a model patched without training, the original one);
             the model stays unpatched.
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
-            group (`accelerate launch`); every process must call this alike, and gets the same results
-            as one process would; only the first writes files.
+            group (`accelerate launch`); every process must call `run_suites` alike, and gets the same
+            results as one process would; only the first writes files.
     """
-    suites = parse_suites(suites)
+
+    suites: Sequence[str]
+    lengths: Sequence[int]
+    name: str | None = None
+    scheme: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    text: str = "kjv"
+    text_config: str | None = None
+    text_column: str = "text"
+    stride: int | None = None
+    max_windows: int | None = 4
+    perplexity_mode: str = DEFAULT_MODE
+    target_tokens: int | None = None
+    batch_size: int = 1
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    trials: int = 4
+    samples: int = 20
+    gen_tokens: int | None = None
+    task_lengths: Sequence[int] = (2, 4, 8, 16)
+    examples: int = 20
+    limit: int | None = None
+    seed: int = 0
+    dtype: str | None = None
+    baseline: bool = False
+    distributed: bool = False
+
+
+def _checked(model: PreTrainedModel, settings: SuiteSettings) -> SuiteSettings:
+    """The settings with suites, lengths and perplexity target resolved, refused before anything runs."""
+    suites = parse_suites(settings.suites)
     check_model_kind(suites, is_seq2seq(model), type(model).__name__)
-    if distributed and ruler_tasks(suites):
+    if settings.distributed and ruler_tasks(suites):
         raise PosEncError("the ruler suite runs in one process (lm-eval's generate loop): run it without distributed")
-    lengths = check_lengths(lengths)
-    check_mode(perplexity_mode, stride)
-    if perplexity_mode == "same_target" and target_tokens is None:
-        target_tokens = default_target(lengths)
-    elif perplexity_mode == "sliding":
-        target_tokens = None  # sliding windows score every token once
+    lengths = check_lengths(settings.lengths)
+    check_mode(settings.perplexity_mode, settings.stride)
+    target = settings.target_tokens
+    if settings.perplexity_mode == "same_target" and target is None:
+        target = default_target(lengths)
+    elif settings.perplexity_mode == "sliding":
+        target = None  # sliding windows score every token once
+    return dataclasses.replace(settings, suites=suites, lengths=lengths, target_tokens=target)
+
+
+def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: SuiteSettings,
+               out: str | Path) -> results.Results:
+    """Run suites on an in-memory model; `out/results.json` is rewritten after every length, so what
+    finished survives a crash, and the plots are drawn at the end.
+
+    Args:
+        settings: what to score and how (see `SuiteSettings`).
+        out: the folder of results.json and the plots.
+    """
+    s = _checked(model, settings)
     out = Path(out)
-    rank, world = rank_and_world(distributed)
+    rank, world = rank_and_world(s.distributed)
     main = rank == 0
     if main:
         out.mkdir(parents=True, exist_ok=True)
-    name = name or type(model).__name__
-    run = results.Run(results.run_label(name, scheme, options or {}), scheme, dict(options or {}),
+    name = s.name or type(model).__name__
+    run = results.Run(results.run_label(name, s.scheme, s.options or {}), s.scheme, dict(s.options or {}),
                       getattr(model.config, "posenc", None) if describe(model) else None)
     record = results.Results("eval", name, runs=[run], settings={
-        "suite": suites, "lengths": lengths, "text": text, "text_config": text_config, "stride": stride,
-        "max_windows": max_windows, "perplexity_mode": perplexity_mode, "target_tokens": target_tokens,
-        "batch_size": batch_size, "depths": list(depths), "trials": trials, "samples": samples,
-        "gen_tokens": gen_tokens, **({"haystack": HAYSTACK} if ruler_tasks(suites) else {}),
-        "task_lengths": list(task_lengths), "examples": examples, "limit": limit, "seed": seed,
-        "dtype": dtype or str(model.dtype).removeprefix("torch.")},
+        "suite": s.suites, "lengths": s.lengths, "text": s.text, "text_config": s.text_config, "stride": s.stride,
+        "max_windows": s.max_windows, "perplexity_mode": s.perplexity_mode, "target_tokens": s.target_tokens,
+        "batch_size": s.batch_size, "depths": list(s.depths), "trials": s.trials, "samples": s.samples,
+        "gen_tokens": s.gen_tokens, **({"haystack": HAYSTACK} if ruler_tasks(s.suites) else {}),
+        "task_lengths": list(s.task_lengths), "examples": s.examples, "limit": s.limit, "seed": s.seed,
+        "dtype": s.dtype or str(model.dtype).removeprefix("torch.")},
         details={"processes": world})
     path = out / "results.json"
 
@@ -119,20 +129,15 @@ def run_suites(
             record.save(path, complete=complete)
 
     save()
-    settings = dict(text=text, text_config=text_config, text_column=text_column, stride=stride,
-                    max_windows=max_windows, mode=perplexity_mode, target=target_tokens, batch_size=batch_size,
-                    depths=depths, trials=trials, samples=samples, gen_tokens=gen_tokens,
-                    task_lengths=task_lengths, examples=examples, limit=limit, seed=seed,
-                    progress=main, distributed=distributed)
     peaks = record.details.setdefault("peak_memory_mb", {})
     reset_peak_memory(model.device)
-    _score(model, tokenizer, suites, lengths, run, save, settings)
+    _score(model, tokenizer, s, run, save, progress=main)
     peaks[run.label] = peak_memory_mb(model.device)
-    if baseline and describe(model) is not None:
+    if s.baseline and describe(model) is not None:
         unpatch(model)
         record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
         reset_peak_memory(model.device)
-        _score(model, tokenizer, suites, lengths, record.runs[-1], save, settings)
+        _score(model, tokenizer, s, record.runs[-1], save, progress=main)
         peaks[record.runs[-1].label] = peak_memory_mb(model.device)
     save(complete=True)
     if main:
@@ -156,63 +161,61 @@ def peak_memory_mb(device: torch.device) -> float:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
-def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, suites: Sequence[str],
-           lengths: Sequence[int], run: results.Run, save: Callable[[], None], s: dict[str, Any]) -> None:
+def _score(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s: SuiteSettings, run: results.Run,
+           save: Callable[[], None], progress: bool) -> None:
     """One run's suites, saving the record after every cell."""
-    shared = {"progress": s["progress"], "distributed": s["distributed"]}
+    shared = {"progress": progress, "distributed": s.distributed}
 
     def put(metric: str, key: int | str, cell: dict[str, Any]) -> None:
         run.put(metric, key, cell)
         save()
 
-    if "perplexity" in suites:
-        with main_process_first(s["distributed"]):
-            source = data.long_text(s["text"], text_column=s["text_column"], config=s["text_config"])
-        windows, stride, mode = s["max_windows"], s["stride"], s["mode"]
-        ids = text_token_ids(tokenizer, source, tokens_needed(mode, lengths, windows, stride))
-        for length in lengths:  # one call per length, so each is saved as it finishes
+    if "perplexity" in s.suites:
+        with main_process_first(s.distributed):
+            source = data.long_text(s.text, text_column=s.text_column, config=s.text_config)
+        ids = text_token_ids(tokenizer, source, tokens_needed(s.perplexity_mode, s.lengths, s.max_windows, s.stride))
+        for length in s.lengths:  # one call per length, so each is saved as it finishes
             put("perplexity", length,
-                perplexity_by_length(model, ids, [length], stride, s["batch_size"], windows, mode=mode,
-                                     target=s["target"], longest=max(lengths), **shared)[length])
-    if "passkey" in suites:
-        for length in lengths:
-            cell = passkey(model, tokenizer, [length], s["depths"], s["trials"], seed=s["seed"] + length,
-                           **shared)[length]
+                perplexity_by_length(model, ids, [length], s.stride, s.batch_size, s.max_windows,
+                                     mode=s.perplexity_mode, target=s.target_tokens, longest=max(s.lengths),
+                                     **shared)[length])
+    if "passkey" in s.suites:
+        for length in s.lengths:
+            cell = passkey(model, tokenizer, [length], s.depths, s.trials, seed=s.seed + length, **shared)[length]
             if "by_depth" in cell:
                 cell["by_depth"] = {str(d): acc for d, acc in cell["by_depth"].items()}
             put("passkey", length, cell)
-    for task in ruler_tasks(suites):
-        for length in lengths:
-            scores = ruler_scores(model, tokenizer, [task], [length], s["samples"], seed=s["seed"],
-                                  gen_tokens=s["gen_tokens"])
+    for task in ruler_tasks(s.suites):
+        for length in s.lengths:
+            scores = ruler_scores(model, tokenizer, [task], [length], s.samples, seed=s.seed, gen_tokens=s.gen_tokens)
             put(f"ruler {task}", length, scores[task][length])
     for suite, (dataset, config, split) in SENTIMENT.items():
-        if suite in suites:
-            with main_process_first(s["distributed"]):
-                rows = data.sentiment_dataset(dataset, config=config, seed=s["seed"])[split]
+        if suite in s.suites:
+            with main_process_first(s.distributed):
+                rows = data.sentiment_dataset(dataset, config=config, seed=s.seed)[split]
             put("classification", suite,
-                classification(model, tokenizer, rows, batch_size=max(s["batch_size"], 16), limit=s["limit"],
-                               **shared))
+                classification(model, tokenizer, rows, batch_size=max(s.batch_size, 16), limit=s.limit, **shared))
     for task in data.SYNTHETIC_TASKS:
-        if task in suites:
-            for length in check_lengths(list(s["task_lengths"]), "task length"):
-                shots = data.synthetic_task(task, length, 3, seed=s["seed"] + 1000)
+        if task in s.suites:
+            for length in check_lengths(list(s.task_lengths), "task length"):
+                shots = data.synthetic_task(task, length, 3, seed=s.seed + 1000)
                 prefix = "".join(f"{p}{t}\n" for p, t in zip(shots["prompt"], shots["target"]))
-                examples = data.synthetic_task(task, length, s["examples"], s["seed"])
+                examples = data.synthetic_task(task, length, s.examples, s.seed)
                 scored = length_generalization(model, tokenizer, examples, prefix=prefix,
-                                               batch_size=max(s["batch_size"], 8), **shared)
-                n = len(examples)
-                put(task, length, {"exact_match": scored["exact_match"],
-                                   **rate_fields(round(scored["exact_match"] * n), n)})
+                                               batch_size=max(s.batch_size, 8), **shared)
+                put(task, length, _exact_match(scored, len(examples)))
     for suite in SEQ2SEQ_SUITES:
-        if suite in suites:
-            for length in check_lengths(list(s["task_lengths"]), "task length"):
-                pairs = data.seq2seq_pairs(suite.removeprefix("seq2seq_"), length, s["examples"], s["seed"])
-                scored = seq2seq_length_generalization(model, tokenizer, pairs, batch_size=max(s["batch_size"], 8),
+        if suite in s.suites:
+            for length in check_lengths(list(s.task_lengths), "task length"):
+                pairs = data.seq2seq_pairs(suite.removeprefix("seq2seq_"), length, s.examples, s.seed)
+                scored = seq2seq_length_generalization(model, tokenizer, pairs, batch_size=max(s.batch_size, 8),
                                                        **shared)
-                n = len(pairs)
-                put(suite, length, {"exact_match": scored["exact_match"],
-                                    **rate_fields(round(scored["exact_match"] * n), n)})
+                put(suite, length, _exact_match(scored, len(pairs)))
+
+
+def _exact_match(scored: dict[str, Any], n: int) -> dict[str, Any]:
+    """A synthetic task's cell: exact match over `n` examples with its 95% Wilson interval."""
+    return {"exact_match": scored["exact_match"], **rate_fields(round(scored["exact_match"] * n), n)}
 
 
 # eval settings that change the numbers of a suite (a file is compared on those of the suites it ran)

@@ -4,7 +4,7 @@
         --model_args pretrained=smollm2,scheme=yarn,factor=4 --tasks posenc_kjv --device cpu
 
 `main` registers the model type and hands its arguments to lm-eval's own command line, adding
-`--include_path TASKS` (the offline tasks `posenc_kjv`, `posenc_sentiment`, `posenc_passkey`; the
+`--include_path LM_EVAL_TASK_DIR` (the offline tasks `posenc_kjv`, `posenc_sentiment`, `posenc_passkey`; the
 tag `posenc` runs all three). From Python, `import hf_posenc.integrations.lm_eval` registers the
 model type for `lm_eval.simple_evaluate(model="hf-posenc", ...)`.
 
@@ -31,10 +31,10 @@ from ..models import model_source
 from ..registry import why_not
 from ..saving import load_config
 
-__all__ = ["LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "TASKS", "main"]
+__all__ = ["LM_EVAL_TASK_DIR", "LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "main"]
 
 MODEL_TYPE = "hf-posenc"
-TASKS = Path(__file__).with_name("lm_eval_tasks")
+LM_EVAL_TASK_DIR = Path(__file__).with_name("lm_eval_tasks")
 # `from_pretrained` arguments that lm-eval passes through **kwargs; anything else unnamed is a scheme option.
 LOADING_KWARGS = frozenset({
     "attn_implementation", "device_map", "max_memory", "low_cpu_mem_usage", "cache_dir", "token", "local_files_only",
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line with the `hf-posenc` model type and the offline tasks available.
 
     Args:
-        argv: lm-eval arguments (default: `sys.argv[1:]`); `--include_path` defaults to `TASKS`.
+        argv: lm-eval arguments (default: `sys.argv[1:]`); `--include_path` defaults to `LM_EVAL_TASK_DIR`.
     Returns:
         The exit status: 0, or 2 after a one-line message for a `PosEncError`.
     """
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
-        argv += ["--include_path", str(TASKS)]
+        argv += ["--include_path", str(LM_EVAL_TASK_DIR)]
     saved = sys.argv
     sys.argv = ["hf-posenc lm-eval", *argv]
     try:

@@ -2,27 +2,32 @@
 
 The same code runs under every launcher (the command line lives in `hf_posenc.cli.train`):
 
-    accelerate launch --config_file CFG -m hf_posenc.train RECIPE.yaml [--section.field value ...]
-    python -m hf_posenc.train RECIPE.yaml                       # one process
+    accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml [--section.field value ...]
+    python -m hf_posenc.cli train RECIPE.yaml                   # one process
     hf-posenc train RECIPE.yaml --accelerate-config cpu_2proc   # a shipped config, by name
 
-    recipe    the recipe dataclasses, parsed from YAML and overrides
-    inputs    the data: load, check columns, tokenize, a resumable sampler
-    modeling  the model: load, swap the scheme, choose what trains (peft), save
-    runner    the training loop under one Accelerator, checkpoints, results.json
+    recipe      the recipe dataclasses and their cross-field checks
+    reading     a recipe YAML and its --section.field overrides into a Recipe
+    inputs      the data: load, check columns, tokenize, a resumable sampler
+    modeling    the model: load, swap the scheme, choose what trains (peft), save
+    run_folder  preflight (every check before compute, once per run), run.json, checkpoints
+    runner      a run under one Accelerator as setup -> loop -> finish, results.json
 """
 
+import importlib
 from typing import Any
 
-from .recipe import Recipe, load_recipe
+from .reading import load_recipe
+from .recipe import Recipe
 
-__all__ = ["Recipe", "load_recipe", "preflight", "train"]
+__all__ = ["Checked", "Recipe", "load_recipe", "preflight", "train"]
+
+
+# name -> its module, imported on first use: they import torch, and a recipe mistake is refused before it loads
+LAZY = {"Checked": "run_folder", "preflight": "run_folder", "train": "runner"}
 
 
 def __getattr__(name: str) -> Any:
-    """The runner imports torch: only when used, so a recipe mistake is refused before torch loads."""
-    if name in ("preflight", "train"):
-        from . import runner
-
-        return getattr(runner, name)
+    if name in LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
     raise AttributeError(f"module 'hf_posenc.train' has no attribute {name!r}")

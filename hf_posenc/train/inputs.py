@@ -10,6 +10,7 @@ import datasets
 import torch
 
 from ..errors import PosEncError
+from .pose import PoseRows
 from .recipe import TASK_COLUMNS, Recipe
 
 BUILTIN = ("kjv", "sentiment")  # data.dataset names of the offline built-ins (no paths)
@@ -91,13 +92,6 @@ def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
     return Rows([{"input_ids": b, "labels": b} for b in ids[: n * seq_len].view(n, seq_len)])
 
 
-def prepare(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Tokenize for the recipe's task (`tasks.TASKS[model.task].prepare`)."""
-    from .tasks import TASKS  # the task registry builds on this module's preparers
-
-    return TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
-
-
 def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
     """Causal LM: the text as one token stream cut into packed `seq_len` blocks (PoSE windows if asked)."""
     d = recipe.data
@@ -116,8 +110,7 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
         )
     if d.pose is None:
         return Prepared(train, evals, eval_ids, None, collate=_stack)
-    from .pose import PoseRows  # the held-out blocks keep plain positions: the model is scored as it is used
-
+    # the held-out blocks keep plain positions: the model is scored as it is used
     pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
                     getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
     return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from .inputs import Rows
-
 
 def pose_position_ids(length: int, target_length: int, chunks: int, generator: torch.Generator) -> torch.Tensor:
     """Position ids (1-D, `length` long) of one PoSE window: `chunks` contiguous runs, the first from 0,
@@ -67,7 +65,7 @@ class PoseRows(torch.utils.data.Dataset):
     Float masks are in `dtype`, the model's.
     """
 
-    def __init__(self, rows: Rows, target_length: int, chunks: int, seed: int, eos_id: int | None,
+    def __init__(self, rows: torch.utils.data.Dataset, target_length: int, chunks: int, seed: int, eos_id: int | None,
                  dtype: torch.dtype = torch.float32) -> None:
         self.rows, self.target_length, self.chunks, self.seed, self.eos_id = rows, target_length, chunks, seed, eos_id
         self.dtype = dtype

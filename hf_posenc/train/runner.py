@@ -1,4 +1,5 @@
-"""The training loop: one Accelerator, from 1 CPU process to N GPUs, resumable after a crash."""
+"""A training run in three parts, setup -> loop -> finish, under one Accelerator: from 1 CPU process to
+N GPUs, resumable after a crash. What may be written where, and the checkpoints, are `run_folder`'s."""
 
 from __future__ import annotations
 
@@ -11,133 +12,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 
 from .. import folders, plots, results
-from ..progress import bar
 from ..errors import PosEncError
 from ..evaluation import processes
 from ..patching import describe
+from ..progress import bar
 from ..results import write_json
 from . import curve, inputs, modeling, objectives, tasks
 from .recipe import Recipe
+from .run_folder import RUN_FILE, STATE_FILE, Checked, TrainerState, checkpoints, preflight, save_checkpoint
 
-RUN_FILE = "run.json"
-STATE_FILE = "trainer_state.json"
-CHECKPOINTS = "checkpoints"
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # what deterministic cuBLAS needs (CUDA docs, "Reproducibility")
-# Fields that may change between a run and its resume; anything else means a different run.
-RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
-                     "training.logging_steps", "evaluation", "output"}
-
-
-@dataclasses.dataclass
-class TrainerState:
-    """Everything besides model/optimizer/scheduler/RNG (saved by accelerate) that a resume needs."""
-
-    step: int = 0
-    epoch: int = 0
-    offset: int = 0  # samples of this epoch already consumed (all processes together)
-    samples: list[int] = dataclasses.field(default_factory=list)  # per rank, for the proof of who trained
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    log: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    original: dict[str, Any] | None = None
-    before: dict[str, Any] | None = None
-    train_seconds: float = 0.0
-    clock: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])  # training wall, CPU s (curve.Clock)
-    curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluation.every_steps points
-
-
-def checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints, oldest first. Temp dirs of an interrupted save are never listed."""
-    root = out / CHECKPOINTS
-    found = [p for p in root.glob("checkpoint-*") if (p / STATE_FILE).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    keys = []
-    for section in sorted(set(a) | set(b)):
-        for name in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
-            if a.get(section, {}).get(name) != b.get(section, {}).get(name):
-                if section not in RESUMABLE_CHANGES and f"{section}.{name}" not in RESUMABLE_CHANGES:
-                    keys.append(f"{section}.{name}")
-    return keys
-
-
-def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
-    """Refuse to write into a folder that holds another run unless told to resume or overwrite.
-    `resume` is True (continue from the latest checkpoint, which must exist) or "auto" (continue if
-    there is a checkpoint, else start over); returns the (resume, overwrite) this run does."""
-    out = Path(recipe.output.dir)
-    where = f"{recipe.source}: output.dir"
-    if resume and overwrite:
-        raise PosEncError("--resume and --overwrite exclude each other")
-    folders.check_separate(out, input_paths(recipe), flag=where)
-    if out.is_file():
-        raise PosEncError(f"{where}: {str(out)!r} is a file; give a folder (new or empty)")
-    if resume == "auto":
-        if checkpoints(out):
-            resume = True
-        else:  # start over: allowed over this same run, which saved nothing to continue from
-            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.is_marked(out)
-                                        and not _recipe_changes(out, recipe))
-    elif resume and not checkpoints(out):
-        raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
-                          "--resume to start, or pass --resume auto to start when there is none")
-    if not out.exists() or not any(out.iterdir()):
-        return bool(resume), overwrite
-    if not (out / RUN_FILE).is_file():
-        raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
-    if overwrite:
-        if not folders.is_marked(out):
-            raise PosEncError(f"{where}: --overwrite: {str(out)!r} has no {folders.MARKER} marker, so this "
-                              f"hf-posenc did not write it (an older version may have): {folders.ASK}")
-        return False, True
-    if not resume:
-        raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    if changed := _recipe_changes(out, recipe):
-        raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
-    return True, False
-
-
-def input_paths(recipe: Recipe) -> dict[str, str | None]:
-    """What the run reads, by recipe field (built-in dataset names are no paths)."""
-    data = None if recipe.data.dataset in inputs.BUILTIN else recipe.data.dataset
-    return {"model.name_or_path": recipe.model.name_or_path, "model.tokenizer": recipe.model.tokenizer,
-            "data.dataset": data, "the recipe": recipe.source}
-
-
-def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
-    return _diff(json.loads((out / RUN_FILE).read_text())["recipe"], recipe.to_dict())
-
-
-def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: int) -> tuple[Any, bool, bool]:
-    """Every check that needs no compute: output folder, scheme support, dataset columns, batch split.
-    Returns the raw data and the (resume, overwrite) the run does (see `check_output`)."""
-    t = recipe.training
-    if t.batch_size % (t.micro_batch_size * world_size):
-        fits = [m for m in range(t.micro_batch_size, 0, -1) if t.batch_size % (m * world_size) == 0]
-        fix = f"--training.micro_batch_size {fits[0]}" if fits else f"a training.batch_size that is a multiple of {world_size}"
-        raise PosEncError(
-            f"{recipe.source}: training.batch_size: {t.batch_size} does not split into micro-batches of "
-            f"{t.micro_batch_size} on {world_size} process(es); use {fix}"
-        )
-    resume, overwrite = check_output(recipe, resume, overwrite)
-    config = modeling.load_config(recipe)
-    tasks.check_model(recipe, config)
-    modeling.check_scheme(recipe, config)
-    return inputs.load_raw(recipe), resume, overwrite
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
               data: inputs.Prepared, tokenizer: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """Metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes: the task's
-    per-sample scores, gathered, then its tables (`tasks.TASKS`). Under the training's autocast, which the model
-    before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
-    task = tasks.TASKS[recipe.model.task]
+    per-sample scores, gathered, then its tables (`tasks.TRAINING_TASKS`). Under the training's autocast, which
+    the model before the swap (not yet prepared) would otherwise run without: another model than the one trained."""
+    task = tasks.TRAINING_TASKS[recipe.model.task]
     model.eval()
     gathered: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad(), accelerator.autocast():
@@ -151,30 +49,6 @@ def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, rec
     return metrics
 
 
-def _save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
-    """accelerate.save_state into a temp folder, then rename: a crash leaves the last good one intact."""
-    root = out / CHECKPOINTS
-    name = f"checkpoint-{state.step}"
-    tmp, final = root / f".tmp-{name}", root / name
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    tmp.mkdir(parents=True, exist_ok=True)
-    accelerator.save_state(str(tmp))  # model, optimizer, scheduler, and one RNG file per process
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(dataclasses.asdict(state), indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        old = checkpoints(out)
-        for path in old[: max(0, len(old) - keep)] if keep else []:
-            doomed = path.with_name(f".tmp-delete-{path.name}")
-            os.replace(path, doomed)  # stops being a checkpoint before its files go
-            shutil.rmtree(doomed)
-    accelerator.wait_for_everyone()
-
-
 def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
     """Fused AdamW where torch has the kernel for the device (the Trainer's default too), else foreach."""
     try:
@@ -183,7 +57,8 @@ def _adamw(groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=lr)
 
 
-def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -> results.Results:
+def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
+          checked: Checked | None = None) -> results.Results:
     """Run a recipe under whatever `accelerate launch` set up; returns what it wrote to results.json:
     the runs "original" (LM only), "before training" and "after training", as `evaluation` sets allow.
 
@@ -192,32 +67,68 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False) -
         resume: continue from the latest checkpoint in `output.dir` (True: there must be one;
             "auto": if there is one).
         overwrite: replace the run in `output.dir`.
+        checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
+            else it runs here.
     """
     before, workspace = torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_WORKSPACE)
     try:  # `training.deterministic` holds for this run only, not for the rest of the caller's process
-        return _train(recipe, resume, overwrite)
+        run = _setup(recipe, resume, overwrite, checked)
+        _loop(run)
+        return _finish(run)
     finally:
         torch.use_deterministic_algorithms(before)
         if workspace is None:
             os.environ.pop(CUBLAS_WORKSPACE, None)
 
 
-def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Results:
+@dataclasses.dataclass
+class Session:
+    """A run's live parts, made by `_setup` and shared by `_loop` and `_finish`."""
+
+    recipe: Recipe
+    accelerator: Accelerator
+    record: results.Results
+    model: Any
+    tokenizer: Any
+    task: tasks.Task
+    data: inputs.Prepared
+    eval_loader: Any
+    loader: Any = None
+    sampler: inputs.EpochSampler | None = None
+    optimizer: Any = None
+    scheduler: Any = None
+    objective: objectives.Objective | None = None
+    trainable: int = 0  # parameters trained, counted before `prepare` wraps or shards them
+    state: TrainerState = dataclasses.field(default_factory=TrainerState)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.recipe.output.dir)
+
+    def evaluate(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return _evaluate(self.model, self.eval_loader, self.accelerator, self.recipe, self.data, self.tokenizer)
+
+    def summed(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the processes (collective), back on the CPU."""
+        return self.accelerator.reduce(values.to(self.accelerator.device), "sum").cpu()
+
+    def gather_counts(self, samples: int, tokens: int) -> None:
+        """Every rank's sample and token counts into the state (collective): the proof of who trained."""
+        counts = self.accelerator.gather(torch.tensor([[samples, tokens]], device=self.accelerator.device)).cpu()
+        self.state.samples, self.state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
+
+
+# ---------------------------------------------------------------- setup
+def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None) -> Session:
+    """Preflight (unless done), the Accelerator, model, data and optimizer, restored from the latest
+    checkpoint when resuming; the run folder marked and run.json written; the model scored before training."""
     t, out = recipe.training, Path(recipe.output.dir)
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo; Accelerator reuses it
-    cpu, world = joined.device.type == "cpu", joined.num_processes
-    raw, resume, overwrite = preflight(recipe, resume, overwrite, world)  # before any compute
-    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())
-    accelerator = Accelerator(
-        cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
-        gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
-    )
-    main, fsdp = accelerator.is_main_process, accelerator.distributed_type == DistributedType.FSDP
-    if fsdp and not accelerator.is_fsdp2 and recipe.training.objective != "lm":
-        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} needs FSDP2 to shard its "
-                          "teacher; set fsdp_version: 2 in the accelerate config (as the shipped 'fsdp' one does), "
-                          "use DDP (--accelerate-config ddp), or 'lm'")
-    if overwrite and main and (out / RUN_FILE).is_file():
+    world = joined.num_processes
+    raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
+    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())  # its clock starts
+    accelerator = _accelerator(recipe, cpu=joined.device.type == "cpu", world=world)
+    if overwrite and accelerator.is_main_process and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     accelerator.wait_for_everyone()
     latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
@@ -226,38 +137,82 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
     if t.deterministic:
         os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")  # else cuBLAS matmuls raise under deterministic algorithms
         torch.use_deterministic_algorithms(True)
+    run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
+    original = None  # a classifier's head is untrained before the run: nothing to compare with
+    if recipe.evaluation.original and recipe.posenc.scheme and run.task.original and latest is None:
+        run.model.to(accelerator.device)
+        original = run.evaluate()
+    teacher = _swap_and_optimize(run)
+    run.state = TrainerState(samples=[0] * world, tokens=[0] * world, original=original)
+    if latest is not None:
+        run.state = TrainerState(**json.loads((latest / STATE_FILE).read_text()))
+        if len(run.state.samples) != world:
+            raise PosEncError(f"{latest} was written by {len(run.state.samples)} process(es); resume it with as "
+                              f"many, not {world}")
+        accelerator.load_state(str(latest))
+    elif accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    if accelerator.is_main_process:
+        _write_run_file(run, latest, teacher)
+    accelerator.wait_for_everyone()
+    if recipe.evaluation.before and run.state.before is None:
+        run.state.before = run.evaluate()
+    if recipe.evaluation.every_steps and not run.state.curve and run.state.before is not None:
+        run.state.curve.append(curve.point(0, 0, 0.0, 0.0, run.state.before, recipe.data.seq_len))
+    return run
+
+
+def _accelerator(recipe: Recipe, cpu: bool, world: int) -> Accelerator:
+    """The run's Accelerator: its gradient accumulation keeps the global batch whatever the process count."""
+    t = recipe.training
+    accelerator = Accelerator(
+        cpu=cpu, mixed_precision=t.mixed_precision, rng_types=[], step_scheduler_with_optimizer=False,
+        gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world),
+    )
+    if _fsdp(accelerator) and not accelerator.is_fsdp2 and t.objective != "lm":
+        raise PosEncError(f"{recipe.source}: training.objective: {t.objective!r} needs FSDP2 to shard its "
+                          "teacher; set fsdp_version: 2 in the accelerate config (as the shipped 'fsdp' one does), "
+                          "use DDP (--accelerate-config ddp), or 'lm'")
+    return accelerator
+
+
+def _fsdp(accelerator: Accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def _model_and_data(recipe: Recipe, accelerator: Accelerator, record: results.Results,
+                    raw: datasets.DatasetDict) -> Session:
+    """The model before the swap, its tokenizer, the task's rows and the held-out loader."""
     model, tokenizer = modeling.load_recipe_model(recipe)
-    task = tasks.TASKS[recipe.model.task]
+    task = tasks.TRAINING_TASKS[recipe.model.task]
     data = task.prepare(recipe, raw, tokenizer)
     eval_loader = accelerator.prepare(torch.utils.data.DataLoader(
         data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate,
-        generator=torch.Generator().manual_seed(t.seed)))
-    original = None  # a classifier's head is untrained before the run: nothing to compare with
-    if recipe.evaluation.original and recipe.posenc.scheme and task.original and latest is None:
-        original = _evaluate(model.to(accelerator.device), eval_loader, accelerator, recipe, data, tokenizer)
-    objective, teacher = objectives.build(recipe, model, fsdp)  # the teacher is the model before the swap
-    posenc_names = modeling.apply_posenc(model, recipe)
-    if t.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = modeling.select_trainable(model, recipe, posenc_names)
-    if teacher is not None:
-        cloned = teacher.freeze_trained() / 2**20
-        if main and fsdp:
-            print(f"distillation teacher: the model before the swap, its own frozen copy sharded like the student "
-                  f"(FSDP2): {cloned:.1f} MiB in all, about {cloned / world:.1f} MiB per process", flush=True)
-        elif main:
-            print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
-                  f"{cloned:.1f} MiB cloned for the parameters trained in full", flush=True)
+        generator=torch.Generator().manual_seed(recipe.training.seed)))
+    return Session(recipe, accelerator, record, model, tokenizer, task, data, eval_loader)
 
-    sampler = inputs.EpochSampler(len(data.train), t.batch_size, t.seed)
-    if sampler.steps_per_epoch == 0:
+
+def _swap_and_optimize(run: Session) -> objectives.Teacher | None:
+    """Swap the scheme in, choose what trains, and prepare model, optimizer, loader and scheduler;
+    returns the distillation teacher (the model before the swap), if the objective has one."""
+    recipe, accelerator, t = run.recipe, run.accelerator, run.recipe.training
+    run.objective, teacher = objectives.build(recipe, run.model, _fsdp(accelerator))
+    posenc_names = modeling.apply_posenc(run.model, recipe)
+    if t.gradient_checkpointing:
+        run.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = modeling.select_trainable(run.model, recipe, posenc_names)
+    if teacher is not None:
+        _report_teacher(teacher.freeze_trained() / 2**20, accelerator)
+    run.sampler = inputs.EpochSampler(len(run.data.train), t.batch_size, t.seed)
+    if run.sampler.steps_per_epoch == 0:
         raise PosEncError(f"{recipe.source}: training.batch_size: {t.batch_size} is more than the "
-                          f"{len(data.train)} training samples")
+                          f"{len(run.data.train)} training samples")
     # Own generators: a DataLoader draws a seed from the global RNG on every pass, which would shift
     # the dropout stream of a resumed run (its pass over the data starts after the restore).
-    loader = torch.utils.data.DataLoader(data.train, t.micro_batch_size, sampler=sampler, collate_fn=data.collate,
-                                         generator=torch.Generator().manual_seed(t.seed))
+    loader = torch.utils.data.DataLoader(run.data.train, t.micro_batch_size, sampler=run.sampler,
+                                         collate_fn=run.data.collate, generator=torch.Generator().manual_seed(t.seed))
     params = [p for p in model.parameters() if p.requires_grad]
+    run.trainable = sum(p.numel() for p in params)
     optimizer = _adamw(  # no decay on biases and norm gains (the usual GPT recipe)
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
          {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=t.lr)
@@ -265,131 +220,178 @@ def _train(recipe: Recipe, resume: bool | str, overwrite: bool) -> results.Resul
 
     scheduler = get_scheduler("constant_with_warmup" if t.scheduler == "constant" else t.scheduler, optimizer,
                               num_warmup_steps=t.warmup_steps, num_training_steps=t.max_steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    run.model, run.optimizer, run.loader, run.scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     if teacher is not None:  # sharded like the student under FSDP2, else its clones follow it to the device
         teacher.place(accelerator)
+    return teacher
 
-    rank, n_trainable = accelerator.process_index, sum(p.numel() for p in params)
-    state = TrainerState(samples=[0] * world, tokens=[0] * world, original=original)
-    if latest is not None:
-        state = TrainerState(**json.loads((latest / STATE_FILE).read_text()))
-        if len(state.samples) != world:
-            raise PosEncError(f"{latest} was written by {len(state.samples)} process(es); resume it with as many, not {world}")
-        accelerator.load_state(str(latest))
-    elif main:
-        out.mkdir(parents=True, exist_ok=True)
-    if main:
-        if not folders.is_marked(out):  # so that --overwrite may replace this run later, and nothing else
-            folders.mark(out, "train", [recipe.source, recipe.model.name_or_path])
-        write_json(out / RUN_FILE, {
-            "recipe": recipe.to_dict(), "source": recipe.source, "world_size": world,
-            "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
-            "host": socket.gethostname(), "trainable_parameters": n_trainable,
-            "total_parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters()),
-            "resumed_from": str(latest) if latest else None,
-            "teacher_frozen_bytes": teacher.frozen_bytes if teacher is not None else None,
-        })
-    accelerator.wait_for_everyone()
 
-    if recipe.evaluation.before and state.before is None:
-        state.before = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
-    every = recipe.evaluation.every_steps  # causal LMs only (the recipe refuses it for other tasks)
-    if every and not state.curve and state.before is not None:
-        state.curve.append(curve.point(0, 0, 0.0, 0.0, state.before, recipe.data.seq_len))
-    clock = curve.Clock(*state.clock)
+def _report_teacher(cloned_mib: float, accelerator: Accelerator) -> None:
+    if accelerator.is_main_process and _fsdp(accelerator):
+        print(f"distillation teacher: the model before the swap, its own frozen copy sharded like the student "
+              f"(FSDP2): {cloned_mib:.1f} MiB in all, about {cloned_mib / accelerator.num_processes:.1f} MiB per "
+              "process", flush=True)
+    elif accelerator.is_main_process:
+        print(f"distillation teacher: the model before the swap, sharing the student's frozen weights; "
+              f"{cloned_mib:.1f} MiB cloned for the parameters trained in full", flush=True)
 
-    shown = bar(total=t.max_steps, initial=state.step, show=main, desc="train", unit="step")
-    # loss sum, micro-batches, tokens since last log: float64 on the CPU, summed over processes as fp32 on the
-    # device (MPS has no float64)
-    window = torch.zeros(3, dtype=torch.float64)
-    samples, tokens = state.samples[rank], state.tokens[rank]
-    tick, cpu0 = time.perf_counter(), time.process_time()
-    model.train()
+
+def _write_run_file(run: Session, latest: Path | None, teacher: objectives.Teacher | None) -> None:
+    """Mark the folder (so that --overwrite may replace this run later, and nothing else) and write run.json."""
+    recipe, accelerator = run.recipe, run.accelerator
+    if not folders.is_marked(run.out):
+        folders.mark(run.out, "train", [recipe.source, recipe.model.name_or_path])
+    write_json(run.out / RUN_FILE, {
+        "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
+        "host": socket.gethostname(),
+        "trainable_parameters": run.trainable,
+        "total_parameters": sum(p.numel() for p in accelerator.unwrap_model(run.model).parameters()),
+        "resumed_from": str(latest) if latest else None,
+        "teacher_frozen_bytes": teacher.frozen_bytes if teacher is not None else None,
+    })
+
+
+# ---------------------------------------------------------------- loop
+@dataclasses.dataclass
+class Meter:
+    """The loop's running measures: loss sum, micro-batches and tokens since the last log (float64 on the CPU,
+    summed over processes as fp32 on the device: MPS has no float64), and this rank's samples and tokens."""
+
+    clock: curve.Clock
+    shown: Any
+    samples: int
+    tokens: int
+    window: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(3, dtype=torch.float64))
+    tick: float = dataclasses.field(default_factory=time.perf_counter)
+    cpu0: float = dataclasses.field(default_factory=time.process_time)
+
+
+def _loop(run: Session) -> None:
+    """Optimizer steps until training.max_steps, with logging, curve points and checkpoints between them."""
+    t, accelerator, state = run.recipe.training, run.accelerator, run.state
+    rank = accelerator.process_index
+    shown = bar(total=t.max_steps, initial=state.step, show=accelerator.is_main_process, desc="train", unit="step")
+    meter = Meter(curve.Clock(*state.clock), shown, state.samples[rank], state.tokens[rank])
+    run.model.train()
     while state.step < t.max_steps:
-        sampler.set_position(state.epoch, state.offset)
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = objective(model, batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and t.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            mask = batch.get("attention_mask")  # a PoSE row of several documents has a 4-D one
-            n_tok = int(mask.sum()) if mask is not None and mask.ndim == 2 else batch["input_ids"].numel()
-            window += torch.tensor([loss.item(), 1.0, n_tok], dtype=torch.float64)
-            samples, tokens = samples + batch["input_ids"].shape[0], tokens + n_tok
+        run.sampler.set_position(state.epoch, state.offset)
+        for batch in run.loader:
+            _micro_step(run, batch, meter)
             if not accelerator.sync_gradients:
                 continue
-            scheduler.step()
+            run.scheduler.step()
             state.step, state.offset = state.step + 1, state.offset + t.batch_size
             shown.update(1)
-            if state.step % t.logging_steps == 0 or state.step == t.max_steps:
-                total = accelerator.reduce(window.float().to(accelerator.device), "sum").cpu().double()
-                seconds = time.perf_counter() - tick
-                state.train_seconds += seconds
-                row = {"step": state.step, "loss": total[0].item() / total[1].item(),
-                       "lr": scheduler.get_last_lr()[0], "tokens_per_s": total[2].item() / seconds,
-                       "elapsed_s": state.train_seconds,
-                       "cpu_s": time.process_time() - cpu0}  # this session's process CPU time: robust to a busy machine
-                state.log.append(row)
-                shown.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
-                window.zero_()
-                tick = time.perf_counter()
-            if every and state.step % every == 0:
-                wall, cpu = clock.totals(lambda x: accelerator.reduce(x.to(accelerator.device), "sum").cpu())
-                n = int(accelerator.reduce(torch.tensor([tokens], device=accelerator.device), "sum").item())
-                metrics = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer)
-                state.curve.append(curve.point(state.step, n, wall, cpu, metrics, recipe.data.seq_len))
-                clock.resume()
-                tick = time.perf_counter()
-            if t.save_steps and state.step % t.save_steps == 0 and state.step < t.max_steps:
-                state.clock = list(clock.totals(lambda x: accelerator.reduce(x.to(accelerator.device), "sum").cpu()))
-                counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
-                state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
-                _save_checkpoint(accelerator, out, state, t.save_total_limit)
-                clock.resume()
-                tick = time.perf_counter()
+            _between_steps(run, meter)
             if state.step >= t.max_steps:
                 break
         else:
             state.epoch, state.offset = state.epoch + 1, 0
     shown.close()
-    counts = accelerator.gather(torch.tensor([[samples, tokens]], device=accelerator.device)).cpu()
-    state.samples, state.tokens = counts[:, 0].tolist(), counts[:, 1].tolist()
+    run.gather_counts(meter.samples, meter.tokens)
 
-    after = _evaluate(model, eval_loader, accelerator, recipe, data, tokenizer) if recipe.evaluation.after else None
+
+def _micro_step(run: Session, batch: dict[str, torch.Tensor], meter: Meter) -> None:
+    """Forward and backward of one micro-batch; the optimizer steps when accumulation is complete."""
+    t, accelerator, model = run.recipe.training, run.accelerator, run.model
+    with accelerator.accumulate(model):
+        loss = run.objective(model, batch)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and t.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    mask = batch.get("attention_mask")  # a PoSE row of several documents has a 4-D one
+    n_tok = int(mask.sum()) if mask is not None and mask.ndim == 2 else batch["input_ids"].numel()
+    meter.window += torch.tensor([loss.item(), 1.0, n_tok], dtype=torch.float64)
+    meter.samples, meter.tokens = meter.samples + batch["input_ids"].shape[0], meter.tokens + n_tok
+
+
+def _between_steps(run: Session, meter: Meter) -> None:
+    """After an optimizer step: the loss log, a recovery-curve point, a checkpoint, as the recipe asks."""
+    t, state, every = run.recipe.training, run.state, run.recipe.evaluation.every_steps
+    if state.step % t.logging_steps == 0 or state.step == t.max_steps:
+        _log(run, meter)
+    if every and state.step % every == 0:
+        wall, cpu = meter.clock.totals(run.summed)
+        n = int(run.summed(torch.tensor([meter.tokens])).item())
+        state.curve.append(curve.point(state.step, n, wall, cpu, run.evaluate(), run.recipe.data.seq_len))
+        meter.clock.resume()
+        meter.tick = time.perf_counter()
+    if t.save_steps and state.step % t.save_steps == 0 and state.step < t.max_steps:
+        state.clock = list(meter.clock.totals(run.summed))
+        run.gather_counts(meter.samples, meter.tokens)
+        save_checkpoint(run.accelerator, run.out, state, t.save_total_limit)
+        meter.clock.resume()
+        meter.tick = time.perf_counter()
+
+
+def _log(run: Session, meter: Meter) -> None:
+    """One row of loss.json: the mean loss, learning rate and throughput since the last row."""
+    state = run.state
+    total = run.summed(meter.window.float()).double()
+    seconds = time.perf_counter() - meter.tick
+    state.train_seconds += seconds
+    row = {"step": state.step, "loss": total[0].item() / total[1].item(),
+           "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": total[2].item() / seconds,
+           "elapsed_s": state.train_seconds,
+           "cpu_s": time.process_time() - meter.cpu0}  # this session's process CPU time: robust to a busy machine
+    state.log.append(row)
+    meter.shown.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+    meter.window.zero_()
+    meter.tick = time.perf_counter()
+
+
+# ---------------------------------------------------------------- finish
+def _finish(run: Session) -> results.Results:
+    """Score the trained model, write results.json, loss.json, the plots and the model; end the run."""
+    recipe, accelerator = run.recipe, run.accelerator
+    after = run.evaluate() if recipe.evaluation.after else None
     accelerator.wait_for_everyone()
+    record = _record(run, after)
+    if accelerator.is_main_process:
+        write_json(run.out / "loss.json", run.state.log)
+        record.save(run.out / "results.json", complete=True)
+        if recipe.output.plot:
+            _plot(run)
+    if recipe.output.save_model:
+        weights = accelerator.get_state_dict(run.model)  # collective: gathers FSDP shards, on every rank
+        if accelerator.is_main_process:
+            modeling.save_model(accelerator.unwrap_model(run.model), run.tokenizer, recipe, run.out, weights,
+                                sharded=_fsdp(accelerator))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return record
+
+
+def _record(run: Session, after: dict[str, Any] | None) -> results.Results:
+    """The run's results: what trained where, and the runs original / before / after training."""
+    recipe, state, record = run.recipe, run.state, run.record
     record.details = {
-        "steps": state.step, "world_size": world, "samples_per_rank": state.samples, "tokens_per_rank": state.tokens,
-        "train_seconds": state.train_seconds,
+        "steps": state.step, "world_size": run.accelerator.num_processes, "samples_per_rank": state.samples,
+        "tokens_per_rank": state.tokens, "train_seconds": state.train_seconds,
         "tokens_per_s": sum(state.tokens) / state.train_seconds if state.train_seconds else None,
-        **({"curve": state.curve} if every else {}),
+        **({"curve": state.curve} if recipe.evaluation.every_steps else {}),
     }
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = run.accelerator.unwrap_model(run.model)
     swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
                "posenc": getattr(unwrapped.config, "posenc", None) if describe(unwrapped) else None}
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
                    for label, metrics in (("original", state.original), ("before training", state.before),
                                           ("after training", after)) if metrics is not None]
-    if main:
-        write_json(out / "loss.json", state.log)
-        record.save(out / "results.json", complete=True)
-        if recipe.output.plot:
-            losses = {run.label: task.held_out_loss(recipe, run.metrics) for run in record.runs}
-            plots.loss_curve(
-                state.log, out / "loss.png",
-                reference=("eval, before the swap", losses["original"]) if "original" in losses else None,
-                points=[(f"eval {label}", step, losses[label])
-                        for label, step in (("before training", 0), ("after training", state.step)) if label in losses],
-                curve=state.curve)
-            if state.curve:
-                plots.recovery_curve(state.curve, out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len)
-    if recipe.output.save_model:
-        weights = accelerator.get_state_dict(model)  # collective: gathers FSDP shards, on every rank
-        if main:
-            modeling.save_model(accelerator.unwrap_model(model), tokenizer, recipe, out, weights,
-                                sharded=accelerator.distributed_type == DistributedType.FSDP)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
     return record
+
+
+def _plot(run: Session) -> None:
+    """loss.png (with the held-out losses as points and reference), and curve.png when there is a curve."""
+    recipe, state = run.recipe, run.state
+    losses = {r.label: run.task.held_out_loss(recipe, r.metrics) for r in run.record.runs}
+    plots.loss_curve(
+        state.log, run.out / "loss.png",
+        reference=("eval, before the swap", losses["original"]) if "original" in losses else None,
+        points=[(f"eval {label}", step, losses[label])
+                for label, step in (("before training", 0), ("after training", state.step)) if label in losses],
+        curve=state.curve)
+    if state.curve:
+        plots.recovery_curve(state.curve, run.out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len)

@@ -100,7 +100,7 @@ def _seq2seq_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data
                                               "perplexity": math.exp(loss), "tokens": int(tokens)}}}
 
 
-TASKS: dict[str, Task] = {
+TRAINING_TASKS: dict[str, Task] = {
     "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables,
                       lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
                       encoder_decoder=False, original=True),
@@ -113,11 +113,16 @@ TASKS: dict[str, Task] = {
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
 
 
+def prepare(recipe: Recipe, raw: Any, tokenizer: Any) -> inputs.Prepared:
+    """Tokenize the raw data as the recipe's task does."""
+    return TRAINING_TASKS[recipe.model.task].prepare(recipe, raw, tokenizer)
+
+
 def check_model(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     """A model the task cannot train is a recipe error naming its type, raised before loading weights:
     seq2seq needs an encoder-decoder (labels go through its decoder), causal_lm a decoder-only model."""
     task, name = recipe.model.task, recipe.model.name_or_path
-    wants = TASKS[task].encoder_decoder
+    wants = TRAINING_TASKS[task].encoder_decoder
     model_type = config.model_type
     is_pair = bool(getattr(config, "is_encoder_decoder", False))
     mapping = _MAPPINGS.get(task)

@@ -1,0 +1,161 @@
+"""The run folder: whether a run may write there (`preflight`, once per run), its run file, its
+checkpoints and the trainer state they hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import datasets
+
+from .. import folders
+from ..errors import PosEncError
+from . import inputs, modeling, tasks
+from .recipe import Recipe
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+RUN_FILE = "run.json"
+STATE_FILE = "trainer_state.json"
+CHECKPOINTS = "checkpoints"
+# Fields that may change between a run and its resume; anything else means a different run.
+RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
+                     "training.logging_steps", "evaluation", "output"}
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """Everything besides model/optimizer/scheduler/RNG (saved by accelerate) that a resume needs."""
+
+    step: int = 0
+    epoch: int = 0
+    offset: int = 0  # samples of this epoch already consumed (all processes together)
+    samples: list[int] = dataclasses.field(default_factory=list)  # per rank, for the proof of who trained
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    log: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    original: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    train_seconds: float = 0.0
+    clock: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])  # training wall, CPU s (curve.Clock)
+    curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluation.every_steps points
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. Temp dirs of an interrupted save are never listed."""
+    root = out / CHECKPOINTS
+    found = [p for p in root.glob("checkpoint-*") if (p / STATE_FILE).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    keys = []
+    for section in sorted(set(a) | set(b)):
+        for name in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
+            if a.get(section, {}).get(name) != b.get(section, {}).get(name):
+                if section not in RESUMABLE_CHANGES and f"{section}.{name}" not in RESUMABLE_CHANGES:
+                    keys.append(f"{section}.{name}")
+    return keys
+
+
+def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
+    """Refuse to write into a folder that holds another run unless told to resume or overwrite.
+    `resume` is True (continue from the latest checkpoint, which must exist) or "auto" (continue if
+    there is a checkpoint, else start over); returns the (resume, overwrite) this run does."""
+    out = Path(recipe.output.dir)
+    where = f"{recipe.source}: output.dir"
+    if resume and overwrite:
+        raise PosEncError("--resume and --overwrite exclude each other")
+    folders.check_separate(out, input_paths(recipe), flag=where)
+    if out.is_file():
+        raise PosEncError(f"{where}: {str(out)!r} is a file; give a folder (new or empty)")
+    if resume == "auto":
+        if checkpoints(out):
+            resume = True
+        else:  # start over: allowed over this same run, which saved nothing to continue from
+            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.is_marked(out)
+                                        and not _recipe_changes(out, recipe))
+    elif resume and not checkpoints(out):
+        raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
+                          "--resume to start, or pass --resume auto to start when there is none")
+    if not out.exists() or not any(out.iterdir()):
+        return bool(resume), overwrite
+    if not (out / RUN_FILE).is_file():
+        raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
+    if overwrite:
+        if not folders.is_marked(out):
+            raise PosEncError(f"{where}: --overwrite: {str(out)!r} has no {folders.MARKER} marker, so this "
+                              f"hf-posenc did not write it (an older version may have): {folders.ASK}")
+        return False, True
+    if not resume:
+        raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if changed := _recipe_changes(out, recipe):
+        raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
+    return True, False
+
+
+def input_paths(recipe: Recipe) -> dict[str, str | None]:
+    """What the run reads, by recipe field (built-in dataset names are no paths)."""
+    data = None if recipe.data.dataset in inputs.BUILTIN else recipe.data.dataset
+    return {"model.name_or_path": recipe.model.name_or_path, "model.tokenizer": recipe.model.tokenizer,
+            "data.dataset": data, "the recipe": recipe.source}
+
+
+def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
+    return _diff(json.loads((out / RUN_FILE).read_text())["recipe"], recipe.to_dict())
+
+
+class Checked(NamedTuple):
+    """What `preflight` found, for `train` to start from: the raw data (None: load it at setup, as a
+    process launched after the checks does) and the resume and overwrite the run does, settled."""
+
+    raw: datasets.DatasetDict | None
+    resume: bool
+    overwrite: bool
+
+
+def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: int) -> Checked:
+    """Every check that needs no compute: output folder, scheme support, dataset columns, batch split.
+    Run once per run, before any process starts; returns the raw data and the (resume, overwrite) the run
+    does (see `check_output`)."""
+    t = recipe.training
+    if t.batch_size % (t.micro_batch_size * world_size):
+        fits = [m for m in range(t.micro_batch_size, 0, -1) if t.batch_size % (m * world_size) == 0]
+        fix = f"--training.micro_batch_size {fits[0]}" if fits else f"a training.batch_size that is a multiple of {world_size}"
+        raise PosEncError(
+            f"{recipe.source}: training.batch_size: {t.batch_size} does not split into micro-batches of "
+            f"{t.micro_batch_size} on {world_size} process(es); use {fix}"
+        )
+    resume, overwrite = check_output(recipe, resume, overwrite)
+    config = modeling.load_config(recipe)
+    tasks.check_model(recipe, config)
+    modeling.check_scheme(recipe, config)
+    return Checked(inputs.load_raw(recipe), resume, overwrite)
+
+
+def save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
+    """accelerate.save_state into a temp folder, then rename: a crash leaves the last good one intact."""
+    root = out / CHECKPOINTS
+    name = f"checkpoint-{state.step}"
+    tmp, final = root / f".tmp-{name}", root / name
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    tmp.mkdir(parents=True, exist_ok=True)
+    accelerator.save_state(str(tmp))  # model, optimizer, scheduler, and one RNG file per process
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(dataclasses.asdict(state), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        old = checkpoints(out)
+        for path in old[: max(0, len(old) - keep)] if keep else []:
+            doomed = path.with_name(f".tmp-delete-{path.name}")
+            os.replace(path, doomed)  # stops being a checkpoint before its files go
+            shutil.rmtree(doomed)
+    accelerator.wait_for_everyone()
