@@ -10,6 +10,8 @@ from typing import Any, Literal, Union
 from .domains import domain_of, finite
 from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError
+from .options import OPTIONS
+from .registry import SCHEMES
 
 FORMAT = 1
 
@@ -82,9 +84,6 @@ def _check_stacks(stacks: Any) -> tuple[str, ...] | None:
 
 def scheme_name(scheme: Any) -> str:
     """`scheme` if it names a built-in or registered scheme (decided without importing torch), else PosEncError."""
-    from .options import OPTIONS
-    from .registry import SCHEMES
-
     if not isinstance(scheme, str):
         raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
                           f"available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
@@ -95,9 +94,6 @@ def scheme_name(scheme: Any) -> str:
 
 def options_class(scheme: str) -> type:
     """The options dataclass of a scheme: built-ins from the torch-free table, user schemes from the registry."""
-    from .options import OPTIONS
-    from .registry import SCHEMES
-
     return SCHEMES[scheme].Options if scheme in SCHEMES else OPTIONS[scheme]
 
 
@@ -183,11 +179,3 @@ def _expected(hint: Any) -> str:
         return f"a list of {_expected(args[0]).split(' ', 1)[1]}s"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def check(condition: bool, message: str) -> None:
-    """Raise PosEncError(message) unless condition holds; used by option dataclasses."""
-    if not condition:
-        raise PosEncError(message)
-
-

@@ -29,7 +29,7 @@ from .errors import PosEncError
 from .folders import MARKER
 from .evaluation.names import SENTIMENT
 from .models import display_name, origin
-from .registry import get_scheme
+from .catalog import get_scheme
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
 

@@ -22,7 +22,8 @@ from . import compat, saving, self_check, seq2seq
 from .adapters.base import Adapter
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import ADAPTERS, adapter_for, get_scheme, supported_schemes
+from .catalog import adapter_for, get_scheme, supported_schemes
+from .registry import ADAPTERS
 from .schemes.base import ModelFacts, Scheme
 from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
 from .sites.base import PatchHook

@@ -87,7 +87,7 @@ def is_native(model: Any) -> bool:
     """True when plain transformers rebuilds this patched model from its config alone: the patch
     left the model's own rotary module in place (rebuilt from the new `rope_parameters`) instead of
     replacing it, which every scheme that hooks, biases or adds weights does."""
-    from .registry import adapter_for
+    from .catalog import adapter_for
     from .seq2seq import is_seq2seq
 
     if is_seq2seq(model):  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
@@ -107,7 +107,7 @@ def native_config(config: dict[str, Any]) -> bool:
 
     from .config import PosEncConfig
     from .patching import patch
-    from .registry import get_scheme
+    from .catalog import get_scheme
 
     posenc = config.get("posenc")
     if not posenc or config.get("model_type") == MODEL_TYPE:

@@ -12,9 +12,9 @@ from torch import Tensor, nn
 from ..adapters.base import get_module
 from ..errors import PosEncError
 from ..patching import describe
-from ..registry import adapter_for
+from ..catalog import adapter_for
 from ..schemes import alibi as alibi_scheme
-from ..schemes.rope import rotate
+from ..schemes.rotary import rotate
 from .positions import Stop, check_length, head_shape, kinds_allowed, position_kind, qk_modules, rotary_module, run_until_stop
 
 TERMS = ("content-content", "content-position", "position-content", "position-position")

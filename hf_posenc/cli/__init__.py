@@ -164,7 +164,7 @@ def check_model_takes(model: str, scheme: Any) -> None:
     config alone, the model built on the meta device, no weights."""
     from ..loading import load_config
     from ..patching import validate
-    from ..registry import supported_schemes, why_not
+    from ..catalog import supported_schemes, why_not
     from ..seq2seq import meta_model
 
     config = load_config(model)

@@ -19,7 +19,7 @@ from transformers.models.auto.modeling_auto import (
 
 from ..errors import PosEncError
 from ..progress import bar
-from ..registry import adapter_for
+from ..catalog import adapter_for
 from .processes import across_processes
 
 METRICS_DIR = Path(__file__).parents[1] / "metrics"

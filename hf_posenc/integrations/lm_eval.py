@@ -28,7 +28,7 @@ from lm_eval.models.huggingface import HFLM
 import hf_posenc
 
 from ..models import model_source
-from ..registry import why_not
+from ..catalog import why_not
 from ..saving import load_config
 
 __all__ = ["LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "TASKS", "main"]
