@@ -11,29 +11,28 @@ import contextlib
 import dataclasses
 import functools
 import glob
-import inspect
 import os
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from . import compat, saving, self_check, seq2seq
+from . import compat, self_check, seq2seq
 from .adapters.base import Adapter
+from .adapters.meta import meta_model
+from .catalog import adapter_for, get_scheme, supported_schemes
 from .config import PosEncConfig
 from .errors import PosEncError
-from .catalog import adapter_for, get_scheme, supported_schemes
 from .registry import ADAPTERS
 from .schemes.base import ModelFacts, Scheme
-from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
-from .sites.base import PatchHook
+from .sites import model as model_site
+from .sites import stacks
 from .sites.qk import ROTARY_MODULE
-from .state import PatchState, RemoveHooks
+from .state import STATE_ATTR, PatchState
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "release_check",
            "unpatch", "validate"]
 
-STATE_ATTR = "_posenc_state"
 
 
 def describe(model: nn.Module) -> PosEncConfig | None:
@@ -70,7 +69,7 @@ def _patch_now(model: nn.Module, config: PosEncConfig) -> nn.Module:
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
     config, adapter, spec, facts = _resolve(model, config)
-    return _replace_patch(model, config, functools.partial(_install, model, adapter, spec, facts))
+    return _replace_patch(model, config, functools.partial(model_site.install, model, adapter, spec, facts))
 
 
 def _replace_patch(model: nn.Module, config: PosEncConfig, install: Callable[[PatchState], None]) -> nn.Module:
@@ -144,12 +143,10 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
     if not isinstance(model_or_config, nn.Module):
         from transformers import AutoModel
 
-        from .adapters.generic import _meta_model
-
         # hand-written adapters name paths in the base model (encoders have no causal-LM class); the
         # generic one reads the causal LM, as it did to find them
         hand_written = model_or_config.model_type in ADAPTERS and type(model_or_config) in AutoModel._model_mapping
-        meta = _meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
+        meta = meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
         return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
                                    device=torch.device("cpu"))
     with _unpatched(model_or_config):
@@ -184,7 +181,7 @@ def _patch_stacks(model: nn.Module, config: PosEncConfig) -> nn.Module:
     """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq);
     validated first, and a failed install puts the previous patch's same objects back."""
     resolved, spec, plan = _resolve_stacks(model, config)
-    return _replace_patch(model, resolved, functools.partial(seq2seq.install, model, plan, spec))
+    return _replace_patch(model, resolved, functools.partial(stacks.install, model, plan, spec))
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -194,43 +191,6 @@ def unpatch(model: nn.Module) -> nn.Module:
         state.rollback()
         delattr(model, STATE_ATTR)
     return model
-
-
-def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
-    """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
-    base, config = model.base_model, model.config
-    owner = base.get_submodule(adapter.loop) if adapter.loop else base
-    offset = adapter.ids_offset(compat.text_config(config))
-    state.undo.append(RemoveHooks(base, PatchHook))
-    state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
-    # the folders it saves load back patched, never as the stock model (saving.py)
-    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
-    if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
-    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
-                     bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
-                     carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
-    if adapter.position_slot and adapter.slot_hooked:
-        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
-    INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
-    if loop.needed:
-        owner.register_forward_pre_hook(loop, with_kwargs=True)
-        relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
-        for block in adapter.attention_blocks(model) if relay else ():
-            block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
-        if model is not base and _drops_position_ids(model, base):
-            state.undo.append(RemoveHooks(model, PatchHook))
-            model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
-    if loop.key_positions:
-        owner.register_forward_hook(RecordPositions(), with_kwargs=True)
-
-
-def _drops_position_ids(model: nn.Module, base: nn.Module) -> bool:
-    """The model's forward takes position_ids only into **kwargs and its base model has no such argument
-    (BLOOM): explicit positions would never reach the layer-loop hook."""
-    outer, inner = (inspect.signature(type(m).forward).parameters for m in (model, base))
-    return "position_ids" not in outer and "position_ids" not in inner and \
-        any(p.kind is p.VAR_KEYWORD for p in outer.values())
 
 
 @contextlib.contextmanager

@@ -34,9 +34,10 @@ from typing import Any
 
 from . import folders
 from .errors import PosEncError
+from .state import STATE_ATTR
 
 __all__ = ["ARCHITECTURE_PREFIX", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "from_pretrained",
-           "is_native", "load_config", "mark_folder", "native_config", "own_architecture", "save_pretrained",
+           "load_config", "mark_folder", "native_config", "own_architecture", "save_pretrained",
            "stock_architectures"]
 
 MODEL_TYPE = "hf_posenc"
@@ -83,24 +84,9 @@ def auto_map(model_type: str, native: bool, old: dict[str, str] | None = None) -
     return dict(sorted(entries.items()))
 
 
-def is_native(model: Any) -> bool:
-    """True when plain transformers rebuilds this patched model from its config alone: the patch
-    left the model's own rotary module in place (rebuilt from the new `rope_parameters`) instead of
-    replacing it, which every scheme that hooks, biases or adds weights does."""
-    from .catalog import adapter_for
-    from .seq2seq import is_seq2seq
-
-    if is_seq2seq(model):  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
-        return False
-    adapter = adapter_for(model)
-    if adapter.rotary is None:
-        return False
-    return type(model.base_model.get_submodule(adapter.rotary)).__module__.startswith("transformers.")
-
-
 def native_config(config: dict[str, Any]) -> bool:
-    """`is_native` for a saved config.json (folders written before the marks existed): the model is
-    built on the meta device, so nothing is allocated."""
+    """Whether plain transformers rebuilds a saved config.json's patched model from the config alone (folders
+    written before the marks existed): the model is patched on the meta device, so nothing is allocated."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -119,7 +105,7 @@ def native_config(config: dict[str, Any]) -> bool:
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(stock)
     patch(model, PosEncConfig.from_dict(posenc))
-    return is_native(model)
+    return getattr(model, STATE_ATTR).native
 
 
 def own_architecture(stock: str) -> str:
@@ -178,7 +164,7 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike, *args: Any, *
     hub = {key: kwargs.pop(key) for key in PUSH_KWARGS if key in kwargs}
     type(model).save_pretrained(model, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", True) and getattr(model.config, "posenc", None):
-        mark_folder(save_directory, native=is_native(model))
+        mark_folder(save_directory, native=getattr(model, STATE_ATTR).native)
         if not folders.is_marked(save_directory):  # a command's own marker (patch, train) says more
             folders.mark(save_directory, "save_pretrained", [model.config.name_or_path])
     if push:

@@ -155,7 +155,7 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
     links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
     passed = bool(links) and all(passes_kwargs(m) for m in links)
     # a hook on the block hands private kwargs to its one attention module (the relay, or the carry)
-    one_attention = bool(links) and sum(map(_holds_qk, first_block.modules())) == 1
+    one_attention = bool(links) and sum(map(holds_qk, first_block.modules())) == 1
     relayed = not passed and one_attention and relays_kwargs(links, first_block)
     return Structure(
         model_type=config.model_type,
@@ -169,7 +169,7 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
         attention_layers=attention_layers,
         attention_paths=paths,
         attention_outside=tuple(n for n, m in owner.named_modules()
-                                if n and not n.startswith(layers_path + ".") and _holds_qk(m)),
+                                if n and not n.startswith(layers_path + ".") and holds_qk(m)),
         cross_attention=any(any(c in n for c in CROSS) for b in blocks[:1] for n, _ in b.named_modules()),
         heads=heads,
         kv_heads=kv_heads,
@@ -260,12 +260,12 @@ def _attention_in(block: nn.Module, index: int, layer_types: tuple[str, ...] | N
     if layer_types and index < len(layer_types) and layer_types[index] in NO_ATTENTION_KINDS:
         return None
     for name, module in sorted(block.named_modules(), key=lambda x: x[0].count(".") if x[0] else -1):
-        if not any(c in name for c in CROSS) and "cross" not in type(module).__name__.lower() and _holds_qk(module):
+        if not any(c in name for c in CROSS) and "cross" not in type(module).__name__.lower() and holds_qk(module):
             return name
     return None
 
 
-def _holds_qk(module: nn.Module) -> bool:
+def holds_qk(module: nn.Module) -> bool:
     children = dict(module.named_children())
     return (any(q in children and k in children for q, k in QK_NORMS + QK_PROJECTIONS)
             or any(p in children for p in PACKED) or LATENT in children)
