@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(catalog, name)
     if name == "from_pretrained":
-        from . import saving
+        from . import loading
 
-        return saving.from_pretrained
+        return loading.from_pretrained
     raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")

@@ -23,7 +23,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers.models.auto import modeling_auto
 
-from . import results, saving
+from . import loading, results, saving
 from .config import PosEncConfig
 from .errors import PosEncError
 from .folders import MARKER
@@ -274,7 +274,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
         architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
-        loadable=bool(config), native=bool(posenc and config) and saving.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
+        loadable=bool(config), native=bool(posenc and config) and loading.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), tables=tables,
@@ -331,7 +331,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     config = _read_json(folder / "config.json")
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
-        native = saving.native_config(config)
+        native = loading.native_config(config)
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)

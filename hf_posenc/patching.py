@@ -1,4 +1,5 @@
-"""patch / unpatch / describe / validate / from_pretrained: the adapter says where, the scheme says what.
+"""patch / unpatch / describe / validate: the adapter says where, the scheme says what; validate -> install
+(through `hf_posenc.sites`) -> record.
 
 Every change a patch makes is recorded with its undo (`hf_posenc.state`), on the instance only (no
 transformers class or module global is touched). Everything that can be checked against the model is
@@ -10,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import glob
-import os
 from typing import Any, Callable, Iterator
 
 import torch
@@ -30,7 +29,7 @@ from .sites import stacks
 from .sites.qk import ROTARY_MODULE
 from .state import STATE_ATTR, PatchState
 
-__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "release_check",
+__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch", "release_check",
            "unpatch", "validate"]
 
 
@@ -190,99 +189,6 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is not None:
         state.rollback()
         delattr(model, STATE_ATTR)
-    return model
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Loading a patched checkpoint into the stock class reports the patch's keys as missing or
-    unexpected; they are loaded right after, so the report would only mislead."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
-def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
-    if os.path.isdir(path):
-        folder = path
-    else:
-        from huggingface_hub import snapshot_download
-
-        keep = {k: hub_kwargs[k] for k in ("revision", "token", "cache_dir") if k in hub_kwargs}
-        folder = snapshot_download(path, allow_patterns=["*.safetensors", "*.json"], **keep)
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        raise PosEncError(f"no *.safetensors weights in {path!r}; save with model.save_pretrained(dir)")
-    return files
-
-
-def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
-    """Load a model saved after `patch`, with its positional scheme and the scheme's weights.
-
-    Plain `from_pretrained` would silently return the unpatched architecture with the new position
-    weights dropped; this re-applies `config.posenc` and then loads those weights.
-
-    Args:
-        path: a local folder or Hub repo id.
-        model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
-        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
-    """
-    from safetensors import SafetensorError, safe_open
-    from transformers import AutoModelForCausalLM
-
-    from .loading import _damaged, _failed
-
-    model_cls = model_cls or AutoModelForCausalLM
-    if not callable(getattr(model_cls, "from_pretrained", None)):
-        raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
-                          f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
-    config = kwargs.get("config")
-    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
-        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
-    try:
-        with _quiet_transformers():
-            model = model_cls.from_pretrained(path, **kwargs)
-    except SafetensorError as err:
-        where = _damaged(str(path)) if os.path.isdir(path) else None
-        raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
-                          "save or download the model again") from None
-    except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
-        raise _failed(str(path), "weights", err) from None
-    posenc = getattr(model.config, "posenc", None)
-    if posenc is None:
-        return model
-    if hasattr(model.config, "auto_map"):
-        # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
-        # would otherwise point at a file its folder does not have.
-        del model.config.auto_map
-    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
-    names = {id(m): n for n, m in model.named_modules()}
-    wanted = {
-        f"{names[id(m)]}.{key}": tensor
-        for m in describe_modules(model)
-        for key, tensor in m.state_dict().items()
-    }
-    if wanted:
-        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
-        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
-        renamed = compat.checkpoint_key_renamer(model)
-        found: dict[str, torch.Tensor] = {}
-        for file in _checkpoint_files(path, **kwargs):
-            with safe_open(file, framework="pt") as handle:
-                for stored in handle.keys():
-                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
-                    if key in wanted or key in prefixed:
-                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
-        if missing := sorted(set(wanted) - set(found)):
-            raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
-        with torch.no_grad():
-            for key, tensor in found.items():
-                wanted[key].copy_(tensor)
     return model
 
 
