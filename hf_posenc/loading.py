@@ -26,7 +26,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import compat
 from .errors import PosEncError
-from .models import NAMED_MODELS, source as _source
+from .models import NAMED_MODELS, source
 from .catalog import get_scheme
 from .config import PosEncConfig
 from .patching import describe_modules, patch
@@ -55,7 +55,7 @@ def failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
 
 def load_config(name_or_path: str) -> PretrainedConfig:
     """The config alone (cheap): enough to check what a model supports before its weights load."""
-    path, kwargs = _source(name_or_path)
+    path, kwargs = source(name_or_path)
     try:
         return read_config(path, **kwargs)
     except (OSError, ValueError) as err:
@@ -108,7 +108,7 @@ def load_model(
         **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision,
             device_map (see `inference_device_map`), ...).
     """
-    path, source_kwargs = _source(name_or_path)
+    path, source_kwargs = source(name_or_path)
     if "gguf_file" in source_kwargs:
         source_kwargs.update(compat.dense_gguf_kwargs(source_kwargs["gguf_file"]))
     cls = model_class(name_or_path, task, config)
@@ -142,7 +142,7 @@ def damaged(folder: str) -> str | None:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    path, kwargs = _source(name_or_path)
+    path, kwargs = source(name_or_path)
     extra = {k: v for k, v in kwargs.items() if k == "gguf_file"}
     if has_own_model_type(path):  # AutoTokenizer reads the model config first: give it the stock one
         extra["config"] = read_config(path)
