@@ -34,26 +34,28 @@ from . import folders
 from .errors import PosEncError
 from .state import STATE_ATTR
 
-__all__ = ["ARCHITECTURE_PREFIX", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "mark_folder",
-           "own_architecture", "save_pretrained", "stock_architectures"]
+__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
+           "mark_folder", "own_architecture", "save_pretrained", "stock_architectures"]
 
 MODEL_TYPE = "hf_posenc"
 # `architectures` of a folder whose positions its stock class does not compute: the stock name behind it
 ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
-# Auto class -> the class of the remote-code file that loads through it (one each: the file must
-# know which head was asked for).
-REMOTE_CLASSES = {
-    "AutoModel": "PosEncModel",
-    "AutoModelForCausalLM": "PosEncForCausalLM",
-    "AutoModelForMaskedLM": "PosEncForMaskedLM",
-    "AutoModelForSequenceClassification": "PosEncForSequenceClassification",
-    "AutoModelForTokenClassification": "PosEncForTokenClassification",
-    "AutoModelForQuestionAnswering": "PosEncForQuestionAnswering",
-    "AutoModelForSeq2SeqLM": "PosEncForSeq2SeqLM",
-    "AutoModelForSpeechSeq2Seq": "PosEncForSpeechSeq2Seq",
+# The one Auto-class table, most specific head first: Auto class -> (the class of the remote-code file that
+# loads through it -- one each: the file must know which head was asked for --, the pipeline tag of a model
+# card that loads the model with it; None: cards do not name it).
+AUTO_CLASSES: dict[str, tuple[str, str | None]] = {
+    "AutoModelForCausalLM": ("PosEncForCausalLM", "text-generation"),
+    "AutoModelForMaskedLM": ("PosEncForMaskedLM", "fill-mask"),
+    "AutoModelForSequenceClassification": ("PosEncForSequenceClassification", "text-classification"),
+    "AutoModelForTokenClassification": ("PosEncForTokenClassification", "token-classification"),
+    "AutoModelForQuestionAnswering": ("PosEncForQuestionAnswering", "question-answering"),
+    "AutoModel": ("PosEncModel", "feature-extraction"),
+    "AutoModelForSeq2SeqLM": ("PosEncForSeq2SeqLM", None),
+    "AutoModelForSpeechSeq2Seq": ("PosEncForSpeechSeq2Seq", None),
 }
+REMOTE_CLASSES = {auto: remote for auto, (remote, _) in AUTO_CLASSES.items()}
 # from_pretrained kwargs that locate files: the config reader consumes them, the weights need them too
 HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision", "subfolder",
               "gguf_file")
@@ -66,16 +68,20 @@ def remote_code() -> str:
     return (resources.files("hf_posenc") / "model_cards" / REMOTE_CODE).read_text(encoding="utf-8")
 
 
+def built_by(auto_class: str) -> dict[str, str | tuple[str, ...]]:
+    """model_type -> the class name(s) an Auto class builds for it (transformers' own mapping names)."""
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, auto_class)._model_mapping._model_mapping
+
+
 def auto_map(model_type: str, native: bool, old: dict[str, str] | None = None) -> dict[str, str]:
     """`config.auto_map` of a patched folder: every Auto class whose mapping builds `model_type`
     (a head loaded from a checkpoint of another head is what transformers does too), plus
     AutoConfig when the folder has a model_type of its own. Entries of other remote code are kept."""
-    from transformers.models.auto import modeling_auto
-
     stem = Path(REMOTE_CODE).stem
-    mappings = {name: getattr(modeling_auto, name)._model_mapping._model_mapping for name in REMOTE_CLASSES}
     entries = {k: v for k, v in (old or {}).items() if not v.startswith(f"{stem}.")}
-    entries.update({auto: f"{stem}.{cls}" for auto, cls in REMOTE_CLASSES.items() if model_type in mappings[auto]})
+    entries.update({auto: f"{stem}.{cls}" for auto, cls in REMOTE_CLASSES.items() if model_type in built_by(auto)})
     if not native:
         entries["AutoConfig"] = f"{stem}.{REMOTE_CONFIG}"
     return dict(sorted(entries.items()))
