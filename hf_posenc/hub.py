@@ -23,12 +23,12 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from . import loading, results, saving
+from .catalog import get_scheme
 from .config import PosEncConfig
 from .errors import PosEncError
-from .folders import MARKER
 from .evaluation.names import SENTIMENT
+from .folders import MARKER
 from .models import display_name, origin
-from .catalog import get_scheme
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
 

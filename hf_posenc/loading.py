@@ -1,10 +1,12 @@
-"""The one way to get a model and its tokenizer from a name, a folder or a Hub id.
+"""Every read: the one way to get a model, its config and its tokenizer from a name, a folder or a Hub id.
 
 Used by every command and by the remote-code file of published repos, so a model loads the same
 everywhere: names of package-shipped models (`smollm2`, `minilm`, see `hf_posenc.models`) resolve
 to their folders; GGUF files are unpacked into plain dense weights, so the model saves like any
-other; every checkpoint goes through `hf_posenc.from_pretrained`, which re-applies a saved patch
-(plain `from_pretrained` silently drops it); the model class follows the task.
+other; every checkpoint goes through `from_pretrained` (= `hf_posenc.from_pretrained`), which reads every
+folder layout `hf_posenc.saving` has written (`read_config`) and re-applies a saved patch before its
+weights load (plain `from_pretrained` silently drops it); the model class follows the task. A read that
+fails says which (`failed`, `damaged`).
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import compat
-from .errors import PosEncError
-from .models import NAMED_MODELS, source
 from .catalog import get_scheme
 from .config import PosEncConfig
+from .errors import PosEncError
+from .models import NAMED_MODELS, source
 from .patching import describe_modules, patch
 from .saving import HUB_KWARGS, MODEL_TYPE, stock_architectures
 from .state import STATE_ATTR
 
-__all__ = ["TASKS", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load", "load_config",
-           "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
+__all__ = ["TASKS", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
+           "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASKS: dict[str, Any] = {

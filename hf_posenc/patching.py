@@ -33,7 +33,6 @@ __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch
            "unpatch", "validate"]
 
 
-
 def describe(model: nn.Module) -> PosEncConfig | None:
     """The scheme patched into `model` now, with every option resolved; None if unpatched."""
     state = getattr(model, STATE_ATTR, None)

@@ -9,9 +9,10 @@ causal. This module finds the stacks and plans the patch, beside the adapters; `
 installs it, every change into ONE `PatchState`: `unpatch` is bit-exact and `describe` gives one config.
 Cross-attention is left as it was: its keys carry no position, so a q/k scheme never touches it (its q/k
 projections are not the self-attention's), and under a biased attention implementation its calls are
-marked to run the stock attention (`sites.stacks.Unpositioned`). T5's bias is computed once per stack (one bias module on each loop owner, its mask
-shared by the layers within a forward), as T5 does. Which stacks read text is read off the instance: a stack
-without a 2-D token embedding table (an audio tower) is left as it is.
+marked to run the stock attention (`sites.stacks.Unpositioned`). T5's bias is computed once per stack (one
+bias module on each loop owner, its mask shared by the layers within a forward), as T5 does. Which stacks
+read text is read off the instance: a stack without a 2-D token embedding table (an audio tower) is left
+as it is.
 """
 
 from __future__ import annotations

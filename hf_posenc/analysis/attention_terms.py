@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters.base import get_module
+from ..catalog import adapter_for
 from ..errors import PosEncError
 from ..patching import describe
-from ..catalog import adapter_for
 from ..schemes import alibi as alibi_scheme
 from ..schemes.rotary import rotate
 from .positions import Stop, check_length, head_shape, kinds_allowed, position_kind, qk_modules, rotary_module, run_until_stop

@@ -27,9 +27,9 @@ from lm_eval.models.huggingface import HFLM
 
 import hf_posenc
 
-from ..models import model_source
 from ..catalog import why_not
 from ..loading import read_config
+from ..models import model_source
 
 __all__ = ["LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "TASKS", "main"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PosEncError
 from ..catalog import get_scheme
+from ..errors import PosEncError
 from ..saving import stock_architectures
 from ..schemes.alibi import alibi_slopes
 from ..schemes.base import ModelFacts, RotaryScheme
