@@ -4,10 +4,8 @@ from typing import Any
 
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import list_architectures, list_schemes, register_adapter, register_scheme, supports
-from .saving import from_pretrained
-
-__version__ = "0.1.0"
+from .registry import register_adapter, register_scheme
+from .version import __version__
 
 __all__ = [
     "PosEncConfig",
@@ -23,12 +21,19 @@ __all__ = [
     "unpatch",
 ]
 
-
 def __getattr__(name: str) -> Any:
-    """patch / unpatch / describe import torch and transformers: only when first used, so that
-    `hf-posenc --help` and `hf-posenc list` start at once."""
+    """Everything but the config, the error and the registry imports torch and transformers: only when first
+    used, so that `hf-posenc --help` and `hf-posenc list` start at once."""
     if name in ("describe", "patch", "unpatch"):
         from . import patching
 
         return getattr(patching, name)
+    if name in ("list_architectures", "list_schemes", "supports"):
+        from . import catalog
+
+        return getattr(catalog, name)
+    if name == "from_pretrained":
+        from . import loading
+
+        return loading.from_pretrained
     raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")

@@ -10,6 +10,9 @@ from typing import Any, Literal, Union
 from .domains import domain_of, finite
 from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError
+from .options import OPTIONS
+from .registry import SCHEMES
+from .typecheck import matches
 
 FORMAT = 1
 
@@ -82,9 +85,6 @@ def _check_stacks(stacks: Any) -> tuple[str, ...] | None:
 
 def scheme_name(scheme: Any) -> str:
     """`scheme` if it names a built-in or registered scheme (decided without importing torch), else PosEncError."""
-    from .options import OPTIONS
-    from .registry import SCHEMES
-
     if not isinstance(scheme, str):
         raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
                           f"available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
@@ -95,9 +95,6 @@ def scheme_name(scheme: Any) -> str:
 
 def options_class(scheme: str) -> type:
     """The options dataclass of a scheme: built-ins from the torch-free table, user schemes from the registry."""
-    from .options import OPTIONS
-    from .registry import SCHEMES
-
     return SCHEMES[scheme].Options if scheme in SCHEMES else OPTIONS[scheme]
 
 
@@ -120,7 +117,7 @@ def required_options(scheme: str) -> set[str]:
     options_cls = options_class(scheme_name(scheme))
     hints = typing.get_type_hints(options_cls)
     return {f.name for f in dataclasses.fields(options_cls)
-            if f.default is dataclasses.MISSING or (f.default is None and not _accepts(None, hints[f.name]))}
+            if f.default is dataclasses.MISSING or (f.default is None and not matches(None, hints[f.name]))}
 
 
 def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) -> dict[str, Any]:
@@ -136,10 +133,10 @@ def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) ->
         value = options.get(name, field.default)
         domain = domain_of(field)
         allowed = domain.text() if domain else _expected(hints[name])
-        if value is dataclasses.MISSING or (value is None and not _accepts(None, hints[name])):
+        if value is dataclasses.MISSING or (value is None and not matches(None, hints[name])):
             raise PosEncError(f"scheme {scheme!r}: option {name!r} is required ({allowed})")
-        nullable = " or null" if _accepts(None, hints[name]) and value is not None else ""
-        if not _accepts(value, hints[name]) or not _finite(value):
+        nullable = " or null" if matches(None, hints[name]) and value is not None else ""
+        if not matches(value, hints[name]) or not _finite(value):
             raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r}")
         if value is not None and domain is not None and (problem := domain.problem(value)) is not None:
             raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r} ({problem})")
@@ -156,22 +153,6 @@ def _finite(value: Any) -> bool:
     return finite(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else True
 
 
-def _accepts(value: Any, hint: Any) -> bool:
-    """Whether an option value has its declared type; True is not a number here (bool subclasses int)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        return any(_accepts(value, arg) for arg in args)
-    if origin is Literal:
-        return value in args
-    if origin is list:
-        return isinstance(value, list) and all(_accepts(v, args[0]) for v in value)
-    if hint is type(None):
-        return value is None
-    if hint in (int, float):
-        return not isinstance(value, bool) and isinstance(value, int if hint is int else (int, float))
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
 def _expected(hint: Any) -> str:
     """How an option's type reads in an error message: 'a number', 'an integer or null', ..."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -183,11 +164,3 @@ def _expected(hint: Any) -> str:
         return f"a list of {_expected(args[0]).split(' ', 1)[1]}s"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def check(condition: bool, message: str) -> None:
-    """Raise PosEncError(message) unless condition holds; used by option dataclasses."""
-    if not condition:
-        raise PosEncError(message)
-
-

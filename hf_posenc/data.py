@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import PosEncError
 from .progress import bar
-from .evaluation.names import SYNTHETIC_TASKS
+from .results import SYNTHETIC_TASKS
 
 __all__ = [
     "SYNTHETIC_TASKS",

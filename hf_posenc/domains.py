@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import PosEncError
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -106,3 +108,10 @@ def option(default: Any, help: str, domain: Domain | None = None) -> Any:
 
 def domain_of(field: dataclasses.Field) -> Domain | None:
     return field.metadata.get("domain")
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise PosEncError(message) unless condition holds; the cross-option checks of option dataclasses
+    (`__post_init__`), beside the domains of the single options."""
+    if not condition:
+        raise PosEncError(message)

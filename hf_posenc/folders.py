@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PosEncError
+from .version import __version__
 
 __all__ = ["MARKER", "check_out", "check_separate", "clear_out", "is_marked", "mark", "read_marker"]
 
@@ -34,8 +35,6 @@ ASK = "delete it yourself if you no longer need it, or choose a new folder"
 
 def mark(folder: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
     """Write the marker into `folder` (which must exist): this folder is hf-posenc output."""
-    from . import __version__
-
     path = Path(folder) / MARKER
     record = {"tool": TOOL, "version": __version__, "command": command,
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

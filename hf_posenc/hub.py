@@ -21,32 +21,19 @@ import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from transformers.models.auto import modeling_auto
 
-from . import results, saving
+from . import loading, results, saving
+from .catalog import get_scheme
 from .config import PosEncConfig
 from .errors import PosEncError
-from .folders import MARKER
 from .evaluation.names import SENTIMENT
+from .folders import MARKER
 from .models import display_name, origin
-from .registry import get_scheme
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
-# Auto class -> (model_type -> class name(s), pipeline tag), most specific first: the class a card
-# loads the model with is the one that builds the saved architecture.
-AUTO_CLASSES = {
-    "AutoModelForCausalLM": (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "text-generation"),
-    "AutoModelForMaskedLM": (modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "fill-mask"),
-    "AutoModelForSequenceClassification": (modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-                                           "text-classification"),
-    "AutoModelForTokenClassification": (modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
-                                        "token-classification"),
-    "AutoModelForQuestionAnswering": (modeling_auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES, "question-answering"),
-    "AutoModel": (modeling_auto.MODEL_MAPPING_NAMES, "feature-extraction"),
-}
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints", MARKER)  # the marker names local paths: not for the Hub
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -108,8 +95,9 @@ def auto_classes(config: dict[str, Any]) -> list[str]:
     if not architectures or not model_type:
         return []
     found = []
-    for auto_class, (names, _) in AUTO_CLASSES.items():
-        classes = names.get(model_type, ())
+    # most specific first: the class a card loads the model with is the one that builds the saved architecture
+    for auto_class in (auto for auto, (_, tag) in saving.AUTO_CLASSES.items() if tag is not None):
+        classes = saving.built_by(auto_class).get(model_type, ())
         if architectures[0] in ((classes,) if isinstance(classes, str) else classes):
             found.append(auto_class)
     return found
@@ -265,7 +253,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
         license=license,
         datasets=_hub_datasets(recipe, [record for _, record in found]) or None,
         library_name="transformers",
-        pipeline_tag=AUTO_CLASSES[classes[0]][1] if classes else None,
+        pipeline_tag=saving.AUTO_CLASSES[classes[0]][1] if classes else None,
         tags=["hf-posenc", "positional-encoding", *([f"posenc-{posenc_view['scheme']}"] if posenc_view else [])],
         model_name=model_name,
         eval_results=entries or None,
@@ -275,7 +263,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view,
         architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
-        loadable=bool(config), native=bool(posenc and config) and saving.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
+        loadable=bool(config), native=bool(posenc and config) and loading.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), tables=tables,
@@ -332,7 +320,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     config = _read_json(folder / "config.json")
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
-        native = saving.native_config(config)
+        native = loading.native_config(config)
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)

@@ -1,29 +1,42 @@
-"""The one way to get a model and its tokenizer from a name, a folder or a Hub id.
+"""Every read: the one way to get a model, its config and its tokenizer from a name, a folder or a Hub id.
 
 Used by every command and by the remote-code file of published repos, so a model loads the same
 everywhere: names of package-shipped models (`smollm2`, `minilm`, see `hf_posenc.models`) resolve
 to their folders; GGUF files are unpacked into plain dense weights, so the model saves like any
-other; every checkpoint goes through `hf_posenc.from_pretrained`, which re-applies a saved patch
-(plain `from_pretrained` silently drops it); the model class follows the task.
+other; every checkpoint goes through `from_pretrained` (= `hf_posenc.from_pretrained`), which reads every
+folder layout `hf_posenc.saving` has written (`read_config`) and re-applies a saved patch before its
+weights load (plain `from_pretrained` silently drops it); the model class follows the task. A read that
+fails says which (`failed`, `damaged`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import glob
+import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import transformers
 from safetensors import SafetensorError, safe_open
+from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import compat
+from .catalog import get_scheme
+from .config import PosEncConfig
 from .errors import PosEncError
-from .models import NAMED_MODELS, source as _source
-from .patching import patch
-from .saving import from_pretrained, has_own_model_type, load_config as read_config, stock_architectures
+from .models import NAMED_MODELS, source
+from .patching import describe_modules, patch
+from .saving import HUB_KWARGS, MODEL_TYPE, stock_architectures
+from .state import STATE_ATTR
 
-__all__ = ["TASKS", "inference_device_map", "load", "load_config", "load_model", "load_tokenizer", "model_class"]
+__all__ = ["TASKS", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
+           "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASKS: dict[str, Any] = {
@@ -34,18 +47,21 @@ TASKS: dict[str, Any] = {
     "base": transformers.AutoModel,
     "saved": None,
 }
-def _failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
+
+
+def failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
+    """The error of a read that failed: what could not be read, why, and what to give instead."""
     return PosEncError(f"cannot load the {what} of {name_or_path!r} ({type(err).__name__}: {err}); give a saved "
                        f"model folder, a reachable Hub id or one of {', '.join(NAMED_MODELS)}")
 
 
 def load_config(name_or_path: str) -> PretrainedConfig:
     """The config alone (cheap): enough to check what a model supports before its weights load."""
-    path, kwargs = _source(name_or_path)
+    path, kwargs = source(name_or_path)
     try:
         return read_config(path, **kwargs)
     except (OSError, ValueError) as err:
-        raise _failed(name_or_path, "config", err) from None
+        raise failed(name_or_path, "config", err) from None
 
 
 def model_class(name_or_path: str, task: str, config: PretrainedConfig | None = None) -> Any:
@@ -94,7 +110,7 @@ def load_model(
         **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision,
             device_map (see `inference_device_map`), ...).
     """
-    path, source_kwargs = _source(name_or_path)
+    path, source_kwargs = source(name_or_path)
     if "gguf_file" in source_kwargs:
         source_kwargs.update(compat.dense_gguf_kwargs(source_kwargs["gguf_file"]))
     cls = model_class(name_or_path, task, config)
@@ -107,16 +123,16 @@ def load_model(
     except PosEncError:
         raise
     except (OSError, ValueError) as err:
-        raise _failed(name_or_path, "weights", err) from None
+        raise failed(name_or_path, "weights", err) from None
     except SafetensorError as err:
-        raise PosEncError(f"{_damaged(path) or path}: cannot read the weights ({err}): the file is damaged or "
+        raise PosEncError(f"{damaged(path) or path}: cannot read the weights ({err}): the file is damaged or "
                           "incomplete; save or download the model again") from None
     if scheme is not None:
         patch(model, scheme, **(options or {}))
     return model.eval()
 
 
-def _damaged(folder: str) -> str | None:
+def damaged(folder: str) -> str | None:
     """The first weights file of a local folder whose safetensors header does not read."""
     for file in sorted(Path(folder).glob("*.safetensors")):
         try:
@@ -128,17 +144,184 @@ def _damaged(folder: str) -> str | None:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    path, kwargs = _source(name_or_path)
+    path, kwargs = source(name_or_path)
     extra = {k: v for k, v in kwargs.items() if k == "gguf_file"}
     if has_own_model_type(path):  # AutoTokenizer reads the model config first: give it the stock one
         extra["config"] = read_config(path)
     try:
         return transformers.AutoTokenizer.from_pretrained(path, **extra)
     except (OSError, ValueError) as err:
-        raise _failed(name_or_path, "tokenizer", err) from None
+        raise failed(name_or_path, "tokenizer", err) from None
 
 
 def load(name_or_path: str, *, tokenizer: str | None = None, **kwargs: Any
          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer): `load_model(name_or_path, **kwargs)` and the tokenizer saved with it (or `tokenizer`)."""
     return load_model(name_or_path, **kwargs), load_tokenizer(tokenizer or name_or_path)
+
+
+def has_own_model_type(folder: str | os.PathLike) -> bool:
+    """Whether a local folder's config.json has hf-posenc's model_type (transformers' Auto classes,
+    AutoTokenizer included, then need `trust_remote_code=True` or a config passed in)."""
+    path = Path(folder) / "config.json"
+    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+
+
+def _stock_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """A marked config.json as transformers' stock config class reads it."""
+    config = copy.deepcopy(config)
+    posenc = config.get("posenc") or {}
+    if "model_type" not in posenc:
+        raise PosEncError(f"config.json has model_type {MODEL_TYPE!r} but no posenc.model_type: it was not "
+                          "written by hf-posenc; save the model again with model.save_pretrained")
+    config["model_type"] = posenc.pop("model_type")
+    return config
+
+
+def read_config(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """The stock transformers config of a saved folder, Hub repo or GGUF file, in any layout,
+    with `config.posenc`; behaves as `AutoConfig.from_pretrained(path, **kwargs)` otherwise
+    (`return_unused_kwargs=True` returns (config, unused kwargs)). `architectures` stay as written:
+    an engine reads this config (AutoConfig with `trust_remote_code=True`) and must see hf-posenc's
+    names; `stock_architectures` gives the classes behind them."""
+    kwargs.pop("trust_remote_code", None)  # the stock classes need none
+    config, unused = transformers.PretrainedConfig.get_config_dict(path, **kwargs)
+    if config.get("model_type") != MODEL_TYPE:
+        return transformers.AutoConfig.from_pretrained(path, **kwargs)
+    config = _stock_dict(config)
+    if config["model_type"] not in CONFIG_MAPPING:
+        raise PosEncError(f"{path} holds a {config['model_type']!r} model, which this transformers "
+                          f"{transformers.__version__} does not know; upgrade transformers")
+    return CONFIG_MAPPING[config["model_type"]].from_dict(config, **unused)
+
+
+def native_config(config: dict[str, Any]) -> bool:
+    """Whether plain transformers rebuilds a saved config.json's patched model from the config alone (folders
+    written before the marks existed): the model is patched on the meta device, so nothing is allocated."""
+    posenc = config.get("posenc")
+    if not posenc or config.get("model_type") == MODEL_TYPE:
+        return False
+    spec = get_scheme(posenc["scheme"])
+    if spec.site != "qk":  # every q/k scheme is a RoPE variant transformers can express
+        return False
+    stock = CONFIG_MAPPING[config["model_type"]].from_dict({k: v for k, v in config.items() if k != "auto_map"})
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(stock)
+    patch(model, PosEncConfig.from_dict(posenc))
+    return getattr(model, STATE_ATTR).native
+
+
+def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: Any) -> Any:
+    """Load a model saved after `patch`, with its positional scheme and the scheme's weights.
+
+    Plain `from_pretrained` of a patched folder either refuses it (a scheme transformers cannot
+    express) or needs `trust_remote_code=True`; this reads every layout hf-posenc has written and
+    re-applies `config.posenc` before the patch's weights load.
+
+    Args:
+        path: a local folder or Hub repo id.
+        model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
+        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
+    """
+    kwargs.pop("trust_remote_code", None)
+    config = kwargs.pop("config", None)
+    if config is None:
+        # as transformers' Auto classes do: the config takes its kwargs, the model the rest and the dtype
+        # the dtype stays a loading argument: a config given dtype="auto" would keep the string
+        dtypes = {k: kwargs.pop(k) for k in ("dtype", "torch_dtype") if k in kwargs}
+        try:
+            config, rest = read_config(path, return_unused_kwargs=True, **kwargs)
+        except PosEncError:
+            raise
+        except (OSError, ValueError) as err:  # no config.json, or not one transformers reads
+            raise failed(str(path), "config", err) from None
+        kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
+    else:
+        config = copy.deepcopy(config)
+    # the model built here is the stock class, patched: its config names that class, as transformers' own would
+    stock = stock_architectures(config)
+    if stock:
+        config.architectures = stock
+    if hasattr(config, "auto_map"):
+        del config.auto_map  # the model is patched here; remote code would only call back into this function
+    return _load_patched(path, model_cls, config=config, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Loading a patched checkpoint into the stock class reports the patch's keys as missing or
+    unexpected; they are loaded right after, so the report would only mislead."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
+    if os.path.isdir(path):
+        folder = path
+    else:
+        from huggingface_hub import snapshot_download
+
+        keep = {k: hub_kwargs[k] for k in ("revision", "token", "cache_dir") if k in hub_kwargs}
+        folder = snapshot_download(path, allow_patterns=["*.safetensors", "*.json"], **keep)
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise PosEncError(f"no *.safetensors weights in {path!r}; save with model.save_pretrained(dir)")
+    return files
+
+
+def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
+    """`model_cls.from_pretrained` with `config` (the stock class's, with `posenc`), then the patch and its weights:
+    transformers alone would drop the weights of modules the stock class does not have."""
+    model_cls = model_cls or transformers.AutoModelForCausalLM
+    if not callable(getattr(model_cls, "from_pretrained", None)):
+        raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
+                          f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
+    config = kwargs.get("config")
+    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
+        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
+    try:
+        with _quiet_transformers():
+            model = model_cls.from_pretrained(path, **kwargs)
+    except SafetensorError as err:
+        where = damaged(str(path)) if os.path.isdir(path) else None
+        raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
+                          "save or download the model again") from None
+    except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
+        raise failed(str(path), "weights", err) from None
+    posenc = getattr(model.config, "posenc", None)
+    if posenc is None:
+        return model
+    if hasattr(model.config, "auto_map"):
+        # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
+        # would otherwise point at a file its folder does not have.
+        del model.config.auto_map
+    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
+    names = {id(m): n for n, m in model.named_modules()}
+    wanted = {
+        f"{names[id(m)]}.{key}": tensor
+        for m in describe_modules(model)
+        for key, tensor in m.state_dict().items()
+    }
+    if wanted:
+        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
+        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
+        renamed = compat.checkpoint_key_renamer(model)
+        found: dict[str, torch.Tensor] = {}
+        for file in _checkpoint_files(path, **kwargs):
+            with safe_open(file, framework="pt") as handle:
+                for stored in handle.keys():
+                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
+                    if key in wanted or key in prefixed:
+                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
+        if missing := sorted(set(wanted) - set(found)):
+            raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
+        with torch.no_grad():
+            for key, tensor in found.items():
+                wanted[key].copy_(tensor)
+    return model

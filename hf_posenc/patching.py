@@ -1,4 +1,5 @@
-"""patch / unpatch / describe / validate / from_pretrained: the adapter says where, the scheme says what.
+"""patch / unpatch / describe / validate: the adapter says where, the scheme says what; validate -> install
+(through `hf_posenc.sites`) -> record.
 
 Every change a patch makes is recorded with its undo (`hf_posenc.state`), on the instance only (no
 transformers class or module global is touched). Everything that can be checked against the model is
@@ -10,29 +11,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import glob
-import inspect
-import os
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from . import compat, saving, self_check, seq2seq
+from . import compat, self_check, seq2seq
 from .adapters.base import Adapter
+from .adapters.meta import meta_model
+from .catalog import adapter_for, get_scheme, supported_schemes
 from .config import PosEncConfig
 from .errors import PosEncError
-from .registry import ADAPTERS, adapter_for, get_scheme, supported_schemes
+from .registry import ADAPTERS
 from .schemes.base import ModelFacts, Scheme
-from .sites import INSTALLERS, CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs
-from .sites.base import PatchHook
+from .sites import model as model_site
+from .sites import stacks
 from .sites.qk import ROTARY_MODULE
-from .state import PatchState, RemoveHooks
+from .state import STATE_ATTR, PatchState
 
-__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "from_pretrained", "patch", "release_check",
+__all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch", "release_check",
            "unpatch", "validate"]
-
-STATE_ATTR = "_posenc_state"
 
 
 def describe(model: nn.Module) -> PosEncConfig | None:
@@ -69,7 +67,7 @@ def _patch_now(model: nn.Module, config: PosEncConfig) -> nn.Module:
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
     config, adapter, spec, facts = _resolve(model, config)
-    return _replace_patch(model, config, functools.partial(_install, model, adapter, spec, facts))
+    return _replace_patch(model, config, functools.partial(model_site.install, model, adapter, spec, facts))
 
 
 def _replace_patch(model: nn.Module, config: PosEncConfig, install: Callable[[PatchState], None]) -> nn.Module:
@@ -143,12 +141,10 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
     if not isinstance(model_or_config, nn.Module):
         from transformers import AutoModel
 
-        from .adapters.generic import _meta_model
-
         # hand-written adapters name paths in the base model (encoders have no causal-LM class); the
         # generic one reads the causal LM, as it did to find them
         hand_written = model_or_config.model_type in ADAPTERS and type(model_or_config) in AutoModel._model_mapping
-        meta = _meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
+        meta = meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
         return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
                                    device=torch.device("cpu"))
     with _unpatched(model_or_config):
@@ -183,7 +179,7 @@ def _patch_stacks(model: nn.Module, config: PosEncConfig) -> nn.Module:
     """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq);
     validated first, and a failed install puts the previous patch's same objects back."""
     resolved, spec, plan = _resolve_stacks(model, config)
-    return _replace_patch(model, resolved, functools.partial(seq2seq.install, model, plan, spec))
+    return _replace_patch(model, resolved, functools.partial(stacks.install, model, plan, spec))
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -192,136 +188,6 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is not None:
         state.rollback()
         delattr(model, STATE_ATTR)
-    return model
-
-
-def _install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
-    """The parts every scheme shares; the site installer (`hf_posenc.sites`) does the rest."""
-    base, config = model.base_model, model.config
-    owner = base.get_submodule(adapter.loop) if adapter.loop else base
-    offset = adapter.ids_offset(compat.text_config(config))
-    state.undo.append(RemoveHooks(base, PatchHook))
-    state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
-    # the folders it saves load back patched, never as the stock model (saving.py)
-    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
-    if (max_positions := spec.max_positions(state.config.options)) is not None:
-        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
-    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
-                     bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
-                     carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
-    if adapter.position_slot and adapter.slot_hooked:
-        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
-    INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
-    if loop.needed:
-        owner.register_forward_pre_hook(loop, with_kwargs=True)
-        relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
-        for block in adapter.attention_blocks(model) if relay else ():
-            block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
-        if model is not base and _drops_position_ids(model, base):
-            state.undo.append(RemoveHooks(model, PatchHook))
-            model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
-    if loop.key_positions:
-        owner.register_forward_hook(RecordPositions(), with_kwargs=True)
-
-
-def _drops_position_ids(model: nn.Module, base: nn.Module) -> bool:
-    """The model's forward takes position_ids only into **kwargs and its base model has no such argument
-    (BLOOM): explicit positions would never reach the layer-loop hook."""
-    outer, inner = (inspect.signature(type(m).forward).parameters for m in (model, base))
-    return "position_ids" not in outer and "position_ids" not in inner and \
-        any(p.kind is p.VAR_KEYWORD for p in outer.values())
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Loading a patched checkpoint into the stock class reports the patch's keys as missing or
-    unexpected; they are loaded right after, so the report would only mislead."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
-def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
-    if os.path.isdir(path):
-        folder = path
-    else:
-        from huggingface_hub import snapshot_download
-
-        keep = {k: hub_kwargs[k] for k in ("revision", "token", "cache_dir") if k in hub_kwargs}
-        folder = snapshot_download(path, allow_patterns=["*.safetensors", "*.json"], **keep)
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        raise PosEncError(f"no *.safetensors weights in {path!r}; save with model.save_pretrained(dir)")
-    return files
-
-
-def from_pretrained(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
-    """Load a model saved after `patch`, with its positional scheme and the scheme's weights.
-
-    Plain `from_pretrained` would silently return the unpatched architecture with the new position
-    weights dropped; this re-applies `config.posenc` and then loads those weights.
-
-    Args:
-        path: a local folder or Hub repo id.
-        model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
-        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
-    """
-    from safetensors import SafetensorError, safe_open
-    from transformers import AutoModelForCausalLM
-
-    from .loading import _damaged, _failed
-
-    model_cls = model_cls or AutoModelForCausalLM
-    if not callable(getattr(model_cls, "from_pretrained", None)):
-        raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
-                          f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
-    config = kwargs.get("config")
-    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
-        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
-    try:
-        with _quiet_transformers():
-            model = model_cls.from_pretrained(path, **kwargs)
-    except SafetensorError as err:
-        where = _damaged(str(path)) if os.path.isdir(path) else None
-        raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
-                          "save or download the model again") from None
-    except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
-        raise _failed(str(path), "weights", err) from None
-    posenc = getattr(model.config, "posenc", None)
-    if posenc is None:
-        return model
-    if hasattr(model.config, "auto_map"):
-        # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
-        # would otherwise point at a file its folder does not have.
-        del model.config.auto_map
-    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
-    names = {id(m): n for n, m in model.named_modules()}
-    wanted = {
-        f"{names[id(m)]}.{key}": tensor
-        for m in describe_modules(model)
-        for key, tensor in m.state_dict().items()
-    }
-    if wanted:
-        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
-        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
-        renamed = compat.checkpoint_key_renamer(model)
-        found: dict[str, torch.Tensor] = {}
-        for file in _checkpoint_files(path, **kwargs):
-            with safe_open(file, framework="pt") as handle:
-                for stored in handle.keys():
-                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
-                    if key in wanted or key in prefixed:
-                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
-        if missing := sorted(set(wanted) - set(found)):
-            raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
-        with torch.no_grad():
-            for key, tensor in found.items():
-                wanted[key].copy_(tensor)
     return model
 
 

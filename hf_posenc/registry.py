@@ -1,21 +1,19 @@
-"""SCHEMES and ADAPTERS by name, and the support matrix that joins them.
+"""The tables SCHEMES and ADAPTERS, and `register_*` to fill them: a leaf every module may import.
 
-Schemes and adapters register themselves at import (peft-style); names must be unique.
+Schemes and adapters register themselves at import (peft-style); names must be unique. Questions about the
+tables (which adapter, which schemes, why not) are `hf_posenc.catalog`'s: it sits above what registers here.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from .errors import PosEncError
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .adapters.base import Adapter
     from .schemes.base import Scheme
 
-# What `hf-posenc list` prints, written by `write_snapshot()`: the registry imports torch, the list must not.
+# What `hf-posenc list` prints, written by `catalog.write_snapshot()`: the catalog imports torch, the list must not.
 SNAPSHOT = Path(__file__).with_name("support.json")
 # The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
 MODEL_TYPES = Path(__file__).with_name("model_types.json")
@@ -48,125 +46,3 @@ def register_adapter(adapter: "Adapter") -> "Adapter":
             raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
     ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
     return adapter
-
-
-def _load() -> None:
-    from . import adapters, schemes  # noqa: F401  (import registers them)
-
-
-def list_schemes() -> list[str]:
-    _load()
-    return sorted(SCHEMES)
-
-
-def list_architectures() -> list[str]:
-    _load()
-    return sorted(ADAPTERS)
-
-
-def get_scheme(name: str) -> "Scheme":
-    _load()
-    if name not in SCHEMES:
-        raise PosEncError(f"unknown scheme {name!r}; available schemes: {', '.join(sorted(SCHEMES))}")
-    return SCHEMES[name]
-
-
-def model_type_of(model_or_config: Any) -> str:
-    config = getattr(model_or_config, "config", model_or_config)
-    model_type = getattr(config, "model_type", None)
-    if not model_type:
-        raise PosEncError(f"cannot tell the architecture of {type(model_or_config).__name__}: it has no config.model_type")
-    return model_type
-
-
-def adapter_for(model_or_config: Any) -> "Adapter":
-    """The hand-written adapter of the model type, else the generic one read from the model itself
-    (a PosEncError says what it could not place)."""
-    _load()
-    model_type = model_type_of(model_or_config)
-    refuse_encoder_decoder(model_or_config, model_type)
-    refuse_non_text(model_or_config, model_type)
-    if model_type in ADAPTERS:
-        return ADAPTERS[model_type]
-    from .adapters.generic import generic_adapter
-
-    return generic_adapter(model_or_config)
-
-
-def refuse_encoder_decoder(model_or_config: Any, model_type: str) -> None:
-    """One adapter cannot stand for an encoder-decoder model's two stacks (bidirectional encoder, causal
-    decoder over a cache, cross-attention without positions): `patch`, `supports` and `supported_schemes`
-    take such a model stack by stack (hf_posenc.seq2seq). Their decoder-only classes (BartForCausalLM, ...)
-    carry is_encoder_decoder=False and go through the adapters as usual."""
-    # a config alone is not refused: BartConfig says True even for the BartForCausalLM it builds
-    if getattr(getattr(model_or_config, "config", None), "is_encoder_decoder", False):
-        raise PosEncError(f"{model_type!r} is an encoder-decoder model: its two stacks have an adapter each "
-                          "(hf_posenc.seq2seq.stack_adapter(model, 'encoder' or 'decoder')); patch, supports and "
-                          "supported_schemes take the model itself")
-
-
-def refuse_non_text(model_or_config: Any, model_type: str) -> None:
-    """Vision and audio models (ViT, wav2vec2, ...) have no token positions to swap: refused by name, not
-    by an AttributeError from deep inside discovery. A model must have a 2-D token embedding table; a
-    config alone, a vocabulary."""
-    if hasattr(model_or_config, "get_input_embeddings"):
-        try:
-            weight = getattr(model_or_config.get_input_embeddings(), "weight", None)
-        except (NotImplementedError, AttributeError):
-            weight = None
-        text = callable(getattr(weight, "dim", None)) and weight.dim() == 2
-    else:
-        config = model_or_config
-        if hasattr(config, "get_text_config"):
-            config = config.get_text_config(decoder=True)
-        text = getattr(config, "vocab_size", None) is not None
-    if not text:
-        raise PosEncError(f"{model_type!r} is not a text model (no token embedding table: a vision or audio model); "
-                          "hf_posenc patches text models, decoder-only and encoder-only language models: "
-                          "`hf-posenc list --model-types` shows what is supported")
-
-
-def supported_schemes(model_or_config: Any) -> list[str]:
-    from . import seq2seq
-
-    if seq2seq.is_seq2seq(model_or_config):
-        return sorted(name for name, scheme in SCHEMES.items() if seq2seq.why_not(model_or_config, scheme) is None)
-    adapter = adapter_for(model_or_config)
-    return sorted(name for name, scheme in SCHEMES.items() if adapter.supports(scheme))
-
-
-def why_not(model_or_config: Any, scheme: str) -> str | None:
-    """None if `scheme` can be patched into this model (or config), else the reason it cannot."""
-    from . import seq2seq
-
-    if seq2seq.is_seq2seq(model_or_config):
-        return seq2seq.why_not(model_or_config, get_scheme(scheme))
-    return adapter_for(model_or_config).why_not(get_scheme(scheme))
-
-
-def supports(model_or_config: Any, scheme: str) -> bool:
-    """True if `scheme` can be patched into this model (or config); the support matrix."""
-    try:
-        return get_scheme(scheme).name in supported_schemes(model_or_config)
-    except PosEncError:
-        return False
-
-
-def support_matrix() -> dict[str, dict[str, bool]]:
-    """{adapter name: {scheme: supported}} for docs and `hf-posenc list`."""
-    _load()
-    adapters = {a.name: a for a in ADAPTERS.values()}
-    return {name: {s: a.supports(SCHEMES[s]) for s in sorted(SCHEMES)} for name, a in sorted(adapters.items())}
-
-
-def snapshot() -> dict[str, Any]:
-    """The registry as data: architectures, {scheme: [site, citation]} and the support matrix."""
-    _load()
-    return {"architectures": list_architectures(),
-            "schemes": {name: [scheme.site, scheme.citation] for name, scheme in sorted(SCHEMES.items())},
-            "matrix": support_matrix()}
-
-
-def write_snapshot() -> None:
-    """Refresh `SNAPSHOT` after adding a scheme or an adapter (tests/test_cli.py checks it is current)."""
-    SNAPSHOT.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -51,6 +51,8 @@ READS = (2, 3)  # format 2 is format 3 without n/low/high and RULER tables
 # RULER's synthetic tasks (Hsieh et al. 2024) as lm-eval 0.4.13 ships them; one metric table each.
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
+# Length-generalisation tasks (Kazemnejad et al. 2023) that hf_posenc.data builds; one metric table each.
+SYNTHETIC_TASKS = ("copy", "reverse", "addition")
 Kind = Literal["eval", "train", "demo"]
 KINDS: tuple[str, ...] = Kind.__args__
 

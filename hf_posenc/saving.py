@@ -19,13 +19,11 @@ deep-copyable), which lets transformers save and then marks the folder (`mark_fo
   under the new weights. An engine without hf-posenc's plug-in (`hf_posenc.serving`) refuses the
   folder by that name.
 
-`load_config` and `from_pretrained` (= `hf_posenc.from_pretrained`) read every layout, folders
-written before this one included.
+Reading any of these layouts back (folders written before this one included) is `hf_posenc.loading`'s.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from importlib import resources
@@ -34,28 +32,30 @@ from typing import Any
 
 from . import folders
 from .errors import PosEncError
+from .state import STATE_ATTR
 
-__all__ = ["ARCHITECTURE_PREFIX", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "from_pretrained",
-           "is_native", "load_config", "mark_folder", "native_config", "own_architecture", "save_pretrained",
-           "stock_architectures"]
+__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
+           "mark_folder", "own_architecture", "save_pretrained", "stock_architectures"]
 
 MODEL_TYPE = "hf_posenc"
 # `architectures` of a folder whose positions its stock class does not compute: the stock name behind it
 ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
-# Auto class -> the class of the remote-code file that loads through it (one each: the file must
-# know which head was asked for).
-REMOTE_CLASSES = {
-    "AutoModel": "PosEncModel",
-    "AutoModelForCausalLM": "PosEncForCausalLM",
-    "AutoModelForMaskedLM": "PosEncForMaskedLM",
-    "AutoModelForSequenceClassification": "PosEncForSequenceClassification",
-    "AutoModelForTokenClassification": "PosEncForTokenClassification",
-    "AutoModelForQuestionAnswering": "PosEncForQuestionAnswering",
-    "AutoModelForSeq2SeqLM": "PosEncForSeq2SeqLM",
-    "AutoModelForSpeechSeq2Seq": "PosEncForSpeechSeq2Seq",
+# The one Auto-class table, most specific head first: Auto class -> (the class of the remote-code file that
+# loads through it -- one each: the file must know which head was asked for --, the pipeline tag of a model
+# card that loads the model with it; None: cards do not name it).
+AUTO_CLASSES: dict[str, tuple[str, str | None]] = {
+    "AutoModelForCausalLM": ("PosEncForCausalLM", "text-generation"),
+    "AutoModelForMaskedLM": ("PosEncForMaskedLM", "fill-mask"),
+    "AutoModelForSequenceClassification": ("PosEncForSequenceClassification", "text-classification"),
+    "AutoModelForTokenClassification": ("PosEncForTokenClassification", "token-classification"),
+    "AutoModelForQuestionAnswering": ("PosEncForQuestionAnswering", "question-answering"),
+    "AutoModel": ("PosEncModel", "feature-extraction"),
+    "AutoModelForSeq2SeqLM": ("PosEncForSeq2SeqLM", None),
+    "AutoModelForSpeechSeq2Seq": ("PosEncForSpeechSeq2Seq", None),
 }
+REMOTE_CLASSES = {auto: remote for auto, (remote, _) in AUTO_CLASSES.items()}
 # from_pretrained kwargs that locate files: the config reader consumes them, the weights need them too
 HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision", "subfolder",
               "gguf_file")
@@ -68,58 +68,23 @@ def remote_code() -> str:
     return (resources.files("hf_posenc") / "model_cards" / REMOTE_CODE).read_text(encoding="utf-8")
 
 
+def built_by(auto_class: str) -> dict[str, str | tuple[str, ...]]:
+    """model_type -> the class name(s) an Auto class builds for it (transformers' own mapping names)."""
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, auto_class)._model_mapping._model_mapping
+
+
 def auto_map(model_type: str, native: bool, old: dict[str, str] | None = None) -> dict[str, str]:
     """`config.auto_map` of a patched folder: every Auto class whose mapping builds `model_type`
     (a head loaded from a checkpoint of another head is what transformers does too), plus
     AutoConfig when the folder has a model_type of its own. Entries of other remote code are kept."""
-    from transformers.models.auto import modeling_auto
-
     stem = Path(REMOTE_CODE).stem
-    mappings = {name: getattr(modeling_auto, name)._model_mapping._model_mapping for name in REMOTE_CLASSES}
     entries = {k: v for k, v in (old or {}).items() if not v.startswith(f"{stem}.")}
-    entries.update({auto: f"{stem}.{cls}" for auto, cls in REMOTE_CLASSES.items() if model_type in mappings[auto]})
+    entries.update({auto: f"{stem}.{cls}" for auto, cls in REMOTE_CLASSES.items() if model_type in built_by(auto)})
     if not native:
         entries["AutoConfig"] = f"{stem}.{REMOTE_CONFIG}"
     return dict(sorted(entries.items()))
-
-
-def is_native(model: Any) -> bool:
-    """True when plain transformers rebuilds this patched model from its config alone: the patch
-    left the model's own rotary module in place (rebuilt from the new `rope_parameters`) instead of
-    replacing it, which every scheme that hooks, biases or adds weights does."""
-    from .registry import adapter_for
-    from .seq2seq import is_seq2seq
-
-    if is_seq2seq(model):  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
-        return False
-    adapter = adapter_for(model)
-    if adapter.rotary is None:
-        return False
-    return type(model.base_model.get_submodule(adapter.rotary)).__module__.startswith("transformers.")
-
-
-def native_config(config: dict[str, Any]) -> bool:
-    """`is_native` for a saved config.json (folders written before the marks existed): the model is
-    built on the meta device, so nothing is allocated."""
-    import torch
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from .config import PosEncConfig
-    from .patching import patch
-    from .registry import get_scheme
-
-    posenc = config.get("posenc")
-    if not posenc or config.get("model_type") == MODEL_TYPE:
-        return False
-    spec = get_scheme(posenc["scheme"])
-    if spec.site != "qk":  # every q/k scheme is a RoPE variant transformers can express
-        return False
-    stock = CONFIG_MAPPING[config["model_type"]].from_dict({k: v for k, v in config.items() if k != "auto_map"})
-    with torch.device("meta"):
-        model = transformers.AutoModel.from_config(stock)
-    patch(model, PosEncConfig.from_dict(posenc))
-    return is_native(model)
 
 
 def own_architecture(stock: str) -> str:
@@ -178,86 +143,19 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike, *args: Any, *
     hub = {key: kwargs.pop(key) for key in PUSH_KWARGS if key in kwargs}
     type(model).save_pretrained(model, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", True) and getattr(model.config, "posenc", None):
-        mark_folder(save_directory, native=is_native(model))
+        mark_folder(save_directory, native=getattr(model, STATE_ATTR).native)
         if not folders.is_marked(save_directory):  # a command's own marker (patch, train) says more
             folders.mark(save_directory, "save_pretrained", [model.config.name_or_path])
     if push:
         model.push_to_hub(hub.pop("repo_id", Path(save_directory).name), **hub)
 
 
-def has_own_model_type(folder: str | os.PathLike) -> bool:
-    """Whether a local folder's config.json has hf-posenc's model_type (transformers' Auto classes,
-    AutoTokenizer included, then need `trust_remote_code=True` or a config passed in)."""
-    path = Path(folder) / "config.json"
-    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE
+def __getattr__(name: str) -> Any:
+    """`from_pretrained` and `load_config` as folders written before hf-posenc 0.1's reader moved to `loading`
+    import them: their `modeling_posenc.py` does `from hf_posenc.saving import from_pretrained, load_config`.
+    Looked up on use, since `loading` sits above this module (it patches, and patching installs this writer)."""
+    if name in ("from_pretrained", "load_config"):
+        from . import loading
 
-
-def _stock_dict(config: dict[str, Any]) -> dict[str, Any]:
-    """A marked config.json as transformers' stock config class reads it."""
-    config = copy.deepcopy(config)
-    posenc = config.get("posenc") or {}
-    if "model_type" not in posenc:
-        raise PosEncError(f"config.json has model_type {MODEL_TYPE!r} but no posenc.model_type: it was not "
-                          "written by hf-posenc; save the model again with model.save_pretrained")
-    config["model_type"] = posenc.pop("model_type")
-    return config
-
-
-def load_config(path: str | os.PathLike, **kwargs: Any) -> Any:
-    """The stock transformers config of a saved folder, Hub repo or GGUF file, in any layout,
-    with `config.posenc`; behaves as `AutoConfig.from_pretrained(path, **kwargs)` otherwise
-    (`return_unused_kwargs=True` returns (config, unused kwargs)). `architectures` stay as written:
-    an engine reads this config (AutoConfig with `trust_remote_code=True`) and must see hf-posenc's
-    names; `stock_architectures` gives the classes behind them."""
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    kwargs.pop("trust_remote_code", None)  # the stock classes need none
-    config, unused = transformers.PretrainedConfig.get_config_dict(path, **kwargs)
-    if config.get("model_type") != MODEL_TYPE:
-        return transformers.AutoConfig.from_pretrained(path, **kwargs)
-    config = _stock_dict(config)
-    if config["model_type"] not in CONFIG_MAPPING:
-        raise PosEncError(f"{path} holds a {config['model_type']!r} model, which this transformers "
-                          f"{transformers.__version__} does not know; upgrade transformers")
-    return CONFIG_MAPPING[config["model_type"]].from_dict(config, **unused)
-
-
-def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: Any) -> Any:
-    """Load a model saved after `patch`, with its positional scheme and the scheme's weights.
-
-    Plain `from_pretrained` of a patched folder either refuses it (a scheme transformers cannot
-    express) or needs `trust_remote_code=True`; this reads every layout hf-posenc has written and
-    re-applies `config.posenc` before the patch's weights load.
-
-    Args:
-        path: a local folder or Hub repo id.
-        model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
-        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
-    """
-    from .patching import from_pretrained as load_patched
-
-    kwargs.pop("trust_remote_code", None)
-    config = kwargs.pop("config", None)
-    if config is None:
-        # as transformers' Auto classes do: the config takes its kwargs, the model the rest and the dtype
-        # the dtype stays a loading argument: a config given dtype="auto" would keep the string
-        dtypes = {k: kwargs.pop(k) for k in ("dtype", "torch_dtype") if k in kwargs}
-        try:
-            config, rest = load_config(path, return_unused_kwargs=True, **kwargs)
-        except PosEncError:
-            raise
-        except (OSError, ValueError) as err:  # no config.json, or not one transformers reads
-            from .loading import _failed
-
-            raise _failed(str(path), "config", err) from None
-        kwargs = {**{k: kwargs[k] for k in HUB_KWARGS if k in kwargs}, **dtypes, **rest}
-    else:
-        config = copy.deepcopy(config)
-    # the model built here is the stock class, patched: its config names that class, as transformers' own would
-    stock = stock_architectures(config)
-    if stock:
-        config.architectures = stock
-    if hasattr(config, "auto_map"):
-        del config.auto_map  # the model is patched here; remote code would only call back into this function
-    return load_patched(path, model_cls, config=config, **kwargs)
+        return loading.from_pretrained if name == "from_pretrained" else loading.read_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,9 +30,10 @@ from packaging.version import Version
 from torch import nn
 
 from . import compat, seq2seq
+from .catalog import adapter_for, get_scheme, list_architectures, supports, why_not
 from .config import PosEncConfig, required_options
 from .errors import PosEncError
-from .registry import ADAPTERS, adapter_for, get_scheme, list_architectures, supports, why_not
+from .registry import ADAPTERS
 from .tiny import tiny_config, tiny_ids
 
 ENV = "HF_POSENC_SELF_CHECK"

@@ -4,35 +4,33 @@ feeding a decoder-only LM: Voxtral, Qwen2-Audio, ...): two stacks, one patch.
 Each stack is a transformers model of its own (`get_encoder()`, `get_decoder()`: BartEncoder, T5Stack, ...),
 with its layer loop, its position slot or bucket table, and its own source of positions (the encoder's
 from its mask, the decoder's from its mask, cache or explicit ids). So each stack is discovered and
-installed exactly as a single-stack model is (`patching._install`), with the encoder read as
-bidirectional and the decoder as causal, and every change goes into ONE `PatchState`: `unpatch` is
-bit-exact and `describe` gives one config. Cross-attention is left as it was: its keys carry no
-position, so a q/k scheme never touches it (its q/k projections are not the self-attention's), and
-under a biased attention implementation its calls are marked to run the stock attention
-(`Unpositioned`). T5's bias is computed once per stack (one bias module on each loop owner, its mask
-shared by the layers within a forward), as T5 does. Which stacks read text is read off the instance: a stack
-without a 2-D token embedding table (an audio tower) is left as it is.
+planned exactly as a single-stack model is, with the encoder read as bidirectional and the decoder as
+causal. This module finds the stacks and plans the patch, beside the adapters; `hf_posenc.sites.stacks`
+installs it, every change into ONE `PatchState`: `unpatch` is bit-exact and `describe` gives one config.
+Cross-attention is left as it was: its keys carry no position, so a q/k scheme never touches it (its q/k
+projections are not the self-attention's), and under a biased attention implementation its calls are
+marked to run the stock attention (`sites.stacks.Unpositioned`). T5's bias is computed once per stack (one
+bias module on each loop owner, its mask shared by the layers within a forward), as T5 does. Which stacks
+read text is read off the instance: a stack without a 2-D token embedding table (an audio tower) is left
+as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from . import compat, saving
+from . import compat
 from .adapters.base import Adapter, get_module
-from .adapters.probes import takes_kwargs
-from .attention import PREFIX, UNPOSITIONED_KWARG
+from .adapters.discover import CROSS, discover, holds_qk
+from .adapters.generic import adapter_from
+from .adapters.meta import ConfigCache, meta_model
 from .config import STACKS, PosEncConfig
 from .errors import PosEncError
-from .sites.base import PatchHook
-from .state import PatchState, RemoveHooks
 
 if TYPE_CHECKING:
     from .schemes.base import ModelFacts, Scheme
@@ -50,22 +48,6 @@ def is_seq2seq(model: Any) -> bool:
     decoder = model.get_decoder()
     own_decoder = decoder is not model and decoder is not model.base_model and _token_table(decoder)
     return bool(own_decoder) and compat.encoder_module(model) is not None and not_text(model, "encoder") is not None
-
-
-def meta_model(config: Any) -> nn.Module:
-    """The stock encoder-decoder model of `config` on the meta device (no weights): which stacks it has and
-    what they take is read off an instance, so a config alone (the CLI before loading) is checked through one."""
-    import copy
-
-    import transformers
-
-    for auto in (transformers.AutoModelForSeq2SeqLM, transformers.AutoModelForSpeechSeq2Seq):
-        try:
-            with torch.device("meta"):
-                return auto.from_config(copy.deepcopy(config))
-        except ValueError:  # not this Auto class's type
-            continue
-    raise PosEncError(f"unsupported architecture {config.model_type!r}: no encoder-decoder class to read its stacks from")
 
 
 def stack_module(model: nn.Module, stack: str) -> nn.Module | None:
@@ -100,25 +82,20 @@ def text_stacks(model: nn.Module) -> tuple[str, ...]:
     return tuple(s for s in STACKS if not_text(model, s) is None)
 
 
-# (id(config), stack) -> (weak reference to the config, adapter): discovery runs once per model and stack.
-_CACHE: dict[tuple[int, str], tuple[weakref.ref, Adapter]] = {}
+# discovery runs once per model and stack
+CACHE: ConfigCache[Adapter] = ConfigCache()
 
 
 def stack_adapter(model: nn.Module, stack: str) -> Adapter:
     """The generic adapter of one stack, read off that stack as a model of its own; the encoder is
     bidirectional and the decoder causal whatever the shared config says."""
-    from .adapters.discover import discover
-    from .adapters.generic import _meta_model, adapter_from
-
     if (reason := not_text(model, stack)) is not None:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is out of scope ({reason}); patch "
                           f"stacks={list(text_stacks(model))}")
-    key = (id(model.config), stack)
-    cached = _CACHE.get(key)
-    if cached is not None and cached[0]() is model.config:
-        return cached[1]
+    if (cached := CACHE.get(model.config, stack)) is not None:
+        return cached
     # a patched model (a deepcopy, a reload) is read from its stock structure
-    source = model if getattr(model.config, "posenc", None) is None else _meta_model(model.config, type(model))
+    source = model if getattr(model.config, "posenc", None) is None else meta_model(model.config, type(model))
     module = stack_module(source, stack)
     if getattr(module, "config", None) is None:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack ({type(module).__name__}) is a plain "
@@ -129,8 +106,7 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
     adapter = dataclasses.replace(adapter_from(structure), causal=stack == "decoder")
-    _CACHE[key] = (weakref.ref(model.config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
-    return adapter
+    return CACHE.put(model.config, adapter, stack)
 
 
 def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
@@ -148,20 +124,13 @@ def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = Non
     return None
 
 
-class Unpositioned(PatchHook):
-    """Forward pre-hook on an attention module the patch gives no positions (cross-attention, or the
-    self-attention of a stack left alone) that runs under a posenc_* implementation: drops the patch's
-    private kwargs and asks the posenc attention function for the stock attention."""
-
-    def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        kept = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX)}
-        return args, {**kept, UNPOSITIONED_KWARG: True}
+def self_attentions(stack: nn.Module) -> list[nn.Module]:
+    """Every attention module of a stack the patch leaves alone (only consulted when its config is shared)."""
+    return [m for m in stack.modules() if holds_qk(m)]
 
 
 def cross_attentions(stack: nn.Module, adapter: Adapter) -> list[nn.Module]:
     """Attention modules of the stack's blocks other than the self-attention (found by discovery's names)."""
-    from .adapters.discover import CROSS
-
     blocks = get_module(stack, adapter.layers)
     return [m for block in blocks for n, m in block.named_modules()
             if n and any(c == n.rsplit(".", 1)[-1] for c in CROSS)]
@@ -196,37 +165,5 @@ def plan(model: nn.Module, config: PosEncConfig, spec: Scheme) -> StackPlan:
     return StackPlan(config.replace(stacks=stacks), adapters, facts)
 
 
-def install(model: nn.Module, plan: StackPlan, spec: Scheme, state: PatchState) -> None:
-    """Patch the planned stacks with `state.config` (resolved), recording every change in `state`."""
-    from .patching import _install
-
-    names = {id(m): n for n, m in model.base_model.named_modules()}
-    state.undo.append(RemoveHooks(model, PatchHook))
-    for stack, adapter in plan.adapters.items():
-        module = stack_module(model, stack)
-        before = len(state.new_modules)
-        _install(module, adapter, spec, plan.facts[stack], state)
-        prefix = names[id(module)]
-        state.new_modules[before:] = [f"{prefix}.{p}" if prefix else p for p in state.new_modules[before:]]
-    for stack in STACKS:
-        if (module := stack_module(model, stack)) is None:
-            continue
-        adapter = plan.adapters.get(stack)
-        plain = cross_attentions(module, adapter) if adapter else _self_attentions(module)
-        # a module whose forward takes no **kwargs does not call attention through ALL_ATTENTION_FUNCTIONS
-        # (LED's): posenc attention never runs for it, and the marker would be an unexpected argument
-        for attention in filter(takes_kwargs, plain):
-            attention.register_forward_pre_hook(Unpositioned(), with_kwargs=True, prepend=True)
-    state.set_attr(model.config, "posenc", state.config.to_dict(original=plan.adapters[plan.first].native))
-    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
-
-
-def _self_attentions(stack: nn.Module) -> list[nn.Module]:
-    """Every attention module of a stack the patch leaves alone (only consulted when its config is shared)."""
-    from .adapters.discover import _holds_qk
-
-    return [m for m in stack.modules() if _holds_qk(m)]
-
-
-__all__ = ["StackPlan", "Unpositioned", "install", "plan", "is_seq2seq", "not_text", "stack_adapter",
+__all__ = ["StackPlan", "cross_attentions", "is_seq2seq", "not_text", "plan", "self_attentions", "stack_adapter",
            "stack_module", "text_stacks", "why_not"]

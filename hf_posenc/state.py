@@ -19,6 +19,8 @@ from torch import nn
 from . import compat
 from .config import PosEncConfig
 
+STATE_ATTR = "_posenc_state"  # the model attribute that holds its PatchState
+
 
 class Missing:
     """Marks an attribute that did not exist (a class, so `deepcopy` and pickling keep its identity)."""
@@ -114,6 +116,7 @@ class PatchState:
     config: PosEncConfig
     undo: list[Callable[[], None]] = field(default_factory=list)
     new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
+    native: bool = False  # transformers rebuilds the patched model from its config alone (saving.mark_folder)
 
     def set_attr(self, obj: Any, name: str, value: Any, instance: bool = False) -> None:
         self.undo.append(Restore(obj, name, _get(obj, name, instance), instance))

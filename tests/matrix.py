@@ -15,7 +15,7 @@ import torch
 
 import hf_posenc as hp
 from conftest import CAUSAL, TINY, TINY_CONFIGS, tiny_model
-from hf_posenc.registry import adapter_for, get_scheme
+from hf_posenc.catalog import adapter_for, get_scheme
 
 SCHEMES = {
     "learned": {},

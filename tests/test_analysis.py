@@ -105,7 +105,7 @@ def test_subspace_geometry_width_mismatch():
 @pytest.mark.parametrize("model_type, offset", [("gpt2", 0), ("bert", 0), ("roberta", 2), ("distilbert", 0)])
 def test_position_vectors_are_the_table_rows_the_model_uses(model_type, offset):
     model = tiny_model(model_type, head="base")
-    table = hp.registry.adapter_for(model)
+    table = hp.catalog.adapter_for(model)
     weight = model.base_model.get_submodule(table.position_slot).weight
     got = A.position_vectors(model, 10)
     assert torch.equal(got, weight[offset: offset + 10].float())

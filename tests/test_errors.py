@@ -65,12 +65,12 @@ def test_unsupported_architecture_names_what_the_generic_adapter_cannot_place():
 def test_encoder_decoder_models_go_stack_by_stack_and_one_adapter_is_refused_with_the_reason():
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
-    assert {"t5", "alibi", "rope", "nope"} <= set(hp.registry.supported_schemes(model))
+    assert {"t5", "alibi", "rope", "nope"} <= set(hp.catalog.supported_schemes(model))
     with pytest.raises(hp.PosEncError, match=r"'t5' is an encoder-decoder model: its two stacks have an adapter each "
                                              r"\(hf_posenc.seq2seq.stack_adapter"):
-        hp.registry.adapter_for(model)
+        hp.catalog.adapter_for(model)
     with pytest.raises(hp.PosEncError, match=r"unsupported architecture 't5': no causal LM class .*AutoModelForCausalLM\.\)$"):
-        hp.registry.supported_schemes(model.config)
+        hp.catalog.supported_schemes(model.config)
 
 
 def test_unsupported_cell_names_the_schemes_this_model_takes():

@@ -14,7 +14,8 @@ from transformers import Gemma3Config
 
 import hf_posenc as hp
 from hf_posenc.adapters.llama import LLAMA
-from hf_posenc.registry import ADAPTERS, get_scheme
+from hf_posenc.catalog import get_scheme
+from hf_posenc.registry import ADAPTERS
 from integration_support import doc_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -41,4 +42,4 @@ def test_a_name_is_registered_once_and_a_refused_adapter_takes_none_of_its_types
 
 def test_the_generic_adapter_still_refuses_gemma3_so_the_override_is_needed():
     with pytest.raises(hp.PosEncError, match="vision_tower.*register a hand-written adapter"):
-        hp.registry.adapter_for(Gemma3Config())
+        hp.catalog.adapter_for(Gemma3Config())

@@ -22,8 +22,10 @@ from hf_posenc.fast_attention import MaskSpec, backends, biased_attention, choos
 from hf_posenc.fast_attention.masks import Mask, resolve
 from hf_posenc.fast_attention.terms import Call
 from hf_posenc.schemes.alibi import AlibiBias
-from hf_posenc.schemes.relative import FireBias, KerpleBias, T5Bias
-from hf_posenc.schemes.rope import Rotary
+from hf_posenc.schemes.fire import FireBias
+from hf_posenc.schemes.kerple import KerpleBias
+from hf_posenc.schemes.t5 import T5Bias
+from hf_posenc.schemes.rotary import Rotary
 from hf_posenc.schemes.self_extend import SelfExtendAttention
 from hf_posenc.schemes.untied import UntiedBias
 

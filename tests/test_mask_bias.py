@@ -17,7 +17,7 @@ import hf_posenc as hp
 import zoo
 from hf_posenc.adapters.base import QKTap
 from hf_posenc.patching import describe_modules
-from hf_posenc.schemes.rope import rotate
+from hf_posenc.schemes.rotary import rotate
 from hf_posenc.sites.qk import RotateOutput
 
 SCORE_SCHEMES = ("alibi", "t5", "kerple", "fire")
@@ -214,7 +214,7 @@ def test_attention_site_schemes_are_refused_by_name():
     """Self-Extend and xPos compute the logits themselves, which needs ALL_ATTENTION_FUNCTIONS."""
     for model in (zoo.build("bloom"), falcon(True)):
         for scheme in ("xpos", "self_extend"):
-            assert "does not call attention through" in hp.registry.why_not(model, scheme)
+            assert "does not call attention through" in hp.catalog.why_not(model, scheme)
             with pytest.raises(hp.PosEncError, match="cannot take scheme"):
                 hp.patch(model, scheme)
             assert hp.describe(model) is None

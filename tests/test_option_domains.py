@@ -16,7 +16,8 @@ import hf_posenc as hp
 from hf_posenc.config import option_table
 from hf_posenc.domains import domain_of
 from hf_posenc.options import OPTIONS
-from hf_posenc.registry import SCHEMES, list_schemes
+from hf_posenc.catalog import list_schemes
+from hf_posenc.registry import SCHEMES
 
 # the smallest valid options of each scheme (the required ones); the bad value replaces one of them
 REQUIRED = {"linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"factor": 2.0}, "yarn": {"factor": 2.0},

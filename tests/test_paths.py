@@ -18,7 +18,7 @@ from transformers import DynamicCache, StaticCache
 
 import hf_posenc as hp
 from conftest import CAUSAL, TINY, tiny_model
-from hf_posenc.schemes.rope import rotate
+from hf_posenc.schemes.rotary import rotate
 from matrix import (ABSOLUTE, ATOL, CELLS, ROWS, SCHEMES, focus, ids, patched, position_offset, row, sample,
                     scheme_of, scope, site_of)
 

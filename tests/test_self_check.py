@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicCache
 import hf_posenc as hp
 from hf_posenc import cli, compat, self_check
 from hf_posenc.patching import release_check
-from hf_posenc.registry import list_architectures
+from hf_posenc.catalog import list_architectures
 
 from conftest import tiny_model
 

@@ -23,7 +23,7 @@ from matrix import sample as sample_of_scope
 from seq2seq_models import OWN, SEQ2SEQ, encoder_inputs, tiny_seq2seq
 
 FAMILIES = tuple(SEQ2SEQ)
-SUPPORTED = {family: set(hp.registry.supported_schemes(tiny_seq2seq(family))) for family in FAMILIES}
+SUPPORTED = {family: set(hp.catalog.supported_schemes(tiny_seq2seq(family))) for family in FAMILIES}
 STACKS = {family: text_stacks(tiny_seq2seq(family)) for family in FAMILIES}  # the stacks a patch takes
 CELLS = [(f, label) for f in FAMILIES for label in SCHEMES if scheme_of(label) in SUPPORTED[f]]
 # schemes whose modules have weights (peft's modules_to_save trains them)

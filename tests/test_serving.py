@@ -24,7 +24,7 @@ import torch
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import saving
+from hf_posenc import loading, saving
 from hf_posenc.errors import PosEncError
 from hf_posenc.serving.positions import SERVED, served_positions
 
@@ -84,7 +84,7 @@ def save(folder: Path, cell: tuple) -> Path:
 
 @pytest.mark.parametrize("cell", REFUSED_CELLS, ids=cell_id)
 def test_what_an_engine_cannot_compute_is_refused_in_one_line_naming_the_scheme(tmp_path, cell):
-    config = saving.load_config(save(tmp_path / "m", cell))  # what vLLM reads (AutoConfig, trust_remote_code)
+    config = loading.read_config(save(tmp_path / "m", cell))  # what vLLM reads (AutoConfig, trust_remote_code)
     with pytest.raises(PosEncError) as err:
         served_positions(config)
     message = str(err.value)
@@ -93,10 +93,10 @@ def test_what_an_engine_cannot_compute_is_refused_in_one_line_naming_the_scheme(
 
 
 def test_served_positions_follow_the_patch(tmp_path):
-    partial = served_positions(saving.load_config(save(tmp_path / "p", ("llama", "yarn", {"factor": 2.0, "partial": 0.5}))))
+    partial = served_positions(loading.read_config(save(tmp_path / "p", ("llama", "yarn", {"factor": 2.0, "partial": 0.5}))))
     assert partial.rotated_pairs == 16 and partial.rope_parameters["rope_type"] == "yarn"
     assert partial.rest_scale == pytest.approx(0.1 * torch.log(torch.tensor(2.0)).item() + 1)  # YaRN's temperature
-    alibi = served_positions(saving.load_config(save(tmp_path / "a", ("gpt2", "alibi", {}))))
+    alibi = served_positions(loading.read_config(save(tmp_path / "a", ("gpt2", "alibi", {}))))
     assert alibi.alibi_slopes == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8])  # Press et al., 4 heads
     assert alibi.rope_parameters is None
     with pytest.raises(PosEncError, match="not a folder hf-posenc patched"):

@@ -150,7 +150,7 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
 def test_unsupported_cells_say_why_and_refuse_cleanly(model_type, scheme, options, reason):
     model = zoo.build(model_type)
     before = zoo.logits(model, zoo.inputs())
-    assert reason in hp.registry.why_not(model, scheme)
+    assert reason in hp.catalog.why_not(model, scheme)
     with pytest.raises(hp.PosEncError, match="cannot take scheme"):
         hp.patch(model, scheme, **options)
     assert hp.describe(model) is None
@@ -174,7 +174,7 @@ def test_blocks_that_drop_kwargs_get_them_relayed():
     the bias and positions over (alibi differs from nope), and unpatch leaves no hook behind."""
     model, x = zoo.build("stablelm"), zoo.inputs()
     before = zoo.logits(model, x)
-    assert hp.registry.adapter_for(model).relay_kwargs
+    assert hp.catalog.adapter_for(model).relay_kwargs
     alibi = zoo.logits(hp.patch(model, "alibi"), x)
     assert not torch.allclose(alibi, zoo.logits(hp.patch(model, "nope"), x), atol=1e-3)
     hp.unpatch(model)
@@ -189,7 +189,7 @@ def test_a_slot_called_with_its_own_arguments_takes_the_loops_positions(scheme, 
     and adds the offset 2 itself: position ids count from 0, explicit ones are honoured, and a saved patch
     reloads with a table plain transformers sizes from max_position_embeddings."""
     model, x = zoo.build("opt"), zoo.inputs()
-    adapter = hp.registry.adapter_for(model)
+    adapter = hp.catalog.adapter_for(model)
     assert (adapter.loop, adapter.slot_hooked, adapter.ids_offset(model.config)) == ("decoder", True, 0)
     patched = zoo.logits(hp.patch(model, scheme, **options), x)
     positions = torch.arange(x.shape[1])[None]
@@ -218,7 +218,7 @@ def test_generate_through_a_hooked_slot_follows_padding_and_static_caches(scheme
 def test_hybrid_models_tap_only_their_attention_layers():
     """Jamba's mamba blocks have no attention: q/k taps go on the attention blocks alone."""
     model = zoo.build("jamba")
-    adapter = hp.registry.adapter_for(model)
+    adapter = hp.catalog.adapter_for(model)
     blocks = list(model.base_model.get_submodule(adapter.layers))
     assert adapter.attention_layers == tuple(i for i, b in enumerate(blocks) if hasattr(b, "self_attn"))
     assert 0 < len(adapter.attention_modules(model)) < len(blocks)
@@ -228,8 +228,8 @@ def test_a_patched_copy_gets_the_adapter_of_the_stock_model():
     """Discovery never reads the modules a patch installed: a deepcopy (TRL reference models, EMA)
     of a patched model is read as its stock structure."""
     model = hp.patch(zoo.build("mixtral"), "learned", init="normal")
-    stock = hp.registry.adapter_for(zoo.build("mixtral"))
-    assert hp.registry.adapter_for(copy.deepcopy(model)) == stock
+    stock = hp.catalog.adapter_for(zoo.build("mixtral"))
+    assert hp.catalog.adapter_for(copy.deepcopy(model)) == stock
 
 
 def test_support_table_list_and_readme_are_the_catalog():
@@ -265,7 +265,7 @@ def test_real_configs_take_every_rope_scheme(name, scheme, options):
     model = _real(name)
     x = zoo.inputs()
     stock = zoo.logits(model, x)
-    assert hp.supports(model, scheme), hp.registry.why_not(model, scheme)
+    assert hp.supports(model, scheme), hp.catalog.why_not(model, scheme)
     hp.patch(model, scheme, **options)
     try:
         patched = zoo.logits(model, x)

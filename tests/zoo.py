@@ -82,7 +82,7 @@ class NotApplicable(Exception):
 
 
 def adapter_of(model: torch.nn.Module):
-    from hf_posenc.registry import adapter_for
+    from hf_posenc.catalog import adapter_for
 
     return adapter_for(model)
 
@@ -212,7 +212,7 @@ def against_stock(check: Callable[[str, str | None], None], model_type: str, sit
 def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[str], None]]:
     """name -> check(model_type), for the cells the adapter of `model` claims to support. With
     `baseline`, cache and padding cells first run on the stock model (NotApplicable if it fails)."""
-    from hf_posenc.registry import get_scheme
+    from hf_posenc.catalog import get_scheme
 
     adapter = adapter_of(model)
     supported = {s: adapter.supports(get_scheme(site_scheme(adapter, s)[0])) for s in SITES}
@@ -249,7 +249,7 @@ def run(check: Callable[[str], None], model_type: str) -> str:
 def verdict(model: torch.nn.Module) -> dict[str, Any]:
     """The adapter's answer for this model: which schemes it takes and why not the others."""
     from hf_posenc.errors import PosEncError
-    from hf_posenc.registry import get_scheme, list_schemes
+    from hf_posenc.catalog import get_scheme, list_schemes
 
     try:
         adapter = adapter_of(model)

@@ -21,9 +21,8 @@ from torch import nn
 from .. import compat
 from . import quirks
 from .base import PACKED_SPLITS
-from .probes import (MASK_BUILDERS, causal, chain, native_bias, native_bias_kind, passes_kwargs, rebuild_problems,
-                     relays_kwargs, takes_kwargs,
-                     find_rotaries, rotary_call, slot_call, source_has, unexplained)
+from .probes import (MASK_BUILDERS, causal, chain, find_rotaries, native_bias, native_bias_kind, passes_kwargs,
+                     rebuild_problems, relays_kwargs, rotary_call, slot_call, source_has, takes_kwargs, unexplained)
 from .quirks import ROPE_SWITCHES, packed_layout, positions_field
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
@@ -111,14 +110,10 @@ class Structure:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def text_config(model: nn.Module) -> Any:
-    return compat.text_config(model.config)
-
-
 def discover(model: nn.Module, stack: str | None = None) -> Structure:
     """Read the position structure of a (causal LM) transformers model, or of one stack ("encoder", "decoder")
     of an encoder-decoder model."""
-    config, text = model.config, text_config(model)
+    config, text = model.config, compat.text_config(model.config)
     names = {id(m): n for n, m in model.named_modules()}
     base = model.base_model
     owner = _loop_owner(model)
@@ -137,25 +132,19 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
          "tap_problem": "no self-attention module with q/k projections in any block"}
 
     rotaries = find_rotaries(owner)
-    in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
-    rotary_modules = [owner.get_submodule(r) for r in rotaries]
-    rope = getattr(text, "rope_parameters", None) or None
-    rotary_types, widths, rotary_problem = rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
-        ((), {}, None)
-    per_type = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
-    own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
 
     slot, slot_module = _slot(owner, layers_path, rotaries, model.get_input_embeddings())
     table = next((n for n, _ in owner.named_modules() if n.startswith(layers_path + ".")
                   and n.rsplit(".", 1)[-1] in BIAS_TABLES), None)
     owner_to_base = _relative(names[id(owner)], names[id(base)])
+    rotary = _rotary_fields(owner, rotaries, layers_path, text, layer_types, owner_to_base)
     bias = native_bias(blocks[0] if blocks else None)
     loop_params = inspect.signature(type(owner).forward).parameters
     first_block = blocks[attention_layers[0]] if attention_layers else None
     links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
     passed = bool(links) and all(passes_kwargs(m) for m in links)
     # a hook on the block hands private kwargs to its one attention module (the relay, or the carry)
-    one_attention = bool(links) and sum(map(_holds_qk, first_block.modules())) == 1
+    one_attention = bool(links) and sum(map(holds_qk, first_block.modules())) == 1
     relayed = not passed and one_attention and relays_kwargs(links, first_block)
     return Structure(
         model_type=config.model_type,
@@ -169,35 +158,15 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
         attention_layers=attention_layers,
         attention_paths=paths,
         attention_outside=tuple(n for n, m in owner.named_modules()
-                                if n and not n.startswith(layers_path + ".") and _holds_qk(m)),
+                                if n and not n.startswith(layers_path + ".") and holds_qk(m)),
         cross_attention=any(any(c in n for c in CROSS) for b in blocks[:1] for n, _ in b.named_modules()),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
         hidden_size=getattr(text, "hidden_size", None),
         **tap,
-        rotary=tuple(_join(owner_to_base, r) for r in rotaries),
-        rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
-        rotary_inside_layers=bool(in_layers),
-        rotary_layer_types=rotary_types,
-        rotary_width=next(iter(widths.values()), None),
-        rotary_widths=widths,
-        rotary_problem=rotary_problem,
-        rebuild_problems=rebuild_problems(rotary_modules[0], text) if rotaries and not rotary_types else {},
-        rope_parameters=dict(rope) if rope else None,
-        extra_rope_keys=tuple(sorted(own_keys - compat.ROPE_KEYS)),
-        own_rope_types=tuple(sorted({p.get("rope_type", "default") for p in (rope.values() if per_type else [rope])
-                                     if p} - STANDARD_ROPE_TYPES)) if rope else (),
-        slot=_join(owner_to_base, slot) if slot else None,
-        slot_class=type(slot_module).__name__ if slot_module is not None else None,
-        slot_offset=_slot_offset(slot_module),
-        slot_adds_offset=_adds_offset(slot_module),
-        slot_learned=slot_module is not None and any(p.requires_grad for p in slot_module.parameters()),
-        slot_call=slot_call(slot_module) if slot_module is not None else None,
-        slot_width=_slot_width(slot_module),
-        token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
-        other_embeddings=tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
-                               if _has_module(owner, p)),
+        **rotary,
+        **_embedding_fields(owner, slot, slot_module, owner_to_base),
         native_bias=bias,
         native_bias_kind=native_bias_kind(text, bias),
         attention_interface=attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
@@ -218,6 +187,49 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
                                                                          *([table] if table else []))],
                                 text, bool(rotaries), ROPE_SWITCHES.get(config.model_type)),
         positions_field=positions_field(config.model_type, stack),
+    )
+
+
+def _embedding_fields(owner: nn.Module, slot: str | None, slot_module: nn.Module | None,
+                      owner_to_base: str) -> dict[str, Any]:
+    """The embedding part of a `Structure`: the position slot, how it is called, the other embeddings."""
+    return dict(
+        slot=_join(owner_to_base, slot) if slot else None,
+        slot_class=type(slot_module).__name__ if slot_module is not None else None,
+        slot_offset=_slot_offset(slot_module),
+        slot_adds_offset=_adds_offset(slot_module),
+        slot_learned=slot_module is not None and any(p.requires_grad for p in slot_module.parameters()),
+        slot_call=slot_call(slot_module) if slot_module is not None else None,
+        slot_width=_slot_width(slot_module),
+        token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
+        other_embeddings=tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
+                               if _has_module(owner, p)),
+    )
+
+
+def _rotary_fields(owner: nn.Module, rotaries: list[str], layers_path: str, text: Any,
+                   layer_types: tuple[str, ...] | None, owner_to_base: str) -> dict[str, Any]:
+    """The rotary part of a `Structure`: the model's rotary modules, how they are called, its RoPE parameters."""
+    in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
+    rotary_modules = [owner.get_submodule(r) for r in rotaries]
+    rope = getattr(text, "rope_parameters", None) or None
+    rotary_types, widths, rotary_problem = rotary_call(rotary_modules[0], rope, layer_types) if rotaries else \
+        ((), {}, None)
+    per_type = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
+    own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
+    return dict(
+        rotary=tuple(_join(owner_to_base, r) for r in rotaries),
+        rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
+        rotary_inside_layers=bool(in_layers),
+        rotary_layer_types=rotary_types,
+        rotary_width=next(iter(widths.values()), None),
+        rotary_widths=widths,
+        rotary_problem=rotary_problem,
+        rebuild_problems=rebuild_problems(rotary_modules[0], text) if rotaries and not rotary_types else {},
+        rope_parameters=dict(rope) if rope else None,
+        extra_rope_keys=tuple(sorted(own_keys - compat.ROPE_KEYS)),
+        own_rope_types=tuple(sorted({p.get("rope_type", "default") for p in (rope.values() if per_type else [rope])
+                                     if p} - STANDARD_ROPE_TYPES)) if rope else (),
     )
 
 
@@ -260,12 +272,12 @@ def _attention_in(block: nn.Module, index: int, layer_types: tuple[str, ...] | N
     if layer_types and index < len(layer_types) and layer_types[index] in NO_ATTENTION_KINDS:
         return None
     for name, module in sorted(block.named_modules(), key=lambda x: x[0].count(".") if x[0] else -1):
-        if not any(c in name for c in CROSS) and "cross" not in type(module).__name__.lower() and _holds_qk(module):
+        if not any(c in name for c in CROSS) and "cross" not in type(module).__name__.lower() and holds_qk(module):
             return name
     return None
 
 
-def _holds_qk(module: nn.Module) -> bool:
+def holds_qk(module: nn.Module) -> bool:
     children = dict(module.named_children())
     return (any(q in children and k in children for q, k in QK_NORMS + QK_PROJECTIONS)
             or any(p in children for p in PACKED) or LATENT in children)

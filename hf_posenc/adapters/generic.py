@@ -10,26 +10,23 @@ The few facts an instance does not show live in `quirks` as data, by model type.
 
 from __future__ import annotations
 
-import copy
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import OUTSIDE, Structure, discover
+from .meta import ConfigCache, meta_model
 from .quirks import ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, TRAINED_LENGTHS
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
 NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
 
-# id(config) -> (weak reference to the config, its adapter): discovery runs once per model; configs
-# are unhashable dataclasses, so they are keyed by identity.
-_CACHE: dict[int, tuple[weakref.ref, Adapter]] = {}
+# discovery runs once per model
+CACHE: ConfigCache[Adapter] = ConfigCache()
 
 
 def generic_adapter(model_or_config: Any) -> Adapter:
@@ -38,31 +35,13 @@ def generic_adapter(model_or_config: Any) -> Adapter:
     Raises PosEncError naming what is missing when positions enter the model somewhere it cannot place.
     """
     config = getattr(model_or_config, "config", model_or_config)
-    key = id(config)
-    cached = _CACHE.get(key)
-    if cached is None or cached[0]() is not config:
-        model = model_or_config if isinstance(model_or_config, nn.Module) else None
-        if model is None or getattr(config, "posenc", None) is not None:
-            # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
-            model = _meta_model(config, type(model) if model is not None else None)
-        adapter = adapter_from(discover(model))
-        _CACHE[key] = (weakref.ref(config, lambda _, key=key: _CACHE.pop(key, None)), adapter)
-        return adapter
-    return cached[1]
-
-
-def _meta_model(config: Any, model_class: type | None) -> nn.Module:
-    """The stock model of `config` on the meta device (no memory, no weights), built from a copy so
-    the caller's config is left as it was."""
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(config)
-    try:
-        with torch.device("meta"):
-            return model_class._from_config(config) if model_class else AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as exc:
-        raise PosEncError(f"unsupported architecture {config.model_type!r}: no causal LM class to read its "
-                          f"structure from ({str(exc).splitlines()[0]})") from exc
+    if (cached := CACHE.get(config)) is not None:
+        return cached
+    model = model_or_config if isinstance(model_or_config, nn.Module) else None
+    if model is None or getattr(config, "posenc", None) is not None:
+        # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
+        model = meta_model(config, type(model) if model is not None else None)
+    return CACHE.put(config, adapter_from(discover(model)))
 
 
 def adapter_from(s: Structure) -> Adapter:

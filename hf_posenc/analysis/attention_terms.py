@@ -10,11 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters.base import get_module
+from ..catalog import adapter_for
 from ..errors import PosEncError
 from ..patching import describe
-from ..registry import adapter_for
 from ..schemes import alibi as alibi_scheme
-from ..schemes.rope import rotate
+from ..schemes.rotary import rotate
 from .positions import Stop, check_length, head_shape, kinds_allowed, position_kind, qk_modules, rotary_module, run_until_stop
 
 TERMS = ("content-content", "content-position", "position-content", "position-position")
@@ -76,27 +76,10 @@ def _project(model: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def four_terms(model: nn.Module, input_ids: Tensor) -> FourTerms:
-    """Split layer 0's attention logits into content/position/bias terms (one text, no padding).
-
-    With x the content vector (word, plus BERT's token-type vector, which is the same at every
-    position), e the position vector and s = x + e the LayerNorm input, LayerNorm is linear in s once
-    the per-token scale sigma(s) is fixed at its actual value: LN(s) = g*(x - mean x)/sigma +
-    g*(e - mean e)/sigma + beta. q/k projections are linear plus a bias, so the logit splits exactly
-    (Ke et al. 2021, eq. 4) into the four terms and five bias terms (beta and projection biases). Only layer 0 is decomposed: deeper inputs have passed attention and MLPs, which
-    mix token and position information non-linearly, and no split of them is exact.
-    """
-    kind = position_kind(model)
-    if kind != "absolute":
-        raise PosEncError(
-            f"the four-term decomposition needs positions added to the token embeddings, but "
-            f"{model.config.model_type} has positions: {kind}; allowed: {kinds_allowed('absolute')} "
-            f"(learned or an input-site scheme such as sinusoidal). For RoPE models use rotary_profile(), "
-            f"for ALiBi alibi_slopes()"
-        )
-    input_ids = input_ids.reshape(1, -1).to(model.device)
+def _layer0_inputs(model: nn.Module, input_ids: Tensor) -> tuple[dict[Any, Tensor], nn.LayerNorm, nn.Module]:
+    """What enters layer 0 (word and position vectors, the LayerNorm input feeding its queries), caught by
+    hooks in a forward stopped at the query projection; the LayerNorm; the query projection."""
     length = input_ids.shape[1]
-    check_length(model, length)
     seen: dict[Any, Tensor] = {}
 
     def keep(key: Any) -> Callable:
@@ -129,6 +112,31 @@ def four_terms(model: nn.Module, input_ids: Tensor) -> FourTerms:
             f"decomposition needs word + position -> LayerNorm -> q/k (allowed: {kinds_allowed('absolute')})"
         )
     seen["norm_in"] = seen[norm, "in"]
+    return seen, norm, q_proj
+
+
+def four_terms(model: nn.Module, input_ids: Tensor) -> FourTerms:
+    """Split layer 0's attention logits into content/position/bias terms (one text, no padding).
+
+    With x the content vector (word, plus BERT's token-type vector, which is the same at every
+    position), e the position vector and s = x + e the LayerNorm input, LayerNorm is linear in s once
+    the per-token scale sigma(s) is fixed at its actual value: LN(s) = g*(x - mean x)/sigma +
+    g*(e - mean e)/sigma + beta. q/k projections are linear plus a bias, so the logit splits exactly
+    (Ke et al. 2021, eq. 4) into the four terms and five bias terms (beta and projection biases). Only layer 0 is decomposed: deeper inputs have passed attention and MLPs, which
+    mix token and position information non-linearly, and no split of them is exact.
+    """
+    kind = position_kind(model)
+    if kind != "absolute":
+        raise PosEncError(
+            f"the four-term decomposition needs positions added to the token embeddings, but "
+            f"{model.config.model_type} has positions: {kind}; allowed: {kinds_allowed('absolute')} "
+            f"(learned or an input-site scheme such as sinusoidal). For RoPE models use rotary_profile(), "
+            f"for ALiBi alibi_slopes()"
+        )
+    input_ids = input_ids.reshape(1, -1).to(model.device)
+    length = input_ids.shape[1]
+    check_length(model, length)
+    seen, norm, q_proj = _layer0_inputs(model, input_ids)
     x, e, s = seen["word"], seen["position"], seen["norm_in"]
     rest = s - x - e
     if (rest - rest[:1]).abs().max() > 1e-4 * (1 + s.abs().max()):

@@ -156,11 +156,11 @@ def check_model_takes(model: str, scheme: Any) -> None:
     config alone, the model built on the meta device, no weights."""
     from ..loading import load_config
     from ..patching import validate
-    from ..registry import supported_schemes, why_not
-    from ..seq2seq import meta_model
+    from ..catalog import supported_schemes, why_not
+    from ..adapters.meta import meta_model
 
     config = load_config(model)
-    subject = meta_model(config) if getattr(config, "is_encoder_decoder", False) else config
+    subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config
     name = getattr(scheme, "scheme", scheme)
     if name is not None and (reason := why_not(subject, name)) is not None:
         raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "

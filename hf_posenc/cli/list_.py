@@ -1,6 +1,6 @@
 """`hf-posenc list`: schemes, architectures and which cells of the support matrix work.
 
-Read from `hf_posenc/support.json`, the registry's snapshot (`registry.snapshot()`; a test keeps it
+Read from `hf_posenc/support.json`, the catalog's snapshot (`catalog.snapshot()`; a test keeps it
 equal to the live registry), so that `list` starts without importing torch. Model types without a
 hand-written adapter come from `hf_posenc/model_types.json`: the generic adapter's verdict for every
 causal-LM type of the transformers version named there, each *yes* checked on a tiny model by the zoo

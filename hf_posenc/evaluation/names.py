@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import PosEncError
-from ..results import RULER_TASKS
+from ..results import RULER_TASKS, SYNTHETIC_TASKS
 
-SYNTHETIC_TASKS = ("copy", "reverse", "addition")  # length generalisation (Kazemnejad et al. 2023), hf_posenc.data
 # Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
 # `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
 SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}

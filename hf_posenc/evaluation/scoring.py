@@ -17,9 +17,9 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
 )
 
+from ..catalog import adapter_for
 from ..errors import PosEncError
 from ..progress import bar
-from ..registry import adapter_for
 from .processes import across_processes
 
 METRICS_DIR = Path(__file__).parents[1] / "metrics"

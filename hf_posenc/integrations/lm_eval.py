@@ -27,9 +27,9 @@ from lm_eval.models.huggingface import HFLM
 
 import hf_posenc
 
+from ..catalog import why_not
+from ..loading import read_config
 from ..models import model_source
-from ..registry import why_not
-from ..saving import load_config
 
 __all__ = ["LM_EVAL_TASK_DIR", "LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "main"]
 
@@ -88,7 +88,7 @@ class PosEncLM(HFLM):
     def _get_config(self, pretrained: str, *, trust_remote_code: bool = False, **kwargs: Any) -> None:
         """Read the config in any layout hf-posenc saves (remote code is never needed), then check the
         scheme fits the architecture before HFLM loads any weights."""
-        self._config = load_config(pretrained, **kwargs)
+        self._config = read_config(pretrained, **kwargs)
         if self.posenc is None:
             return
         model_type = getattr(self._config, "model_type", None)

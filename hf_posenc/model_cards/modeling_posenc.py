@@ -14,7 +14,7 @@ refuses the folder by that name.
 import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
-from hf_posenc.saving import from_pretrained, load_config
+from hf_posenc.loading import from_pretrained, read_config
 
 
 class PosEncAutoConfig(PretrainedConfig):
@@ -24,7 +24,7 @@ class PosEncAutoConfig(PretrainedConfig):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        return load_config(pretrained_model_name_or_path, **kwargs)
+        return read_config(pretrained_model_name_or_path, **kwargs)
 
 
 class PosEncModel(PreTrainedModel):

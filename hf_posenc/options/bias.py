@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import check
-from ..domains import at_least, one_of, option, positive
+from ..domains import at_least, check, one_of, option, positive
 
 
 @dataclass(frozen=True)

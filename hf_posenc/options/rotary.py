@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import check
-from ..domains import Domain, at_least, between, option, positive
+from ..domains import Domain, at_least, between, check, option, positive
 
 THETA = positive("RoFormer: frequencies theta^(-2i/d)")
 PARTIAL = between(0, 1, low_open=True, source="GPT-NeoX rotary_pct")

@@ -13,8 +13,7 @@ import torch
 
 from ..options.bias import AlibiOptions
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts
-from .relative import RelativeBias
+from .base import BiasScheme, ModelFacts, RelativeBias
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..config import validate_options
+from .rotary import Rotary
 
 Site = Literal["input", "qk", "score", "attention", "none"]
 
@@ -103,8 +104,6 @@ class RotaryScheme(Scheme):
         raise NotImplementedError
 
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
-        from .rope import Rotary
-
         return Rotary(facts.head_dim, self.rope_parameters(options, facts), options["partial"], max_positions)
 
 
@@ -149,6 +148,26 @@ def table_rows(positions: torch.Tensor, scheme: str) -> torch.Tensor:
         raise PosEncError(f"the {scheme!r} table takes whole-number positions; position_ids holds fractions "
                           f"(e.g. {float(positions[positions != rows].flatten()[0])}): pass integer position_ids")
     return rows.long()
+
+
+class RelativeBias(nn.Module):
+    """A logit bias given element by element: `score(head, q_pos, k_pos)` takes broadcastable tensors
+    (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it.
+    Biases of the distance alone define `by_distance(head, distance)` instead, which lets fused paths
+    build a (q, k) block as a strided view of one row of distances (a Toeplitz matrix)."""
+
+    heads: int
+    # Whether Inductor can lower FlexAttention's backward through `score`: it refuses a score_mod that
+    # indexes one trainable tensor more than once ("multiple indexing operations"); such terms train chunked.
+    flex_backward: bool = True
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.by_distance(head, q_pos - k_pos)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(B, H, q, k) fp32 bias for (B, q) query and (B, k) key positions."""
+        head = torch.arange(self.heads, device=q_pos.device)[None, :, None, None]
+        return self.score(head, q_pos[:, None, :, None], k_pos[:, None, None, :])
 
 
 class ZeroPositions(nn.Module):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check
+from ..domains import check
 from ..options.input import CODES, ConcatOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import check
+from ..domains import check
 from ..options.rotary import Llama3Options, LongRopeOptions, ScalingOptions, YarnOptions
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme

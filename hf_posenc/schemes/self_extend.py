@@ -18,7 +18,8 @@ from torch import nn
 from ..options.rotary import SelfExtendOptions
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
-from .rope import Rotary, plain_rotary, resolve_rotation, rotate_heads
+from .rope import plain_rotary, resolve_rotation
+from .rotary import Rotary, rotate_heads
 
 
 def grouped_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, group: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,8 @@ from torch import nn
 from ..options.rotary import XposOptions
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
-from .rope import Rotary, plain_rotary, resolve_rotation, rotate_heads
+from .rope import plain_rotary, resolve_rotation
+from .rotary import Rotary, rotate_heads
 
 
 class XposAttention(nn.Module):

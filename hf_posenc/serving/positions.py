@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..catalog import get_scheme
 from ..errors import PosEncError
-from ..registry import get_scheme
 from ..saving import stock_architectures
 from ..schemes.alibi import alibi_slopes
 from ..schemes.base import ModelFacts, RotaryScheme
-from ..schemes.rope import Rotary
+from ..schemes.rotary import Rotary
 
 __all__ = ["SERVED", "ServedPositions", "served_positions"]
 

@@ -1,5 +1,10 @@
 """One installer per site; each joins a scheme's maths to one model at the places its adapter names.
 
+The scheme's `site` names the installer: "input" -> `embedding` (a position-embedding module), "qk" -> `qk`
+(rotations of q and k), "score" -> `score` (a bias on the attention scores), "attention" -> `logits` (the q.k
+logits computed by the scheme), "none" -> removal only. `model` installs into one model, `stacks` into the
+stacks of an encoder-decoder model.
+
 An installer takes `(model, adapter, scheme, facts, state, loop)`, records every change in `state` and
 adds what the layer-loop hook must pass down to `loop`; a new site is a new module here, not a new
 branch in `patching`.
@@ -11,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from torch import nn
 
-from . import attention, input, qk, score
+from . import embedding, logits, qk, score
 from .base import (CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks,
                    remove_native_positions)
 
@@ -27,10 +32,10 @@ def _none(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, s
 
 
 INSTALLERS: dict[str, Callable[..., None]] = {
-    "input": input.install,
+    "input": embedding.install,
     "qk": qk.install,
     "score": score.install,
-    "attention": attention.install,
+    "attention": logits.install,
     "none": _none,
 }
 

@@ -17,7 +17,7 @@ from .. import compat
 from ..attention import POSITIONS_KWARG, PREFIX, Positions, implementation_for
 from ..errors import PosEncError
 from ..schemes.base import ZeroBuckets, ZeroPositions
-from ..schemes.rope import Rotary
+from ..schemes.rotary import Rotary
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter

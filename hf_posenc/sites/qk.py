@@ -19,7 +19,8 @@ from ..adapters.base import PACKED_SPLITS, QKTap
 from ..attention import Positions
 from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
-from ..schemes.rope import native_partial, native_theta, rotate
+from ..schemes.rope import native_partial, native_theta
+from ..schemes.rotary import rotate
 from .base import LayerLoop, PatchHook, place, remove_hooks, remove_native_positions
 
 if TYPE_CHECKING:

@@ -30,11 +30,11 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     if scheme is None:
         return
     from .. import list_schemes, supports
-    from ..seq2seq import meta_model
+    from ..adapters.meta import meta_model
 
     subject: Any = config
     if recipe.model.task == "seq2seq":  # support is read off both stacks of an instance: one on the meta device
-        subject = meta_model(config)
+        subject = meta_model(config, encoder_decoder=True)
     if not supports(subject, scheme):
         ok = [s for s in list_schemes() if supports(subject, s)]
         raise PosEncError(

@@ -1,4 +1,5 @@
-"""Input site (learned, sinusoidal, concat): a position code added to the token embeddings.
+"""Embedding site (schemes of site "input": learned, sinusoidal, concat): a position code added to the token
+embeddings.
 
 Models with a position-embedding slot get the code in the slot (called with position ids; a slot the model
 calls with other arguments gets them from a pre-hook, `sites.base.SlotIds`); others get it as

@@ -1,0 +1,43 @@
+"""`kerple`: a conditionally positive definite kernel, -r1 * log(1 + r2 |i - j|) or -r1 |i - j|^r2
+(Chi et al. 2022, KERPLE, sec. 4), shared by all layers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..options.bias import KerpleOptions
+from ..registry import register_scheme
+from .base import BiasScheme, ModelFacts, RelativeBias
+
+
+class KerpleBias(RelativeBias):
+    """Per-head r1, r2 kept positive through a log parametrisation."""
+
+    def __init__(self, heads: int, variant: str, r1: float, r2: float) -> None:
+        super().__init__()
+        self.heads, self.variant = heads, variant
+        self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
+        self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
+
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        distance = distance.abs().float()
+        r1, r2 = self.log_r1[head].float().exp(), self.log_r2[head].float().exp()
+        if self.variant == "log":
+            return -r1 * torch.log1p(r2 * distance)
+        return -r1 * distance.pow(r2.clamp(max=2.0))
+
+
+class Kerple(BiasScheme):
+    name = "kerple"
+    Options = KerpleOptions
+    citation = "Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation"
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return KerpleBias(facts.num_heads, options["variant"], options["r1"], options["r2"])
+
+
+register_scheme(Kerple())

@@ -1,0 +1,77 @@
+"""`t5`: a learned scalar per (head, log-bucketed distance), shared by all layers as T5 shares its table
+(Raffel et al. 2020, sec. 2.1). Starts at zero bias unless asked otherwise: a fresh patch is NoPE."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..options.bias import T5Options
+from ..registry import register_scheme
+from .base import BiasScheme, ModelFacts, RelativeBias
+
+
+def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Half the buckets are exact small distances, the rest grow logarithmically up to max_distance;
+    bidirectional models spend half of them on keys after the query. Float arithmetic until the end
+    (exact for integers): the CPU flex kernel miscompiles an int64 `where`."""
+    n, offset = distance.float(), 0.0
+    if causal:
+        n = n.clamp(min=0)
+    else:
+        num_buckets //= 2
+        offset = (n < 0).float() * num_buckets  # key after query
+        n = n.abs()
+    exact = num_buckets // 2
+    log_ratio = torch.log(n.clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + torch.floor(log_ratio * (num_buckets - exact))).clamp(max=num_buckets - 1)
+    return (offset + torch.where(n < exact, n, large)).long()
+
+
+class T5Bias(RelativeBias):
+    def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float,
+                 table: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.heads, self.causal, self.num_buckets, self.max_distance = heads, causal, num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, heads)
+        with torch.no_grad():
+            if table is not None:
+                self.relative_attention_bias.weight.copy_(table)
+            elif init_std:
+                nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
+            else:
+                nn.init.zeros_(self.relative_attention_bias.weight)
+
+    def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        bucket = t5_bucket(distance, self.causal, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias.weight[bucket, head].float()
+
+
+class T5(BiasScheme):
+    name = "t5"
+    Options = T5Options
+    citation = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), section 2.1"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        out, own = dict(options), facts.bias_table
+        out["num_buckets"] = out["num_buckets"] or (own.shape[0] if own is not None else 32)
+        out["max_distance"] = out["max_distance"] or facts.bias_max_distance or 128
+        fits = own is not None and tuple(own.shape) == (out["num_buckets"], facts.num_heads)
+        if out["init"] == "copy" and not fits:
+            from ..errors import PosEncError
+
+            raise PosEncError(f"t5 init='copy' needs the model's own bucket table of shape ({out['num_buckets']}, "
+                              f"{facts.num_heads}); this model has {tuple(own.shape) if own is not None else 'none'}")
+        out["init"] = out["init"] or ("copy" if fits and not out["init_std"] else "normal" if out["init_std"] else "zeros")
+        return out
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        table = facts.bias_table if options["init"] == "copy" else None
+        std = options["init_std"] if options["init"] == "normal" else 0.0
+        return T5Bias(facts.num_heads, facts.causal, options["num_buckets"], options["max_distance"], std, table)
+
+
+register_scheme(T5())

@@ -1,0 +1,57 @@
+"""Install a scheme into one model (or one stack of an encoder-decoder model): the parts every scheme shares
+(the layer-loop hook, the kwargs relays, the recorded config and save), then the site installer of the scheme."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from torch import nn
+
+from .. import compat, saving
+from ..adapters.base import Adapter
+from ..schemes.base import ModelFacts, Scheme
+from ..state import PatchState, RemoveHooks
+from . import INSTALLERS
+from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
+
+
+def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
+    """Install `spec` into `model` where `adapter` says, every change recorded in `state` (`state.config` resolved)."""
+    base, config = model.base_model, model.config
+    owner = base.get_submodule(adapter.loop) if adapter.loop else base
+    offset = adapter.ids_offset(compat.text_config(config))
+    state.undo.append(RemoveHooks(base, PatchHook))
+    state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
+    # the folders it saves load back patched, never as the stock model (saving.py)
+    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
+    if (max_positions := spec.max_positions(state.config.options)) is not None:
+        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
+    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
+                     bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
+                     carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
+    if adapter.position_slot and adapter.slot_hooked:
+        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
+    INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
+    if loop.needed:
+        owner.register_forward_pre_hook(loop, with_kwargs=True)
+        relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
+        for block in adapter.attention_blocks(model) if relay else ():
+            block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
+        if model is not base and drops_position_ids(model, base):
+            state.undo.append(RemoveHooks(model, PatchHook))
+            model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
+    if loop.key_positions:
+        owner.register_forward_hook(RecordPositions(), with_kwargs=True)
+    # what saving asks: plain transformers rebuilds the model from its config alone when the patch left the
+    # model's own rotary module in place (rebuilt from new `rope_parameters`), which no hook, bias or weight does
+    state.native = adapter.rotary is not None and \
+        type(base.get_submodule(adapter.rotary)).__module__.startswith("transformers.")
+
+
+def drops_position_ids(model: nn.Module, base: nn.Module) -> bool:
+    """The model's forward takes position_ids only into **kwargs and its base model has no such argument
+    (BLOOM): explicit positions would never reach the layer-loop hook."""
+    outer, inner = (inspect.signature(type(m).forward).parameters for m in (model, base))
+    return "position_ids" not in outer and "position_ids" not in inner and \
+        any(p.kind is p.VAR_KEYWORD for p in outer.values())
