@@ -1,0 +1,73 @@
+"""The schemes of issue 30 against references written here from their papers' formulas (the architectures'
+reference forwards come from test_reference.py): p-RoPE, HoPE, FoPE, PoPE and CoPE."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hf_posenc as hp
+from conftest import TINY_CONFIGS, tiny_model
+from test_reference import ARCHS, HEAD_DIM, POS, REFERENCES, THETA, ids_for_reference, inv_freq, rotate_complex
+
+ARCH_NAMES = sorted(TINY_CONFIGS)
+
+
+def patched_output(model: torch.nn.Module, scheme: str, **options) -> torch.Tensor:
+    with torch.no_grad():
+        return hp.patch(model, scheme, **options)(ids_for_reference()).last_hidden_state
+
+
+def reference_output(arch: str, model: torch.nn.Module, **kwargs) -> torch.Tensor:
+    """The architecture's reference forward on the model's weights, its own positions taken away."""
+    reference, _ = REFERENCES[arch]
+    with torch.no_grad():
+        hp.patch(model, "nope")
+        return reference(model, ids_for_reference(), **kwargs)
+
+
+# ---- p-RoPE (Barbero et al. 2025) and HoPE (Chen et al. 2025): RoPE on some of its own frequencies ----
+
+@pytest.mark.parametrize("p", [0.25, 0.5, 0.75])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_p_rope_rotates_the_highest_fraction_p_of_ropes_frequencies(arch, p):
+    """Pairs i < floor(p d/2) rotate at theta^(-2i/d), RoPE's own frequencies; the rest not at all."""
+    kept = inv_freq(HEAD_DIM)[: int(p * HEAD_DIM // 2)]
+    model = tiny_model(arch, head="base")
+    expected = reference_output(arch, model, qk=lambda x, role: rotate_complex(x, POS, kept))
+    torch.testing.assert_close(patched_output(model, "p_rope", p=p, theta=THETA), expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_p_rope_at_one_is_rope_and_at_zero_is_nope_bit_for_bit(arch):
+    """The same (cos, sin) reach the same rotation code: p = 1 hands RoPE's, p = 0 cos = 1 and sin = 0,
+    which rotate x to x1 * 1 - x2 * 0 = x1 exactly (NoPE models do not rotate at all)."""
+    x = ids_for_reference()
+    model = tiny_model(arch)
+    with torch.no_grad():
+        rope, nope = hp.patch(model, "rope")(x).logits, hp.patch(model, "nope")(x).logits
+        one, zero = hp.patch(model, "p_rope", p=1.0)(x).logits, hp.patch(model, "p_rope", p=0.0)(x).logits
+    assert torch.equal(one, rope) and torch.equal(zero, nope)
+    assert not torch.allclose(rope, nope, atol=1e-3)
+
+
+@pytest.mark.parametrize("trained", [16, 64, 700])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hope_keeps_the_frequencies_that_complete_a_period_within_the_training_length(arch, trained):
+    """Chen et al. 2025: components whose period 2 pi / theta_i exceeds the training length L become
+    position-independent; the others rotate as in RoPE."""
+    freqs = inv_freq(HEAD_DIM)
+    kept = freqs[: int((2 * math.pi / freqs <= trained).sum())]
+    assert 0 < len(kept) < len(freqs)
+    model = tiny_model(arch, head="base")
+    expected = reference_output(arch, model, qk=lambda x, role: rotate_complex(x, POS, kept))
+    got = patched_output(model, "hope", original_max_position_embeddings=trained, theta=THETA)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_hope_defaults_to_the_models_own_trained_length():
+    model = hp.patch(tiny_model("llama"), "hope")
+    assert hp.describe(model).options["original_max_position_embeddings"] == model.config.max_position_embeddings
+
