@@ -40,6 +40,7 @@ SCHEMES = {
     "self_extend": {"group": 2, "window": 4},
     "p_rope": {"p": 0.5},
     "hope": {},
+    "pope": {},
 }
 SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length

@@ -71,3 +71,30 @@ def test_hope_defaults_to_the_models_own_trained_length():
     model = hp.patch(tiny_model("llama"), "hope")
     assert hp.describe(model).options["original_max_position_embeddings"] == model.config.max_position_embeddings
 
+
+# ---- PoPE (Gopalakrishnan et al. 2025): magnitudes from content, phases from positions ----
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pope_logits_are_the_polar_sum_over_components(arch):
+    """a(t, s) = sum_c softplus(q_c) softplus(k_c) cos((t - s) theta_c + delta_c), theta_c = theta^(-c/d),
+    pair by pair and component by component."""
+    model = tiny_model(arch, head="base")
+    hp.patch(model, "pope", theta=THETA)
+    (polar,) = hp.patching.describe_modules(model)
+    with torch.no_grad():
+        polar.phase.normal_(generator=torch.Generator().manual_seed(3))
+        got = model(ids_for_reference()).last_hidden_state
+    delta = polar.phase.detach().double().clone()  # (H, d)
+    theta = [THETA ** (-c / HEAD_DIM) for c in range(HEAD_DIM)]
+
+    def logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        mq, mk = torch.nn.functional.softplus(q.double()), torch.nn.functional.softplus(k.double())
+        out = torch.empty(*q.shape[:2], q.shape[2], k.shape[2], dtype=torch.float64)
+        for t in range(q.shape[2]):
+            for s in range(k.shape[2]):
+                phase = torch.tensor([(t - s) * theta[c] for c in range(HEAD_DIM)], dtype=torch.float64)
+                out[:, :, t, s] = (mq[:, :, t] * mk[:, :, s] * torch.cos(phase + delta)).sum(-1)
+        return out.float()
+
+    expected = reference_output(arch, model, logits=logits)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)

@@ -1,11 +1,11 @@
-"""Options of the schemes that choose which rotation frequencies act (issue 30): p-RoPE, HoPE.
+"""Options of the schemes that choose which rotation frequencies act (issue 30): p-RoPE, HoPE and PoPE.
 Torch-free, like every options module."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..domains import at_least, between, option
+from ..domains import at_least, between, one_of, option
 from .rotary import PARTIAL, THETA
 
 TRAINED = at_least(1, int, "Chen et al. 2025 (HoPE): the training length L")
@@ -25,3 +25,12 @@ class HopeOptions:
         None, "training length L: frequencies whose period exceeds it stop rotating; default: the model's own", TRAINED)
     theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
     partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
+
+
+@dataclass(frozen=True)
+class PopeOptions:
+    theta: float | None = option(None, "base of the frequencies theta^(-c/d), one per head dimension; default: the "
+                                       "model's own rotary base, else 10000", THETA)
+    phase_bias: str = option("learned", "'learned': a trainable phase offset per head and component, starting at 0 "
+                                        "(Gopalakrishnan et al. 2025); 'none': phases from positions alone",
+                             one_of("learned", "none"))
