@@ -72,6 +72,46 @@ def test_hope_defaults_to_the_models_own_trained_length():
     assert hp.describe(model).options["original_max_position_embeddings"] == model.config.max_position_embeddings
 
 
+# ---- FoPE (Hua et al. 2025): each pair a Fourier series of RoPE's frequencies, under-trained ones zeroed ----
+
+def fourier_rotate(x: torch.Tensor, cos_coef: torch.Tensor, sin_coef: torch.Tensor, trained: int) -> torch.Tensor:
+    """Pair m of x (B, H, L, D) as a complex number times cos'_m(n) + i sin'_m(n), where
+    cos'_m(n) = sum_j C_mj cos(w_j n), sin'_m(n) = sum_j S_mj sin(w_j n) and w_j = 0 if 2 pi / w_j > L."""
+    half = x.shape[-1] // 2
+    w = [0.0 if 2 * math.pi / f > trained else f for f in inv_freq(2 * half).tolist()]
+    out = torch.empty(x.shape, dtype=torch.float64)
+    for n in range(x.shape[2]):
+        for m in range(half):
+            c = sum(float(cos_coef[m, j]) * math.cos(w[j] * n) for j in range(half))
+            s = sum(float(sin_coef[m, j]) * math.sin(w[j] * n) for j in range(half))
+            a, b = x[:, :, n, m].double(), x[:, :, n, m + half].double()
+            out[:, :, n, m], out[:, :, n, m + half] = a * c - b * s, b * c + a * s
+    return out.float()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fope_rotates_by_fourier_series_of_the_trained_frequencies(arch):
+    trained = 64
+    model = tiny_model(arch, head="base")
+    hp.patch(model, "fope", sigma=0.4, theta=THETA, original_max_position_embeddings=trained)
+    (series,) = hp.patching.describe_modules(model)
+    cos_coef, sin_coef = series.cos_coef.detach().clone(), series.sin_coef.detach().clone()
+    assert torch.equal(cos_coef.diagonal(), torch.ones(HEAD_DIM // 2)) and cos_coef.std() > 0.1
+    with torch.no_grad():
+        got = model(ids_for_reference()).last_hidden_state
+    expected = reference_output(arch, model, qk=lambda x, role: fourier_rotate(x, cos_coef, sin_coef, trained))
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_fope_without_off_diagonal_terms_is_hope(arch):
+    x = ids_for_reference()
+    model = tiny_model(arch)
+    with torch.no_grad():
+        hope = hp.patch(model, "hope")(x).logits
+        assert torch.equal(hp.patch(model, "fope", sigma=0.0)(x).logits, hope)
+
+
 # ---- PoPE (Gopalakrishnan et al. 2025): magnitudes from content, phases from positions ----
 
 @pytest.mark.parametrize("arch", ARCHS)

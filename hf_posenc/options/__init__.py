@@ -5,7 +5,7 @@ user's options (and the CLI refuses a bad one) without importing torch; each sch
 from __future__ import annotations
 
 from .bias import AlibiOptions, FireOptions, KerpleOptions, T5Options, UntiedOptions
-from .frequency import HopeOptions, PopeOptions, PRopeOptions
+from .frequency import FopeOptions, HopeOptions, PopeOptions, PRopeOptions
 from .input import ConcatOptions, LearnedOptions, NopeOptions, SinusoidalOptions
 from .rotary import (Llama3Options, LongRopeOptions, RopeOptions, ScalingOptions, SelfExtendOptions, XposOptions,
                      YarnOptions)
@@ -16,5 +16,5 @@ OPTIONS: dict[str, type] = {
     "rope": RopeOptions, "linear": ScalingOptions, "dynamic": ScalingOptions, "ntk": ScalingOptions,
     "yarn": YarnOptions, "llama3": Llama3Options, "longrope": LongRopeOptions, "self_extend": SelfExtendOptions,
     "xpos": XposOptions, "p_rope": PRopeOptions, "hope": HopeOptions,
-    "pope": PopeOptions,
+    "fope": FopeOptions, "pope": PopeOptions,
 }

@@ -1,4 +1,4 @@
-"""Options of the schemes that choose which rotation frequencies act (issue 30): p-RoPE, HoPE and PoPE.
+"""Options of the schemes that choose which rotation frequencies act (issue 30): p-RoPE, HoPE, FoPE and PoPE.
 Torch-free, like every options module."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..domains import at_least, between, one_of, option
 from .rotary import PARTIAL, THETA
 
-TRAINED = at_least(1, int, "Chen et al. 2025 (HoPE): the training length L")
+TRAINED = at_least(1, int, "Chen et al. 2025 (HoPE), Hua et al. 2025 (FoPE): the training length L")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,16 @@ class PRopeOptions:
 class HopeOptions:
     original_max_position_embeddings: int | None = option(
         None, "training length L: frequencies whose period exceeds it stop rotating; default: the model's own", TRAINED)
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
+
+
+@dataclass(frozen=True)
+class FopeOptions:
+    original_max_position_embeddings: int | None = option(
+        None, "training length L: frequencies whose period exceeds it are zeroed; default: the model's own", TRAINED)
+    sigma: float = option(0.3, "std of the initial off-diagonal Fourier coefficients (0: RoPE with the clipping)",
+                          at_least(0, source="Hua et al. 2025"))
     theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
     partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 

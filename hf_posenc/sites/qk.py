@@ -124,6 +124,7 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         rotary = place(spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)), facts)
         if adapter.rotary:
             state.replace(base, adapter.rotary, rotary)
+            loop.slot = loop.slot or not spec.shift_invariant
         else:
             state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary, new=True)  # FoPE's weights
             loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
