@@ -42,6 +42,7 @@ SCHEMES = {
     "hope": {},
     "fope": {},
     "pope": {},
+    "cope": {"init_std": 0.5},
 }
 SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length

@@ -138,3 +138,40 @@ def test_pope_logits_are_the_polar_sum_over_components(arch):
 
     expected = reference_output(arch, model, logits=logits)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+# ---- CoPE (Golovneva et al. 2024): positions counted by gates over the keys ----
+
+@pytest.mark.parametrize("npos_max", [64, 3])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_cope_logits_add_interpolated_embeddings_of_counted_positions(arch, npos_max):
+    """p_ij = sum_{t=j}^{i} sigmoid(q_i . k_t / sqrt(d)), clamped to npos_max - 1; the logit is
+    q_i . (k_j + e[p_ij]) with e interpolated linearly between integer positions (npos_max 3: clamped)."""
+    model = tiny_model(arch, head="base")
+    hp.patch(model, "cope", init_std=0.5, npos_max=npos_max)
+    (cope,) = hp.patching.describe_modules(model)
+    e = cope.embeddings.detach().double().clone()
+    with torch.no_grad():
+        got = model(ids_for_reference()).last_hidden_state
+
+    def logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        q, k = q.double(), k.double()
+        out = torch.zeros(*q.shape[:2], q.shape[2], k.shape[2], dtype=torch.float64)
+        for b in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                for i in range(q.shape[2]):
+                    for j in range(i + 1):
+                        p = sum(torch.sigmoid(q[b, h, i] @ k[b, h, t] / math.sqrt(HEAD_DIM)) for t in range(j, i + 1))
+                        p = min(float(p), npos_max - 1)
+                        low, high = math.floor(p), math.ceil(p)
+                        embedding = (p - low) * e[high] + (1 - p + low) * e[low]
+                        out[b, h, i, j] = q[b, h, i] @ (k[b, h, j] + embedding)
+        return out.float()
+
+    expected = reference_output(arch, model, logits=logits)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_cope_refuses_a_bidirectional_model_by_name():
+    with pytest.raises(hp.PosEncError, match="'cope' needs a causal model"):
+        hp.patch(tiny_model("bert"), "cope")
