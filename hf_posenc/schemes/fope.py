@@ -23,8 +23,8 @@ from torch import nn
 
 from ..options.frequency import FopeOptions
 from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
-from .rope import resolve_rotation
+from .base import ModelFacts
+from .rope import Rope
 
 
 class FourierRotary(nn.Module):
@@ -54,7 +54,7 @@ class FourierRotary(nn.Module):
         return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
 
 
-class Fope(RotaryScheme):
+class Fope(Rope):
     name = "fope"
     native = False  # trainable series: no rope_parameters
     shift_invariant = False
@@ -63,7 +63,7 @@ class Fope(RotaryScheme):
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         trained = options["original_max_position_embeddings"] or facts.max_positions
-        return {**resolve_rotation(options, facts), "original_max_position_embeddings": trained}
+        return {**super().resolve(options, facts), "original_max_position_embeddings": trained}
 
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
         pairs = int(facts.head_dim * options["partial"]) // 2

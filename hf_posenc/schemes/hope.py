@@ -18,9 +18,9 @@ from torch import nn
 
 from ..options.frequency import HopeOptions
 from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
+from .base import ModelFacts
 from .p_rope import KeptFrequencies
-from .rope import resolve_rotation
+from .rope import Rope
 
 
 def full_periods(pairs: int, theta: float, trained: int) -> int:
@@ -29,7 +29,7 @@ def full_periods(pairs: int, theta: float, trained: int) -> int:
     return sum(2 * math.pi * theta ** (i / pairs) <= trained for i in range(pairs))
 
 
-class Hope(RotaryScheme):
+class Hope(Rope):
     name = "hope"
     native = False  # no rope_parameters stop the low frequencies alone
     Options = HopeOptions
@@ -37,10 +37,7 @@ class Hope(RotaryScheme):
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         trained = options["original_max_position_embeddings"] or facts.max_positions
-        return {**resolve_rotation(options, facts), "original_max_position_embeddings": trained}
-
-    def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        return {"rope_type": "default", "rope_theta": options["theta"]}
+        return {**super().resolve(options, facts), "original_max_position_embeddings": trained}
 
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
         rotary = super().rotary(options, facts, max_positions)

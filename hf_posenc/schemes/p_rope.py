@@ -20,8 +20,8 @@ from torch import nn
 
 from ..options.frequency import PRopeOptions
 from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
-from .rope import resolve_rotation
+from .base import ModelFacts
+from .rope import Rope
 
 
 class KeptFrequencies(nn.Module):
@@ -40,17 +40,13 @@ class KeptFrequencies(nn.Module):
         return torch.where(self.keep, cos, torch.ones_like(cos)), torch.where(self.keep, sin, torch.zeros_like(sin))
 
 
-class PRope(RotaryScheme):
+class PRope(Rope):
+    """RoPE's options and frequencies, then the pairs past the kept fraction switched off."""
+
     name = "p_rope"
     native = False  # no rope_parameters keep RoPE's frequencies on a fraction of the pairs
     Options = PRopeOptions
     citation = "Barbero et al. 2025, Round and Round We Go! What makes Rotary Positional Encodings useful?"
-
-    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        return resolve_rotation(options, facts)
-
-    def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        return {"rope_type": "default", "rope_theta": options["theta"]}
 
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
         rotary = super().rotary(options, facts, max_positions)
