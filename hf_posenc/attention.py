@@ -14,7 +14,8 @@ Contract (what a FlexAttention or query-chunked path must also honour):
 - `posenc_bias`: a callable `(q_pos (B, q), k_pos (B, k)) -> (B|1, H, q, k)` fp32 logit bias, written
   with elementwise ops of (head, q_pos, k_pos) so it can also be evaluated pointwise.
 - `posenc_logits`: a callable `(query, key, q_pos, k_pos) -> (B, H, q, k)` fp32 q.k logits replacing
-  the product (schemes that must see positions of both sides inside the product: Self-Extend, xPos).
+  the product (schemes that must see positions of both sides inside the product: Self-Extend, xPos, PoPE);
+  one with `reads_mask = True` also gets `mask=`, the additive fp32 mask (CoPE counts only visible keys).
 - whatever mask arrives -- None (transformers skipped a plain causal or full mask), a bool 4-D mask
   (True = attend), a float 4-D additive mask (user-made, or packed block-diagonal) -- the bias is added
   exactly once, bool masks are converted explicitly, and nothing masked is ever unmasked.
@@ -238,7 +239,9 @@ def with_positions(attention: Callable, fused: bool) -> Callable:
             return attention(module, query, key, value, mask, **kwargs)
         mask = position_mask(positions, attention_mask, bias_fn, causal, q_length, kv_length, torch.float32, query.device)
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        logits = logits_fn(query, key, positions.queries, fit_keys(positions.keys, kv_length))
+        # a scheme whose logits depend on which keys a query sees (CoPE's counting gates) reads the mask too
+        seen = {"mask": mask} if getattr(compat.running_module(logits_fn), "reads_mask", False) else {}
+        logits = logits_fn(query, key, positions.queries, fit_keys(positions.keys, kv_length), **seen)
         return eager_attention(module, query, key, value, mask, logits=logits, **kwargs)
 
     return positioned_attention

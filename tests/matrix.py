@@ -38,10 +38,16 @@ SCHEMES = {
     "kerple": {},
     "xpos": {"scale_base": 16.0},
     "self_extend": {"group": 2, "window": 4},
+    "p_rope": {"p": 0.5},
+    "hope": {},
+    "fope": {},
+    "pope": {},
+    "cope": {"init_std": 0.5},
 }
 SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
-ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}  # a shift of positions changes them
+# a shift of positions changes them (FoPE: its series' cross terms)
+ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied", "fope"}
 
 
 def scheme_of(label: str) -> str:

@@ -389,7 +389,8 @@ from hf_posenc import attention  # noqa: E402
 from conftest import TINY_CONFIGS  # noqa: E402
 from matrix import ATOL, ids, patched  # noqa: E402
 
-FUSED_LABELS = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend"]  # every score / attention scheme
+FUSED_LABELS = ["alibi", "t5", "fire", "kerple", "untied", "xpos", "self_extend", "pope"]  # every score / attention
+# scheme with a fused form (CoPE has none: its counting gates are materialised on every backend)
 MODEL_GREEDY = dict(do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0,
                     eos_token_id=None, max_new_tokens=4)
 

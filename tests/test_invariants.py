@@ -145,7 +145,8 @@ def test_repatching_equals_patching_a_fresh_model(arch):
 
 @pytest.mark.parametrize("arch,label", [("gpt2", "rope"), ("gpt2", "learned"), ("llama", "alibi"), ("bert", "yarn"),
                                         ("llama", "t5"), ("qwen3", "xpos"), ("llama", "self_extend"),
-                                        ("llama", "concat")])
+                                        ("llama", "concat"), ("gpt2", "p_rope"), ("llama", "fope"),
+                                        ("llama", "pope"), ("llama", "cope")])
 def test_torch_compile_fullgraph_matches(arch, label):
     model = patched(arch, label)
     x = ids()

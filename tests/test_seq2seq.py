@@ -27,7 +27,7 @@ SUPPORTED = {family: set(hp.catalog.supported_schemes(tiny_seq2seq(family))) for
 STACKS = {family: text_stacks(tiny_seq2seq(family)) for family in FAMILIES}  # the stacks a patch takes
 CELLS = [(f, label) for f in FAMILIES for label in SCHEMES if scheme_of(label) in SUPPORTED[f]]
 # schemes whose modules have weights (peft's modules_to_save trains them)
-TRAINABLE = {"learned", "concat-learned", "untied", "t5", "fire", "kerple"}
+TRAINABLE = {"learned", "concat-learned", "untied", "t5", "fire", "kerple", "fope", "pope", "cope"}
 TRAINABLE_CELLS = [c for c in CELLS if c[1] in TRAINABLE]
 # row name -> (the cells in its scope, the cells it runs), as matrix.ROWS for the causal matrix
 ROWS: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}

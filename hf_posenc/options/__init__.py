@@ -5,6 +5,8 @@ user's options (and the CLI refuses a bad one) without importing torch; each sch
 from __future__ import annotations
 
 from .bias import AlibiOptions, FireOptions, KerpleOptions, T5Options, UntiedOptions
+from .contextual import CopeOptions
+from .frequency import FopeOptions, HopeOptions, PopeOptions, PRopeOptions
 from .input import ConcatOptions, LearnedOptions, NopeOptions, SinusoidalOptions
 from .rotary import (Llama3Options, LongRopeOptions, RopeOptions, ScalingOptions, SelfExtendOptions, XposOptions,
                      YarnOptions)
@@ -14,5 +16,6 @@ OPTIONS: dict[str, type] = {
     "concat": ConcatOptions, "learned": LearnedOptions, "nope": NopeOptions, "sinusoidal": SinusoidalOptions,
     "rope": RopeOptions, "linear": ScalingOptions, "dynamic": ScalingOptions, "ntk": ScalingOptions,
     "yarn": YarnOptions, "llama3": Llama3Options, "longrope": LongRopeOptions, "self_extend": SelfExtendOptions,
-    "xpos": XposOptions,
+    "xpos": XposOptions, "p_rope": PRopeOptions, "hope": HopeOptions,
+    "fope": FopeOptions, "pope": PopeOptions, "cope": CopeOptions,
 }

@@ -99,6 +99,12 @@ class InputScheme(Scheme):
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
     rope_type: ClassVar[str] = "default"  # the transformers RoPE type it installs on a rotating model
+    # False where `rope_parameters` cannot say the whole rotation (p-RoPE, HoPE, FoPE): `rotary` always
+    # goes into the model, natively rotating or not
+    native: ClassVar[bool] = True
+    # False where (cos, sin) of a shift of positions do not cancel in q.k (FoPE's cross terms): a natively
+    # rotating model, whose own position_ids ignore padding, then gets the padding-aware ones
+    shift_invariant: ClassVar[bool] = True
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError

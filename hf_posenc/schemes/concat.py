@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import check
-from ..options.input import CODES, ConcatOptions
+from ..options.input import ConcatOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code

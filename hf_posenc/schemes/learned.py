@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.input import INITS, LearnedOptions
+from ..options.input import LearnedOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code

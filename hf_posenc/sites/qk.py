@@ -109,7 +109,7 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
     base, config, options = model.base_model, compat.text_config(model.config), state.config.options
-    if adapter.rotary and options["partial"] == native_partial(facts):
+    if adapter.rotary and spec.native and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
         own = compat.rope_parameters(config) or {}
         if adapter.rotary_layer_types:
@@ -125,8 +125,9 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         rotary = place(spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)), facts)
         if adapter.rotary:
             state.replace(base, adapter.rotary, rotary)
+            loop.slot = loop.slot or not spec.shift_invariant
         else:
-            state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary)
+            state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary, new=True)  # FoPE's weights
             loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
             for attention in adapter.attention_modules(model):
                 rotation = QKRotation(adapter.qk, facts.head_dim)

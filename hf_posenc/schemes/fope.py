@@ -1,0 +1,74 @@
+"""`fope`: Fourier position embedding (Hua et al., ICML 2025, "Fourier Position Embedding: Enhancing
+Attention's Periodic Extension for Length Generalization", arXiv 2412.17739, sec. 4).
+
+RoPE gives each pair m one frequency omega_m = theta^(-2m/d). FoPE makes each a Fourier series over all of
+them, with trainable coefficients, and zeroes the frequencies that are under-trained, those whose period
+exceeds the training length L (omega < 2 pi / L: they become the series' constant term):
+
+    cos'_m(n) = sum_j C_mj cos(omega_j n),   sin'_m(n) = sum_j S_mj sin(omega_j n)
+
+and q, k rotate by (cos', sin') where RoPE rotates by (cos, sin). C and S start as the identity (each pair's
+own frequency, coefficient 1) plus N(0, sigma^2) off the diagonal; sigma = 0 is HoPE's clipping of RoPE.
+One series per pair is shared by the heads, and the cross terms make the logit depend on absolute positions
+a little (the paper's trade: robustness to spectral damage for exact relativity).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..options.frequency import FopeOptions
+from ..registry import register_scheme
+from .base import ModelFacts
+from .rope import Rope
+
+
+class FourierRotary(nn.Module):
+    """`forward(x, position_ids) -> (cos, sin)` over the full head dim, the first `pairs` pairs Fourier series,
+    the rest unrotated; the coefficients are the module's weights, the series is computed in fp32."""
+
+    def __init__(self, head_dim: int, pairs: int, theta: float, trained: int, sigma: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        # RoPE's frequencies over the rotating dims, as transformers computes them
+        freqs = 1.0 / theta ** (torch.arange(0, 2 * pairs, 2, dtype=torch.int64).float() / (2 * pairs))
+        self.register_buffer("freqs", torch.where(freqs >= 2 * math.pi / trained, freqs, 0.0), persistent=False)
+        eye = torch.eye(pairs)
+        self.cos_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
+        self.sin_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        position_ids = position_ids[0] if position_ids.dim() == 3 else position_ids  # multimodal (3, B, L)
+        with torch.autocast(position_ids.device.type, enabled=False):
+            angles = position_ids.float()[..., None] * self.freqs
+            cos = angles.cos() @ self.cos_coef.float().T
+            sin = angles.sin() @ self.sin_coef.float().T
+        rest = (*position_ids.shape, self.head_dim // 2 - self.freqs.shape[0])
+        cos = torch.cat((cos, cos.new_ones(rest)), dim=-1)
+        sin = torch.cat((sin, sin.new_zeros(rest)), dim=-1)
+        return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
+
+
+class Fope(Rope):
+    name = "fope"
+    native = False  # trainable series: no rope_parameters
+    shift_invariant = False
+    Options = FopeOptions
+    citation = "Hua et al. 2025, Fourier Position Embedding: Enhancing Attention's Periodic Extension"
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        trained = options["original_max_position_embeddings"] or facts.max_positions
+        return {**super().resolve(options, facts), "original_max_position_embeddings": trained}
+
+    def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
+        pairs = int(facts.head_dim * options["partial"]) // 2
+        return FourierRotary(facts.head_dim, pairs, options["theta"], options["original_max_position_embeddings"],
+                             options["sigma"])
+
+
+register_scheme(Fope())
