@@ -46,8 +46,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/hf-posenc demo --out out/demo --overwrite  # rerunnable: replaces only the previous demo
 
+# Two pytest workers (one per core); tests sharing an expensive module fixture stay on one worker (xdist_group).
+JOBS ?= 2
+PYTEST_JOBS = -n $(JOBS) --dist loadgroup --durations=25
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra $(PYTEST_JOBS) tests
 	$(MAKE) --no-print-directory test-min
 	$(MAKE) --no-print-directory test-vllm
 

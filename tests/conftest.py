@@ -101,6 +101,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one torch thread each
+        torch.set_num_threads(1)
     backend = config.getoption("--attention-backend")
     if backend is not None:
         from hf_posenc import attention

@@ -20,7 +20,7 @@ from test_train import recipe_dict, tiny_assets, write_recipe
 import hf_posenc
 from hf_posenc.patching import describe_modules
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp_lora")]  # one worker builds the module fixture
 
 # scheme -> architecture: learned score biases (t5, kerple), a fixed one (alibi), a q/k rotation
 # installed by hooks on a model that had none (rope on GPT-2, whose LoRA wraps Conv1D layers)

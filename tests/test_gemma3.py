@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 import hf_posenc as hp
 from hf_posenc import data, evaluation, loading
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gemma3")]  # one worker builds the module fixture
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # The output head over a 262k-token vocabulary costs most of a forward: score the last 100 tokens, which attend to all 600.

@@ -26,6 +26,8 @@ from matrix import SCHEMES, patched, scheme_of
 from test_fast_attention import LEARNED, inputs, left_padded, make_bias, make_case, reference
 from test_train import REPO, recipe_dict, tiny_assets, write_recipe
 
+pytestmark = pytest.mark.xdist_group("gpu")  # one worker builds the module fixture
+
 RESULTS = REPO / "out" / "test-gpu" / "results.json"
 CUDA = torch.cuda.is_available()
 LLAMA_LABELS = [label for label in SCHEMES if hp.supports(TINY_CONFIGS["llama"](), scheme_of(label))]

@@ -11,7 +11,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc as hp
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_models")]  # one worker builds the module fixture
 
 TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
         "and darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters.")

@@ -24,6 +24,8 @@ from hf_posenc.stats import wilson
 from hf_posenc.tiny_seq2seq import digit_tokenizer, write_task
 from hf_posenc.train import inputs, load_recipe, preflight, tasks, train
 
+pytestmark = pytest.mark.xdist_group("seq2seq_train")  # one worker builds the module fixture
+
 SCHEME = {"t5": "rope", "bart": "alibi"}  # a swapped scheme per family: the reload must re-apply it
 
 

@@ -28,6 +28,8 @@ from hf_posenc import loading, saving
 from hf_posenc.errors import PosEncError
 from hf_posenc.serving.positions import SERVED, served_positions
 
+pytestmark = pytest.mark.xdist_group("serving")  # one worker builds the module fixture
+
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed: the vLLM tests run in .venv-vllm (make test-vllm)")
 
