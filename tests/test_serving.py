@@ -4,11 +4,13 @@ stock positions (issue 27).
 The decisions (`served_positions`) are tested everywhere; the vLLM tests run where vllm is installed
 (`make test-vllm` builds .venv-vllm) and are skipped by name elsewhere. They serve tiny peaky models (hidden
 256, head_dim 64, initializer_range 0.2: positions move the greedy tokens) patched and saved by hf-posenc,
-with vLLM's own engine, and compare against transformers + hf-posenc on the same folder.
+with vLLM's own engine, and compare against transformers + hf-posenc on the same folder. The slow ones do the
+same with the real SmolLM2-135M (from its package), and score it through lm-eval's `vllm` model type.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -25,7 +27,9 @@ import transformers
 
 import hf_posenc as hp
 from hf_posenc import loading, saving
+from hf_posenc.data import long_text
 from hf_posenc.errors import PosEncError
+from hf_posenc.loading import load
 from hf_posenc.serving.positions import SERVED, served_positions
 
 pytestmark = pytest.mark.xdist_group("serving")  # one worker builds the module fixture
@@ -113,10 +117,12 @@ def prompts() -> list[list[int]]:
     return [torch.randint(1, 256, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def run_worker(tmp_path: Path, folders: list[Path], **env: str) -> tuple[dict, str]:
+def run_worker(tmp_path: Path, folders: list[Path], batch: list[list[int]] | None = None,
+               max_tokens: int = NEW_TOKENS, **env: str) -> tuple[dict, str]:
     """(results, the worker's output): vLLM's engine core logs a failed start's root cause there."""
     cells, results = tmp_path / "cells.json", tmp_path / "results.json"
-    cells.write_text(json.dumps({"prompts": prompts(), "max_tokens": NEW_TOKENS, "folders": list(map(str, folders))}))
+    cells.write_text(json.dumps({"prompts": batch or prompts(), "max_tokens": max_tokens,
+                                 "folders": list(map(str, folders))}))
     proc = subprocess.run([sys.executable, str(WORKER), str(cells), str(results)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=1800, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -132,13 +138,15 @@ def served(tmp_path_factory) -> tuple[dict[str, Path], dict, str]:
     return folders, results, output
 
 
-def generate(model: torch.nn.Module, batch: list[list[int]]) -> list[list[int]]:
-    """Greedy tokens of transformers' batched, left-padded `generate`."""
+def generate(model: torch.nn.Module, batch: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy tokens of transformers' batched, left-padded `generate`, past any EOS as vLLM's `ignore_eos`
+    (min_new_tokens alone would mask EOS out of the argmax instead)."""
     width = max(map(len, batch))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    model.generation_config.eos_token_id = None
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              do_sample=False, pad_token_id=0)
     return out[:, width:].tolist()
 
@@ -233,3 +241,109 @@ def test_vllm_serve_answers_with_the_patched_positions(tmp_path):
         log.close()
     model = hp.from_pretrained(str(folder), dtype=torch.float32).eval()
     assert answer["choices"][0]["token_ids"] == generate(model, [prompt])[0]
+
+
+# ---------------------------------------------------------------- the real SmolLM2-135M (slow)
+
+SMOLLM2_CELLS = [("yarn", {"factor": 2.0}), ("alibi", {}), ("nope", {})]
+SMOLLM2_NEW_TOKENS = 16
+
+
+@dataclasses.dataclass
+class ServedSmolLM2:
+    folders: dict[str, Path]  # scheme -> folder hf-posenc saved
+    prompts: list[list[int]]
+    results: dict  # the worker's, by folder
+    stock: torch.nn.Module  # SmolLM2 with its own RoPE, the same weights
+    tokenizer: transformers.PreTrainedTokenizerBase
+
+
+@pytest.fixture(scope="module")
+def smollm2_served(tmp_path_factory) -> ServedSmolLM2:
+    """SmolLM2-135M from its package, patched to each cell and saved by hf-posenc (model and tokenizer), then
+    served by one vLLM worker. Prompts: a short one and 180 tokens of Genesis."""
+    root = tmp_path_factory.mktemp("smollm2")
+    model, tokenizer = load("smollm2", task="saved", dtype=torch.float32)
+    kjv = long_text("kjv")
+    genesis = kjv[kjv.index("In the beginning"):][:2000]
+    batch = [tokenizer("The quick brown fox").input_ids, tokenizer(genesis).input_ids[:180]]
+    folders = {}
+    for scheme, options in SMOLLM2_CELLS:
+        hp.patch(model, scheme, **options)
+        folders[scheme] = root / scheme
+        model.save_pretrained(folders[scheme])
+        tokenizer.save_pretrained(folders[scheme])
+    results, _ = run_worker(root, list(folders.values()), batch, SMOLLM2_NEW_TOKENS)
+    return ServedSmolLM2(folders, batch, results, hp.unpatch(model), tokenizer)
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize("scheme", [cell[0] for cell in SMOLLM2_CELLS])
+def test_vllm_serves_patched_smollm2_token_for_token(smollm2_served, scheme):
+    """A real 30-layer model: same greedy tokens, and top-5 logprobs within the tiny models' tolerance (measured
+    max gap 5.7e-5, fp32)."""
+    served = smollm2_served
+    result = served.results[str(served.folders[scheme])]
+    assert "error" not in result, result.get("error")
+    model = hp.from_pretrained(str(served.folders[scheme]), dtype=torch.float32).eval()
+    assert hp.describe(model).scheme == scheme
+    batch = served.prompts
+    assert result["tokens"] == generate(model, batch, SMOLLM2_NEW_TOKENS)
+    gaps = [logprob_gap(model, p, t, top) for p, t, top in zip(batch, result["tokens"], result["top5"])]
+    assert max(gaps) <= LOGPROB_TOLERANCE, gaps
+    print(f"smollm2 {scheme}: tokens equal, max top-5 logprob gap {max(gaps):.1e}")
+    # SmolLM2's own RoPE (same weights) scores vLLM's tokens otherwise: the tolerance tells the positions apart
+    assert logprob_gap(served.stock, batch[1], result["tokens"][1], result["top5"][1]) > 10 * LOGPROB_TOLERANCE
+
+
+# lm-eval's `vllm` model type scores with rolling windows of max_model_len - 2 tokens
+# (lm_eval/models/vllm_causallms.py, loglikelihood_rolling); hf-posenc's gets max_length = that, the same windows
+LM_EVAL_MAX_MODEL_LEN = 256
+LM_EVAL_WORKER = Path(__file__).with_name("lm_eval_vllm_worker.py")
+
+
+@pytest.fixture(scope="module")
+def lm_eval_through_vllm(smollm2_served, tmp_path_factory) -> tuple[list[str], dict[str, list[float]]]:
+    """(texts, rolling log-likelihood of each per folder) from lm-eval's `vllm` model type on the yarn and alibi
+    SmolLM2 folders; the text is ~680 tokens of Genesis, three windows."""
+    folders = smollm2_served.folders
+    root = tmp_path_factory.mktemp("lm_eval_vllm")
+    kjv = long_text("kjv")
+    texts = [kjv[kjv.index("In the beginning"):][:3000]]
+    spec, results = root / "spec.json", root / "results.json"
+    spec.write_text(json.dumps({"folders": [str(folders["yarn"]), str(folders["alibi"])], "texts": texts,
+                                "max_model_len": LM_EVAL_MAX_MODEL_LEN}))
+    proc = subprocess.run([sys.executable, str(LM_EVAL_WORKER), str(spec), str(results)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return texts, json.loads(results.read_text())
+
+
+def rolling(lm: object, texts: list[str]) -> list[float]:
+    from lm_eval.api.instance import Instance
+
+    return lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)],
+                                    disable_tqdm=True)
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize("scheme", ["yarn", "alibi"])
+def test_lm_eval_vllm_model_type_scores_as_the_hf_posenc_model_type(smollm2_served, lm_eval_through_vllm, scheme):
+    """Rolling log-likelihood through vLLM == through hf-posenc's lm-eval model type, within LOGPROB_TOLERANCE per
+    token (measured: 2.7e-4 nats in all over 681 tokens for yarn, 1.7e-4 for alibi)."""
+    from hf_posenc.integrations.lm_eval import PosEncLM
+
+    texts, scores = lm_eval_through_vllm
+    served = scores[str(smollm2_served.folders[scheme])]
+    settings = dict(dtype="float32", max_length=LM_EVAL_MAX_MODEL_LEN - 2, batch_size=1, device="cpu")
+    lm = PosEncLM(pretrained=str(smollm2_served.folders[scheme]), **settings)
+    tokens = [len(lm.tok_encode(text)) for text in texts]
+    assert min(tokens) > 2 * LM_EVAL_MAX_MODEL_LEN  # more than one window: the rolling part is compared too
+    own = rolling(lm, texts)
+    assert max(abs(a - b) / n for a, b, n in zip(own, served, tokens)) <= LOGPROB_TOLERANCE, (own, served)
+    print(f"lm-eval smollm2 {scheme}: vllm {served}, hf-posenc {own} ({tokens} tokens)")
+    # SmolLM2's own RoPE scores the text otherwise: the tolerance tells the positions apart
+    stock = rolling(PosEncLM(pretrained=smollm2_served.stock, tokenizer=smollm2_served.tokenizer, **settings), texts)
+    assert min(abs(a - b) / n for a, b, n in zip(stock, served, tokens)) > 10 * LOGPROB_TOLERANCE
