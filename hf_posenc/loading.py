@@ -35,11 +35,11 @@ from .patching import describe_modules, patch
 from .saving import HUB_KWARGS, MODEL_TYPE, stock_architectures
 from .state import STATE_ATTR
 
-__all__ = ["TASKS", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
+__all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
            "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
-TASKS: dict[str, Any] = {
+TASK_MODEL_CLASSES: dict[str, Any] = {
     "causal_lm": transformers.AutoModelForCausalLM,
     "classification": transformers.AutoModelForSequenceClassification,
     "masked_lm": transformers.AutoModelForMaskedLM,
@@ -67,10 +67,10 @@ def load_config(name_or_path: str) -> PretrainedConfig:
 def model_class(name_or_path: str, task: str, config: PretrainedConfig | None = None) -> Any:
     """The transformers class for a task; "saved" reads it from the config (GGUF files, which name
     none, hold causal LMs)."""
-    if task not in TASKS:
-        raise PosEncError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    if TASKS[task] is not None:
-        return TASKS[task]
+    if task not in TASK_MODEL_CLASSES:
+        raise PosEncError(f"unknown task {task!r}; choose one of {', '.join(TASK_MODEL_CLASSES)}")
+    if TASK_MODEL_CLASSES[task] is not None:
+        return TASK_MODEL_CLASSES[task]
     name = (stock_architectures(config or load_config(name_or_path)) or [""])[0]
     return getattr(transformers, name, None) or transformers.AutoModelForCausalLM
 
@@ -103,7 +103,7 @@ def load_model(
 
     Args:
         name_or_path: a name from `hf_posenc.models.NAMED_MODELS`, a local folder or a Hub id.
-        task: a key of `TASKS`: the head to load ("saved": the class the checkpoint names).
+        task: a key of `TASK_MODEL_CLASSES`: the head to load ("saved": the class the checkpoint names).
         dtype: parameter dtype (GGUF weights are unpacked to it); None leaves transformers' default.
         scheme, options: apply `hf_posenc.patch(model, scheme, **options)` after loading.
         config: an already loaded config (the remote-code entry point gets one from transformers).

@@ -9,11 +9,11 @@ This package measures both on a real model; `hf-posenc inspect MODEL --out DIR` 
     geometry         principal angles and energy shares against random subspaces
     encoding         the code itself: is a shift a linear map of it (why sine and cosine), and where
                      its energy sits (per dimension, per token singular direction)
-    attention_terms  the layer-0 logit split into its four terms; RoPE's and ALiBi's replacements
+    logit_terms      the layer-0 logit split into its four terms; RoPE's and ALiBi's replacements
     report           `inspect_model`: every analysis that applies, as inspect.json and plots
 """
 
-from .attention_terms import BIAS_TERMS, TERMS, FourTerms, alibi_slopes, four_terms, rotary_cos, rotary_profile
+from .logit_terms import BIAS_TERMS, TERMS, FourTerms, alibi_slopes, four_terms, rotary_cos, rotary_profile
 from .encoding import energy_by_direction, format_encoding, quarter_shares, shift_fit
 from .geometry import (
     encoding_by_distance,

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .. import plots
 from ..patching import describe
 from ..schemes.sinusoidal import sinusoidal_code
-from .attention_terms import BIAS_TERMS, TERMS, alibi_slopes, four_terms, rotary_cos, rotary_profile
+from .logit_terms import BIAS_TERMS, TERMS, alibi_slopes, four_terms, rotary_cos, rotary_profile
 from .encoding import energy_by_direction, format_encoding, shift_fit
 from .geometry import encoding_by_distance, exact, format_geometry, principal_basis, subspace_geometry
 from .positions import check_length, max_positions, position_kind, position_vectors, token_vectors
