@@ -211,3 +211,24 @@ def test_auto_map_names_every_auto_class_that_builds_the_architecture():
     text = source.read_text()
     for auto_class, name in saving.REMOTE_CLASSES.items():
         assert f"class {name}(" in text and f'auto_class = "{auto_class}"' in text or name == "PosEncModel"
+
+
+OLD_REMOTE_CODE = Path(__file__).parent / "old_remote_code" / "modeling_posenc.py"
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple"])
+def test_a_folder_written_before_the_reader_moved_still_loads(tmp_path, scheme):
+    """Folders saved before `loading` held every read carry a modeling_posenc.py that imports
+    `from hf_posenc.saving import from_pretrained, load_config` (tests/old_remote_code, the file as it shipped)."""
+    assert "from hf_posenc.saving import from_pretrained, load_config" in OLD_REMOTE_CODE.read_text()
+    model = patched("llama", "causal", scheme, {})
+    ids = torch.randint(1, 128, (1, LONG))
+    expected = output(model, ids)
+    folder = tmp_path / f"written-before-loading-{scheme}"
+    model.save_pretrained(folder)
+    (folder / "modeling_posenc.py").write_text(OLD_REMOTE_CODE.read_text())
+    config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    assert config.posenc["scheme"] == scheme
+    remote = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert torch.equal(output(remote, ids), expected)
+    assert torch.equal(output(hp.from_pretrained(str(folder)).eval(), ids), expected)
