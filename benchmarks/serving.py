@@ -121,7 +121,7 @@ def summary(seconds: list[float], batch: int) -> dict[str, float]:
 
 def table(result: dict[str, Any]) -> str:
     """The Markdown page of benchmarks/results/serving.md."""
-    lines = ["# Serving: vLLM against transformers `generate` (hf-posenc), SmolLM2-135M", "",
+    lines = ["## Speed: vLLM against transformers `generate` (hf-posenc), SmolLM2-135M", "",
              f"Machine: {result['machine']}. {result['settings']}", "",
              "| folder | batch | vLLM tokens/s | transformers tokens/s | vLLM / transformers | same greedy tokens |",
              "|---|---|---|---|---|---|"]
