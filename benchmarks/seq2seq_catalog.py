@@ -34,7 +34,7 @@ from transformers.models.auto import modeling_auto  # noqa: E402
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import seq2seq  # noqa: E402
-from hf_posenc.registry import get_scheme  # noqa: E402
+from hf_posenc.catalog import get_scheme  # noqa: E402
 
 # site -> the scheme that stands for it (as in the causal zoo)
 # (a theta of its own, so that rope moves a model that rotates natively)
