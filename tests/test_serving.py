@@ -28,6 +28,7 @@ import transformers
 import hf_posenc as hp
 from hf_posenc import loading, saving
 from hf_posenc.data import long_text
+from hf_posenc.config import required_options
 from hf_posenc.errors import PosEncError
 from hf_posenc.loading import load
 from hf_posenc.serving.positions import SERVED, served_positions
@@ -86,6 +87,25 @@ def save(folder: Path, cell: tuple) -> Path:
     model_type, scheme, options = cell
     hp.patch(peaky(model_type), scheme, **options).save_pretrained(folder)
     return folder
+
+
+REQUIRED = {"factor": 2.0, "d_pos": 16}  # the options some schemes cannot default
+
+
+@pytest.mark.parametrize("scheme", [s for s in hp.list_schemes() if s not in SERVED])
+def test_every_other_scheme_is_native_config_or_refused_by_name(tmp_path, scheme):
+    """None silent, schemes added later included: a folder either keeps the stock architecture because its change is
+    `rope_parameters` the engine reads itself, or names a PosEnc architecture whose positions the plug-in refuses."""
+    if not hp.supports(transformers.LlamaConfig(), scheme):
+        pytest.skip(f"llama models do not take {scheme}")
+    options = {name: REQUIRED[name] for name in required_options(scheme)}
+    config = loading.read_config(save(tmp_path / "m", ("llama", scheme, options)))
+    if config.architectures == ["LlamaForCausalLM"]:
+        # what vLLM computes from the config: the scaling by its name (static NTK is RoPE with a larger theta)
+        assert config.rope_parameters["rope_type"] == ("default" if scheme == "ntk" else scheme)
+        return
+    with pytest.raises(PosEncError, match=f"scheme {scheme!r}"):
+        served_positions(config)
 
 
 @pytest.mark.parametrize("cell", REFUSED_CELLS, ids=cell_id)
