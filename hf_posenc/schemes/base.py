@@ -156,6 +156,19 @@ def table_rows(positions: torch.Tensor, scheme: str) -> torch.Tensor:
     return rows.long()
 
 
+class TransformedQK(nn.Module):
+    """An attention-site module whose logits are a plain dot product of transformed q and k (xpos, pope): subclasses
+    give `transformed`, which the fused backends run directly (fast_attention.terms); the dense path is this."""
+
+    def transformed(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        q, k = self.transformed(query, key, q_pos, k_pos)
+        return q @ k.transpose(-1, -2)
+
+
 class RelativeBias(nn.Module):
     """A logit bias given element by element: `score(head, q_pos, k_pos)` takes broadcastable tensors
     (or the 0-d ones FlexAttention's score_mod sees) and returns fp32; `forward` materialises it.

@@ -26,11 +26,11 @@ from torch import nn
 
 from ..options.frequency import PopeOptions
 from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts
+from .base import AttentionScheme, ModelFacts, TransformedQK
 from .rope import native_theta
 
 
-class PolarAttention(nn.Module):
+class PolarAttention(TransformedQK):
     """`forward(query, key, q_pos, k_pos)` -> fp32 PoPE logits; `transformed` -> the (q', k') whose dot product they are."""
 
     def __init__(self, heads: int, head_dim: int, theta: float, phase_bias: bool) -> None:
@@ -52,10 +52,6 @@ class PolarAttention(nn.Module):
             return torch.cat((magnitude * angle.cos(), magnitude * angle.sin()), dim=-1)
 
         return polar(query, q_angle), polar(key, k_angle)
-
-    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        q, k = self.transformed(query, key, q_pos, k_pos)
-        return q @ k.transpose(-1, -2)
 
 
 class Pope(AttentionScheme):

@@ -18,12 +18,12 @@ from torch import nn
 
 from ..options.rotary import XposOptions
 from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts
+from .base import AttentionScheme, ModelFacts, TransformedQK
 from .rope import plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
 
 
-class XposAttention(nn.Module):
+class XposAttention(TransformedQK):
     """`forward(query, key, q_pos, k_pos)` -> fp32 logits of the rotated, decayed q and k; `transformed`
     gives those q and k themselves, which fused attention paths (`hf_posenc.fast_attention`) run."""
 
@@ -48,10 +48,6 @@ class XposAttention(nn.Module):
         q = rotate_heads(query, self.rotary, q_pos) * self.decay(q_pos - centre)
         k = rotate_heads(key, self.rotary, k_pos) * self.decay(centre - k_pos)
         return q.float(), k.float()
-
-    def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        q, k = self.transformed(query, key, q_pos, k_pos)
-        return q @ k.transpose(-1, -2)
 
 
 class Xpos(AttentionScheme):
