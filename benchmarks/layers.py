@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> None:
     ppl_lengths, task_lengths = ints(args.ppl_lengths), ints(args.task_lengths)
     recovered = dict(spec.split("=", 1) for spec in args.recovered)
     arms = {label: ARMS[label] for label in args.arms.split(",") if label}
-    arms.update({f"{label} ({RECOVERED})": Arm(RECOVERED) for label in recovered})
-    folders = {f"{label} ({RECOVERED})": folder for label, folder in recovered.items()}
+    folders = {f"{label}, {RECOVERED}": folder for label, folder in recovered.items()}
+    arms.update({label: Arm(RECOVERED) for label in folders})
     torch.manual_seed(0)
     model, tokenizer = load("smollm2", dtype=torch.float32)
     bench = Bench(tokenizer, held_out(tokenizer), ppl_lengths, args.samples, args.windows)
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> None:
         for label, arm in arms.items():
             arm_model = _recovered(folders[label]) if label in folders else _patched(model, arm)
             runs[label].posenc = arm_model.config.posenc if hf_posenc.describe(arm_model) else None
+            runs[label].scheme = runs[label].posenc["scheme"] if runs[label].posenc else None  # a folder's, too
             record.details["arms"][label] = {"family": arm.family, "share_kept": share_kept(arm_model)}
             for metric, (measure, lengths) in MEASURES.items():
                 if length not in {"ppl_lengths": ppl_lengths, "task_lengths": task_lengths}[lengths]:
@@ -260,7 +261,7 @@ def write_report(record: results.Results, out: Path) -> None:
 def _plot(record: results.Results, path: Path) -> None:
     """Quality against the share of positions kept: perplexity at the longest perplexity length (log),
     niah and passkey at the shortest task length with their 95% intervals; a marker per family."""
-    ppl_at, task_at = max(record.settings["ppl_lengths"]), min(record.settings["task_lengths"])
+    ppl_at, task_at = max(record.settings["ppl_lengths"]), min(record.settings["task_lengths"], default=0)
     panels = [("perplexity", "perplexity", ppl_at, "perplexity (held-out KJV)"),
               (NIAH, "score", task_at, "niah_single_1 score"), ("passkey", "accuracy", task_at, "passkey accuracy")]
     fig, axes = plots.pyplot().subplots(1, 3, figsize=(16, 5))
