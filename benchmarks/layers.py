@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> None:
     bench = Bench(tokenizer, held_out(tokenizer), ppl_lengths, args.samples, args.windows)
     record = results.Results("eval", "smollm2", settings={
         "ppl_lengths": ppl_lengths, "task_lengths": task_lengths, "samples": args.samples,
-        "perplexity": {"mode": "same_target", "target": bench.target, "windows": args.windows, "text": "kjv held-out (tail 2%)"},
+        "perplexity": {"mode": "same_target", "target": bench.target, "windows": args.windows,
+                       "text": "kjv held-out (tail 2%)"},
         "gen_tokens": GEN_TOKENS, "haystack": HAYSTACK, "recovered": folders, "seed": 0, "dtype": "float32",
         "threads": torch.get_num_threads()}, details={"arms": {}})
     runs = {label: results.Run(label, arm.scheme, arm.patch_kwargs()) for label, arm in arms.items()}
@@ -214,7 +215,8 @@ def run(args: argparse.Namespace) -> None:
                     zero_at[label, metric] = length
                 runs[label].put(metric, length, cell)
                 record.save(out)
-                print(f"{label:<26} {metric:<20} {length:>5}: {_shown(metric, cell)}  ({cell['seconds']} s)", flush=True)
+                print(f"{label:<26} {metric:<20} {length:>5}: {_shown(metric, cell)}  ({cell['seconds']} s)",
+                      flush=True)
     record.save(out, complete=True)
 
 
