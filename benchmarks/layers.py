@@ -102,11 +102,11 @@ FREQUENCIES_KEPT: dict[str, Callable[[torch.nn.Module], float]] = {
 
 def share_kept(model: torch.nn.Module) -> float | None:
     """The share of (layer, rotary pair) slots that still rotate by position; None for a scheme that is no
-    subset of RoPE's rotations (no share to speak of)."""
+    subset of RoPE's rotations or a layer map (no one share to speak of)."""
     if not hf_posenc.describe(model):
         return 1.0
     posenc = model.config.posenc
-    if posenc["scheme"] not in FREQUENCIES_KEPT:
+    if posenc.get("scheme") not in FREQUENCIES_KEPT:  # a layer map has no one scheme
         return None
     layers = posenc.get("layers")
     patched = 1.0 if layers is None else len(layers) / model.config.num_hidden_layers
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
         for label, arm in arms.items():
             arm_model = _recovered(folders[label]) if label in folders else _patched(model, arm)
             runs[label].posenc = arm_model.config.posenc if hf_posenc.describe(arm_model) else None
-            runs[label].scheme = runs[label].posenc["scheme"] if runs[label].posenc else None  # a folder's, too
+            runs[label].scheme = runs[label].posenc.get("scheme") if runs[label].posenc else None  # a folder's too
             record.details["arms"][label] = {"family": arm.family, "share_kept": share_kept(arm_model)}
             for metric, (measure, lengths) in MEASURES.items():
                 if length not in {"ppl_lengths": ppl_lengths, "task_lengths": task_lengths}[lengths]:
