@@ -35,4 +35,8 @@ def arms(width: int) -> dict[str, Arm]:
         "alibi": Arm("alibi"),
         "t5": Arm("t5"),
         "nope": Arm("nope"),
+        # added after the first 30 runs, for the schemes that followed the issue
+        "p_rope": Arm("p_rope", {"p": 0.5}),  # Barbero et al. 2025 (arXiv 2410.06205): RoPE's highest half of frequencies
+        "pope": Arm("pope"),  # Gopalakrishnan et al. 2025 (arXiv 2509.10534): polar, what and where decoupled
+        "cope": Arm("cope"),  # Golovneva et al. 2024 (arXiv 2405.18719): positions counted by the content
     }
