@@ -1,9 +1,9 @@
 """Added, concatenated, rotated, biased or none: small GPT-2-shaped decoders trained from scratch on
 the KJV with one positional scheme each (`arms.py`), everything else equal (`settings.py`).
 
-    python benchmarks/study/run.py                 # the full study (~85 min on 2 CPU cores)
+    python benchmarks/study/run.py                 # the full study (~110 min on 2 CPU cores)
     python benchmarks/study/run.py --smoke         # 2 arms x 1 seed x 4 steps: checks the pipeline
-    python benchmarks/study/run.py --arms learned,rope --seeds 0
+    python benchmarks/study/run.py --arms learned,rope --seeds 0    # some arms, appended to OUT/results.json
 
 Each run trains through the project's recipe runner (`hf_posenc.train`, full fine-tuning of a random
 init), then `measure.py` scores it. OUT/results.json = {"runs": [{"arm", "seed", "tokens", "params",
