@@ -2,12 +2,13 @@
 
 from typing import Any
 
-from .config import PosEncConfig
+from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
 from .registry import register_adapter, register_scheme
 from .version import __version__
 
 __all__ = [
+    "LayerMap",
     "PosEncConfig",
     "PosEncError",
     "describe",
@@ -19,12 +20,13 @@ __all__ = [
     "register_scheme",
     "supports",
     "unpatch",
+    "validate",
 ]
 
 def __getattr__(name: str) -> Any:
     """Everything but the config, the error and the registry imports torch and transformers: only when first
     used, so that `hf-posenc --help` and `hf-posenc list` start at once."""
-    if name in ("describe", "patch", "unpatch"):
+    if name in ("describe", "patch", "unpatch", "validate"):
         from . import patching
 
         return getattr(patching, name)

@@ -14,7 +14,7 @@ from .options import OPTIONS
 from .registry import SCHEMES
 from .typecheck import matches
 
-FORMAT = 1
+FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
 
 
 class PosEncConfig:
@@ -24,50 +24,143 @@ class PosEncConfig:
         scheme: a name from `hf_posenc.list_schemes()`.
         stacks: encoder-decoder models only: which attention stacks take the scheme, a subset of
             `STACKS` (default: every text stack of the model). Not a scheme option: it says where, not what.
+        layers: the indices of the attention layers that take the scheme (of each patched stack); the others
+            keep the model's own positions. None: every layer. Also where, not what.
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`); unknown names are an error.
     """
 
-    def __init__(self, scheme: str, stacks: Any = None, **options: Any) -> None:
+    def __init__(self, scheme: str, stacks: Any = None, layers: Any = None, **options: Any) -> None:
         self.scheme = scheme_name(scheme)
         self.stacks = _check_stacks(stacks)
+        self.layers = check_layers(layers)
         self.options = validate_options(self.scheme, options_class(self.scheme), options)
 
     def to_dict(self, original: str | None = None) -> dict[str, Any]:
-        out = {"format": FORMAT, "scheme": self.scheme, "options": dict(self.options), "from": original}
-        return {**out, "stacks": list(self.stacks)} if self.stacks is not None else out
+        out = {"format": 1 if self.layers is None else FORMAT, "scheme": self.scheme,
+               "options": dict(self.options), "from": original}
+        out.update({k: list(v) for k, v in (("stacks", self.stacks), ("layers", self.layers)) if v is not None})
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "config.posenc") -> "PosEncConfig":
-        """Read `config.posenc`; `where` names it in errors (a folder's config.json, a recipe)."""
-        if not isinstance(data, dict) or "scheme" not in data:
+    def from_dict(cls, data: dict[str, Any], where: str = "config.posenc") -> "PosEncConfig | LayerMap":
+        """Read `config.posenc` (a `LayerMap` when it holds one); `where` names it in errors (a folder's
+        config.json, a recipe)."""
+        if not isinstance(data, dict) or ("scheme" not in data and "map" not in data):
             raise PosEncError(f"{where} is not a hf-posenc config: {data!r}; expected a dict with 'format', "
-                              "'scheme', 'options'")
+                              "'scheme', 'options' (or 'map')")
         version = data.get("format", FORMAT)
         if isinstance(version, bool) or not isinstance(version, int) or version > FORMAT:
             raise PosEncError(
                 f"{where} has format {version!r}, written by a newer hf-posenc; this version reads "
                 f"format <= {FORMAT}. Upgrade with `pip install -U hf-posenc`."
             )
+        if "map" in data:
+            return LayerMap.from_dict(data["map"], where)
         options = data.get("options", {})
         if not isinstance(options, dict):
             raise PosEncError(f"{where}.options must be a dict of option names to values, got {options!r}")
         try:
-            return cls(data["scheme"], stacks=data.get("stacks"), **options)
+            return cls(data["scheme"], stacks=data.get("stacks"), layers=data.get("layers"), **options)
         except PosEncError as err:
             raise PosEncError(f"{where}: {err}") from err
 
     def replace(self, **options: Any) -> "PosEncConfig":
-        stacks = options.pop("stacks", self.stacks)
-        return PosEncConfig(self.scheme, stacks=stacks, **{**self.options, **options})
+        stacks, layers = options.pop("stacks", self.stacks), options.pop("layers", self.layers)
+        return PosEncConfig(self.scheme, stacks=stacks, layers=layers, **{**self.options, **options})
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, PosEncConfig) and \
-            (self.scheme, self.stacks, self.options) == (other.scheme, other.stacks, other.options)
+        return isinstance(other, PosEncConfig) and (self.scheme, self.stacks, self.layers, self.options) == \
+            (other.scheme, other.stacks, other.layers, other.options)
 
     def __repr__(self) -> str:
-        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-        where = f", stacks={self.stacks!r}" if self.stacks is not None else ""
-        return f"PosEncConfig(scheme={self.scheme!r}{where}{', ' if opts else ''}{opts})"
+        where = [f"{k}={v!r}" for k, v in (("stacks", self.stacks), ("layers", self.layers)) if v is not None]
+        opts = [f"{k}={v!r}" for k, v in self.options.items()]
+        return f"PosEncConfig({', '.join([f'scheme={self.scheme!r}', *where, *opts])})"
+
+
+class LayerMap:
+    """Several schemes at once, each in its own layers (as Gemma 3's two thetas, or SmolLM3's NoPE every
+    fourth layer with RoPE elsewhere); layers no entry names keep the model's own positions.
+
+    Args:
+        entries: `PosEncConfig`s that each name their `layers` (no layer in two of them), or a dict
+            `{scheme: layers}` for entries without options.
+    """
+
+    def __init__(self, entries: Any) -> None:
+        if isinstance(entries, dict):
+            entries = [PosEncConfig(scheme, layers=layers) for scheme, layers in entries.items()]
+        if not isinstance(entries, (list, tuple)) or not entries or \
+                not all(isinstance(e, PosEncConfig) for e in entries):
+            raise PosEncError(f"a layer map is a non-empty list of PosEncConfig (or a dict scheme -> layers), "
+                              f"got {entries!r}")
+        owners: dict[int, str] = {}
+        for entry in entries:
+            if entry.layers is None:
+                raise PosEncError(f"every entry of a layer map names its layers; {entry!r} names none")
+            for layer in entry.layers:
+                if layer in owners:
+                    raise PosEncError(f"layer {layer} is in two entries of the map ({owners[layer]!r} and "
+                                      f"{entry.scheme!r}); each layer takes one scheme")
+                owners[layer] = entry.scheme
+        if len({entry.stacks for entry in entries}) > 1:
+            raise PosEncError(f"the entries of a layer map name different stacks: {[e.stacks for e in entries]}")
+        self.entries: tuple[PosEncConfig, ...] = tuple(entries)
+
+    @property
+    def scheme(self) -> str:
+        """The entries' schemes, for labels: 'nope+rope'."""
+        return "+".join(dict.fromkeys(entry.scheme for entry in self.entries))
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The entries' layers and options, for labels and reports."""
+        return {f"{e.scheme}@{','.join(map(str, e.layers))}": dict(e.options) for e in self.entries}
+
+    @property
+    def stacks(self) -> tuple[str, ...] | None:
+        return self.entries[0].stacks
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(sorted(layer for entry in self.entries for layer in entry.layers))
+
+    def to_dict(self, original: str | None = None) -> dict[str, Any]:
+        entries = [{k: v for k, v in e.to_dict().items() if k not in ("format", "from")} for e in self.entries]
+        return {"format": FORMAT, "map": entries, "from": original}
+
+    @classmethod
+    def from_dict(cls, entries: Any, where: str = "config.posenc") -> "PosEncConfig | LayerMap":
+        if not isinstance(entries, list):
+            raise PosEncError(f"{where}.map must be a list of entries, got {entries!r}")
+        return layer_patch([PosEncConfig.from_dict({**e, "format": FORMAT}, f"{where}.map[{i}]")
+                            if isinstance(e, dict) else e for i, e in enumerate(entries)])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LayerMap) and self.entries == other.entries
+
+    def __repr__(self) -> str:
+        return f"LayerMap([{', '.join(map(repr, self.entries))}])"
+
+
+def layer_patch(entries: Any) -> "PosEncConfig | LayerMap":
+    """A map of one entry is that entry (so `describe` says `PosEncConfig(..., layers=...)`), else a LayerMap."""
+    patch = LayerMap(entries)
+    return patch.entries[0] if len(patch.entries) == 1 else patch
+
+
+def check_layers(layers: Any) -> tuple[int, ...] | None:
+    """None, or distinct non-negative layer indices, sorted (from a list, a tuple or one index)."""
+    if layers is None:
+        return None
+    indices = [layers] if isinstance(layers, int) and not isinstance(layers, bool) else layers
+    if not isinstance(indices, (list, tuple)) or not indices or \
+            any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in indices):
+        raise PosEncError(f"layers must be a non-empty list of layer indices (integers >= 0), got {layers!r}")
+    if len(set(indices)) < len(indices):
+        twice = sorted({i for i in indices if indices.count(i) > 1})
+        raise PosEncError(f"layers names layer {', '.join(map(str, twice))} more than once: {list(indices)}")
+    return tuple(sorted(indices))
 
 
 STACKS = ("encoder", "decoder")  # the attention stacks of an encoder-decoder model, in the order they run

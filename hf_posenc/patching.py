@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from typing import Any, Callable, Iterator
 
 import torch
@@ -20,10 +21,11 @@ from . import compat, self_check, seq2seq
 from .adapters.base import Adapter
 from .adapters.meta import meta_model
 from .catalog import adapter_for, get_scheme, supported_schemes
-from .config import PosEncConfig
+from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError
 from .registry import ADAPTERS
 from .schemes.base import ModelFacts, Scheme
+from .sites import layers as layer_site
 from .sites import model as model_site
 from .sites import stacks
 from .sites.qk import ROTARY_MODULE
@@ -33,13 +35,14 @@ __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch
            "unpatch", "validate"]
 
 
-def describe(model: nn.Module) -> PosEncConfig | None:
-    """The scheme patched into `model` now, with every option resolved; None if unpatched."""
+def describe(model: nn.Module) -> PosEncConfig | LayerMap | None:
+    """The scheme patched into `model` now, with every option resolved (a LayerMap: the schemes of a
+    per-layer map); None if unpatched."""
     state = getattr(model, STATE_ATTR, None)
     return state.config if state is not None else None
 
 
-def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Module:
+def patch(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, **options: Any) -> nn.Module:
     """Swap the positional scheme of `model` in place and return it.
 
     A mistake raises PosEncError and leaves the model (and a previous patch, trained weights included)
@@ -48,13 +51,16 @@ def patch(model: nn.Module, scheme: str | PosEncConfig, **options: Any) -> nn.Mo
 
     Args:
         model: a transformers model of a supported architecture (`hf_posenc.list_architectures()`).
-        scheme: a scheme name (`hf_posenc.list_schemes()`) or a `PosEncConfig`.
-        **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`).
+        scheme: a scheme name (`hf_posenc.list_schemes()`), a `PosEncConfig`, or a per-layer map: a
+            `LayerMap` or a dict `{scheme: layers}` (e.g. `{"nope": [3, 7], "rope": [0, 1, 2, 4, 5, 6]}`).
+        **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`), and `layers=[...]`: the attention
+            layers that take the scheme (the others keep the model's own positions).
     """
     config = _as_config(scheme, options)
     if self_check.wanted():  # past the newest transformers tested (hf_posenc.self_check)
         validate(model, config)  # a mistake is named before the check runs
-        self_check.ensure(model, config, _patch_now, unpatch)
+        for entry in layer_site.entries_of(config):  # each scheme on every layer of a tiny model
+            self_check.ensure(model, entry.replace(layers=None), _patch_now, unpatch)
     return _patch_now(model, config)
 
 
@@ -63,9 +69,12 @@ def release_check(model_class: type, model_type: str, config: PosEncConfig) -> s
     return self_check.run(model_class, model_type, config, _patch_now, unpatch)
 
 
-def _patch_now(model: nn.Module, config: PosEncConfig) -> nn.Module:
+def _patch_now(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
+    if config.layers is not None:
+        config, adapter, entries, facts = _resolve_layers(model, config)
+        return _replace_patch(model, config, functools.partial(layer_site.install, model, adapter, entries, facts))
     config, adapter, spec, facts = _resolve(model, config)
     return _replace_patch(model, config, functools.partial(model_site.install, model, adapter, spec, facts))
 
@@ -90,12 +99,16 @@ def _replace_patch(model: nn.Module, config: PosEncConfig, install: Callable[[Pa
     return model
 
 
-def _as_config(scheme: Any, options: dict[str, Any]) -> PosEncConfig:
+def _as_config(scheme: Any, options: dict[str, Any]) -> PosEncConfig | LayerMap:
     if isinstance(scheme, PosEncConfig):
         return scheme.replace(**options) if options else scheme
     if isinstance(scheme, str):
         return PosEncConfig(scheme, **options)
-    raise PosEncError(f"scheme must be a name or a PosEncConfig, got {type(scheme).__name__}")
+    if isinstance(scheme, (LayerMap, dict, list)):
+        if options:
+            raise PosEncError(f"a layer map takes its options in its entries; got {sorted(options)} beside it")
+        return layer_patch(scheme.entries if isinstance(scheme, LayerMap) else scheme)
+    raise PosEncError(f"scheme must be a name, a PosEncConfig or a layer map, got {type(scheme).__name__}")
 
 
 def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -> PosEncConfig:
@@ -105,6 +118,8 @@ def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -
     config = _as_config(scheme, options)
     if seq2seq.is_seq2seq(model_or_config):
         return _resolve_stacks(model_or_config, config)[0]
+    if config.layers is not None:
+        return _resolve_layers(model_or_config, config)[0]
     return _resolve(model_or_config, config)[0]
 
 
@@ -124,10 +139,64 @@ def _resolve(model_or_config: Any, config: PosEncConfig) -> tuple[PosEncConfig, 
     return resolve_options(spec, config, facts), adapter, spec, facts
 
 
+def _resolve_layers(model_or_config: Any, patch: PosEncConfig | LayerMap
+                    ) -> tuple[PosEncConfig | LayerMap, Adapter, list[layer_site.Entry], ModelFacts]:
+    """Validate a per-layer patch against the stock model (every entry, the map as a whole); touches nothing."""
+    model_type = getattr(getattr(model_or_config, "config", model_or_config), "model_type", "?")
+    if patch.stacks is not None:
+        raise PosEncError(f"stacks={list(patch.stacks)} applies to encoder-decoder models; {model_type!r} "
+                          "has one attention stack")
+    adapter = adapter_for(model_or_config)
+    model = model_or_config if isinstance(model_or_config, nn.Module) else stock_meta(model_or_config)
+    blocks = len(model.base_model.get_submodule(adapter.layers))
+    attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
+    covered = {i for entry in layer_site.entries_of(patch) for i in entry.layers}
+    if bad := sorted(covered - set(attending)):
+        raise PosEncError(f"layers {bad} are not attention layers of this {model_type!r} model: it has {blocks} "
+                          f"layers, attention layers {_span(attending)}")
+    covers_all = covered == set(attending)
+    facts = _stock_facts(model_or_config, adapter)
+    entries = []
+    for tag, entry in enumerate(layer_site.entries_of(patch)):
+        spec = get_scheme(entry.scheme)
+        view = layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag)
+        if (reason := _why_not_layers(model, adapter, view, spec, covers_all)) is not None:
+            raise PosEncError(f"{model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
+                              f"layers {list(entry.layers)} ({reason})")
+        entries.append(layer_site.Entry(spec, resolve_options(spec, entry, facts), view))
+    if len(biased := [e.spec.name for e in entries if e.spec.site in layer_site.POSENC_ATTENTION]) > 1:
+        raise PosEncError(f"a layer map takes one scheme that runs in the attention function (score or attention "
+                          f"site), got {biased}")
+    resolved = layer_patch([entry.config for entry in entries])
+    return resolved, adapter, entries, facts
+
+
+def _why_not_layers(model: nn.Module, adapter: Adapter, view: Adapter, spec: Scheme, covers_all: bool) -> str | None:
+    """Why `spec` cannot go into some layers of this model (None if it can), beyond what the view's
+    mechanisms say."""
+    if spec.site == "input":
+        return "it adds positions to the token embeddings, before every layer; per-layer schemes act in attention"
+    if not covers_all and (shared := adapter.bias_table or adapter.native_bias_switch):
+        return (f"the model computes its own position bias once for every layer ({shared}): a per-layer patch "
+                "must cover every layer")
+    if spec.site == "none" and not covers_all and adapter.rotary is None and adapter.native_bias is None:
+        return (f"nothing to remove: the model's positions ({adapter.native}) enter at the input, not in its layers; "
+                "patch every layer, or give the other layers a scheme in the same map")
+    attention = adapter.attention_modules(model)[0]
+    if adapter.rotary and layer_site.ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
+        return f"its attention takes no `{layer_site.ROTATION_KWARG}` to switch its own rotation off in one layer"
+    return view.why_not(spec)
+
+
+def _span(indices: list[int]) -> str:
+    return f"{indices[0]}-{indices[-1]}" if indices == list(range(indices[0], indices[-1] + 1)) else str(indices)
+
+
 def resolve_options(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> PosEncConfig:
     """`config` with its defaults resolved against a model's facts, checked again (PosEncError if not valid)."""
     try:
-        resolved = PosEncConfig(spec.name, stacks=config.stacks, **spec.resolve(config.options, facts))
+        resolved = PosEncConfig(spec.name, stacks=config.stacks, layers=config.layers,
+                                **spec.resolve(config.options, facts))
     except PosEncError as err:  # an option against the model's facts (d_pos, LongRoPE list lengths, ...)
         raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
     if (length := spec.max_positions(resolved.options)) is not None and length < 1:
@@ -139,16 +208,19 @@ def _stock_facts(model_or_config: Any, adapter: Adapter) -> ModelFacts:
     """The facts of the model without any patch: a patched model's patch is taken off and put back
     (the same objects, so nothing changes); a config's model is built on the meta device without weights."""
     if not isinstance(model_or_config, nn.Module):
-        from transformers import AutoModel
-
-        # hand-written adapters name paths in the base model (encoders have no causal-LM class); the
-        # generic one reads the causal LM, as it did to find them
-        hand_written = model_or_config.model_type in ADAPTERS and type(model_or_config) in AutoModel._model_mapping
-        meta = meta_model(model_or_config, AutoModel._model_mapping[type(model_or_config)] if hand_written else None)
-        return dataclasses.replace(adapter.facts(meta), position_table=None, token_embeddings=None,
-                                   device=torch.device("cpu"))
+        return dataclasses.replace(adapter.facts(stock_meta(model_or_config)), position_table=None,
+                                   token_embeddings=None, device=torch.device("cpu"))
     with _unpatched(model_or_config):
         return adapter.facts(model_or_config)
+
+
+def stock_meta(config: Any) -> nn.Module:
+    """The model of a transformers config on the meta device, as its adapter reads it: hand-written adapters
+    name paths in the base model (encoders have no causal-LM class); the generic one reads the causal LM."""
+    from transformers import AutoModel
+
+    hand_written = config.model_type in ADAPTERS and type(config) in AutoModel._model_mapping
+    return meta_model(config, AutoModel._model_mapping[type(config)] if hand_written else None)
 
 
 @contextlib.contextmanager

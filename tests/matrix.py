@@ -43,8 +43,14 @@ SCHEMES = {
     "fope": {},
     "pope": {},
     "cope": {"init_std": 0.5},
+    # per-layer patches (issue 30): the scheme in one layer of the tiny models' two, the model's own in the other
+    "nope-l1": {"layers": [1]},
+    "rope-l0": {"theta": 500.0, "layers": [0]},  # on a rotating model: two thetas, one per layer
+    "alibi-l1": {"layers": [1]},
+    "xpos-l0": {"scale_base": 16.0, "layers": [0]},
 }
-SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat"}
+SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat", "nope-l1": "nope", "rope-l0": "rope",
+               "alibi-l1": "alibi", "xpos-l0": "xpos"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
 # a shift of positions changes them (FoPE: its series' cross terms)
 ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied", "fope"}
@@ -58,11 +64,31 @@ def adapter_of(arch: str) -> str:
     return adapter_for(TINY_CONFIGS[arch]()).name
 
 
+def keeps_table(arch: str, label: str) -> bool:
+    """A per-layer label on a model whose positions enter at the input keeps the model's own table (and its
+    length) for every layer."""
+    return "layers" in SCHEMES[label] and adapter_for(TINY_CONFIGS[arch]()).position_slot is not None
+
+
 def site_of(label: str) -> str:
     return get_scheme(scheme_of(label)).site
 
 
-CELLS = [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if hp.supports(TINY_CONFIGS[arch](), scheme_of(label))]
+def supported(arch: str, label: str) -> bool:
+    """The cell can be patched: the scheme is supported, and a per-layer label's layers validate too."""
+    config = TINY_CONFIGS[arch]()
+    if not hp.supports(config, scheme_of(label)):
+        return False
+    if "layers" not in SCHEMES[label]:
+        return True
+    try:
+        hp.validate(config, scheme_of(label), **SCHEMES[label])
+    except hp.PosEncError:
+        return False
+    return True
+
+
+CELLS = [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if supported(arch, label)]
 ATOL = 1e-5
 
 # row name -> (the cells in its scope, the cells it runs)

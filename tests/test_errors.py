@@ -89,13 +89,13 @@ def test_concat_d_pos_must_leave_room_for_tokens():
 
 
 def test_config_from_a_newer_format_is_refused():
-    with pytest.raises(hp.PosEncError, match=r"format 2, written by a newer hf-posenc.*format <= 1"):
-        hp.PosEncConfig.from_dict({"format": 2, "scheme": "rope", "options": {}})
+    with pytest.raises(hp.PosEncError, match=r"format 3, written by a newer hf-posenc.*format <= 2"):
+        hp.PosEncConfig.from_dict({"format": 3, "scheme": "rope", "options": {}})
     assert hp.PosEncConfig.from_dict({"format": 1, "scheme": "rope", "options": {"theta": 5.0}}).options["theta"] == 5.0
 
 
 def test_scheme_must_be_a_name_or_config():
-    with pytest.raises(hp.PosEncError, match="scheme must be a name or a PosEncConfig, got int"):
+    with pytest.raises(hp.PosEncError, match="scheme must be a name, a PosEncConfig or a layer map, got int"):
         hp.patch(tiny_model("gpt2"), 3)
 
 

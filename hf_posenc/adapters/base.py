@@ -88,13 +88,15 @@ class Adapter:
     trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
     positions_field: str = "max_position_embeddings"  # the config field sizing the table (quirks.POSITIONS_FIELDS)
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
+    tag: str = ""  # one entry of a per-layer map (sites.layers.view): suffix of the modules and kwargs it adds
+    native_slot: bool = False  # a per-layer entry's view: the position slot keeps the model's own positions
 
     def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
         """What the site installers (hf_posenc.sites) must do to this model to patch `scheme` (keys of
         MECHANISMS): a q/k scheme on a rotating model is config, elsewhere hooks on the q/k taps; every
         other site switches the model's own positions off; biases reach attention as private kwargs."""
         needs = ["native_bias"] if self.native_bias or self.bias_table else []
-        if self.position_slot:
+        if self.position_slot and not self.native_slot:
             needs += ["slot", "slot_code"] if scheme.site == "input" else ["slot"]
         elif scheme.site == "input":
             needs += ["input"]

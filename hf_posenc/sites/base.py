@@ -282,7 +282,7 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
     if adapter.bias_table:
         shape = tuple(base.get_submodule(adapter.bias_table).weight.shape)
         state.replace(base, adapter.bias_table, ZeroBuckets(shape, facts.dtype).to(facts.device))
-    if adapter.position_slot and not keep_slot:
+    if adapter.position_slot and not keep_slot and not adapter.native_slot:
         state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
     if adapter.rotary and not keep_rotary:
         state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))

@@ -32,14 +32,14 @@ ROTARY_MODULE = "posenc_rotary"  # where the rotary module lives on a model that
 
 
 class RotaryKwarg:
-    """Contribution: (cos, sin) of the query positions from the rotary module at `path`."""
+    """Contribution: (cos, sin) of the query positions from the rotary module at `path`, as `kwarg`."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, kwarg: str = ROTARY_KWARG) -> None:
+        self.path, self.kwarg = path, kwarg
 
     def __call__(self, owner: nn.Module, kwargs: dict[str, Any], positions: Positions) -> None:
         ref = torch.empty(0, device=positions.queries.device)
-        kwargs[ROTARY_KWARG] = owner.get_submodule(self.path)(ref, positions.queries)
+        kwargs[self.kwarg] = owner.get_submodule(self.path)(ref, positions.queries)
 
 
 class RotateOutput(PatchHook):
@@ -73,8 +73,8 @@ class QKRotation(PatchHook):
     peft's LoRA wraps `q_proj` and adds its update after the original, so the rotation must act on the
     wrapper's output (and a merge puts the original back)."""
 
-    def __init__(self, tap: QKTap, head_dim: int) -> None:
-        self.tap, self.head_dim = tap, head_dim
+    def __init__(self, tap: QKTap, head_dim: int, kwarg: str = ROTARY_KWARG) -> None:
+        self.tap, self.head_dim, self.kwarg = tap, head_dim, kwarg
 
     def hook_at(self, attention: nn.Module, path: str) -> RotateOutput:
         target = attention.get_submodule(path)
@@ -86,10 +86,10 @@ class QKRotation(PatchHook):
         return hook
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        if ROTARY_KWARG not in kwargs:
+        if self.kwarg not in kwargs:
             raise PosEncError("rotary positions missing: a patched attention module was called outside its model")
         kwargs = dict(kwargs)
-        rotation = kwargs.pop(ROTARY_KWARG)
+        rotation = kwargs.pop(self.kwarg)
         for path in self.tap.projections:
             self.hook_at(attention, path).rotation = rotation
         return args, kwargs
@@ -127,10 +127,11 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
             state.replace(base, adapter.rotary, rotary)
             loop.slot = loop.slot or not spec.shift_invariant
         else:
-            state.add_module(base, adapter.at_loop(ROTARY_MODULE), rotary, new=True)  # FoPE's weights
-            loop.contributions.append(RotaryKwarg(ROTARY_MODULE))
+            name, kwarg = ROTARY_MODULE + adapter.tag, ROTARY_KWARG + adapter.tag
+            state.add_module(base, adapter.at_loop(name), rotary, new=True)  # FoPE's weights
+            loop.contributions.append(RotaryKwarg(name, kwarg))
             for attention in adapter.attention_modules(model):
-                rotation = QKRotation(adapter.qk, facts.head_dim)
+                rotation = QKRotation(adapter.qk, facts.head_dim, kwarg)
                 attention.register_forward_pre_hook(rotation, with_kwargs=True)
                 for path in adapter.qk.projections:
                     rotation.hook_at(attention, path)
