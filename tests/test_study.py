@@ -60,7 +60,8 @@ def test_the_study_smoke_run_writes_every_measurement(tmp_path):
 def test_every_arm_patches_the_study_model_as_the_runner_does_and_trains_all_of_it(tmp_path):
     """The smoke run trains two arms; every arm of arms.py is built here as `one_run` builds it (random init,
     the recipe's patch, full fine-tuning), and one backward step reaches every parameter, those the patch
-    installs included (t5's buckets, pope's phases, cope's position table, which starts at 0)."""
+    installs included (t5's buckets, pope's phases, cope's position table, which starts at 0); the layer map
+    arm trains RoPE in layers 0-2 and NoPE in layer 3."""
     import run
     from tokenizer import train_bpe
 
@@ -70,7 +71,7 @@ def test_every_arm_patches_the_study_model_as_the_runner_does_and_trains_all_of_
     tokenizer = train_bpe(run.data.long_text("kjv")[:20_000], s.vocab, tmp_path / "tokenizer")
     ids = tokenizer("In the beginning God created the heaven and the earth.", return_tensors="pt").input_ids
     installed_by = {}
-    for name, arm in run.arms(s.width).items():
+    for name, arm in run.arms(s.width, s.layers).items():
         init = run.init_model(arm, s, tokenizer, 0, tmp_path / name / "init")
         recipe = run.recipe_for(arm, s, init, 0, tmp_path / name / "run")
         model, _ = modeling.load_recipe_model(recipe)
@@ -79,6 +80,10 @@ def test_every_arm_patches_the_study_model_as_the_runner_does_and_trains_all_of_
         model(ids, labels=ids).loss.backward()
         untrained = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
         assert not untrained, f"{name}: no gradient reaches {untrained}"
+        if name == "nope_every4":  # the map the init folder carries, GPT-2's learned table gone
+            entries = run.hp.describe(model).entries
+            assert [(e.scheme, e.layers) for e in entries] == [("rope", (0, 1, 2)), ("nope", (3,))]
+            assert not any("wpe" in n for n, _ in model.named_parameters())
     assert all(installed_by[name] for name in ("t5", "pope", "cope")), installed_by
 
 
@@ -86,7 +91,7 @@ def test_the_readme_names_every_arm():
     import run
 
     readme = (REPO / "benchmarks" / "study" / "README.md").read_text()
-    assert [name for name in run.arms(run.FULL.width) if f"`{name}`" not in readme] == []
+    assert [name for name in run.arms(run.FULL.width, run.FULL.layers) if f"`{name}`" not in readme] == []
 
 
 def test_an_unknown_arm_names_the_arms(tmp_path):
@@ -106,7 +111,7 @@ def test_the_committed_study_is_what_the_readme_reports():
     s = run.FULL
     assert saved["settings"]["tokens_per_run"] == s.tokens and saved["settings"]["steps"] == s.steps
     ran = {r["arm"] for r in saved["runs"]}
-    assert set(FIRST_ARMS) <= ran <= set(run.arms(s.width))
+    assert set(FIRST_ARMS) <= ran <= set(run.arms(s.width, s.layers))
     for arm in ran:
         assert sorted(r["seed"] for r in saved["runs"] if r["arm"] == arm) == list(s.seeds)
     for r in saved["runs"]:
