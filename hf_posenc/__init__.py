@@ -15,6 +15,7 @@ __all__ = [
     "from_pretrained",
     "list_architectures",
     "list_schemes",
+    "load_tokenizer",
     "patch",
     "register_adapter",
     "register_scheme",
@@ -34,8 +35,8 @@ def __getattr__(name: str) -> Any:
         from . import catalog
 
         return getattr(catalog, name)
-    if name == "from_pretrained":
+    if name in ("from_pretrained", "load_tokenizer"):
         from . import loading
 
-        return loading.from_pretrained
+        return getattr(loading, name)
     raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")

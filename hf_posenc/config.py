@@ -125,6 +125,10 @@ class LayerMap:
     def layers(self) -> tuple[int, ...]:
         return tuple(sorted(layer for entry in self.entries for layer in entry.layers))
 
+    def replace(self, **where: Any) -> "LayerMap":
+        """The map with `stacks` (the one field entries share) replaced in every entry."""
+        return LayerMap([entry.replace(**where) for entry in self.entries])
+
     def to_dict(self, original: str | None = None) -> dict[str, Any]:
         entries = [{k: v for k, v in e.to_dict().items() if k not in ("format", "from")} for e in self.entries]
         return {"format": FORMAT, "map": entries, "from": original}

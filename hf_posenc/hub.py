@@ -24,7 +24,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from . import loading, results, saving
 from .catalog import get_scheme
-from .config import PosEncConfig
+from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
 from .evaluation.names import SENTIMENT
 from .folders import MARKER
@@ -34,6 +34,7 @@ __all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
+SITE_NAMES = {"input": "input embeddings", "qk": "queries and keys (rotation)", "score": "attention scores (bias)"}
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints", MARKER)  # the marker names local paths: not for the Hub
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -241,12 +242,14 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     posenc_view = None
     if posenc:
         described = PosEncConfig.from_dict(posenc)  # validates the format before anything is published
-        scheme = get_scheme(described.scheme)
+        specs = [get_scheme(entry.scheme)
+                 for entry in (described.entries if isinstance(described, LayerMap) else (described,))]
         posenc_view = {
-            "scheme": described.scheme, "options": posenc.get("options", {}), "original": posenc.get("from") or "?",
-            "site": {"input": "input embeddings", "qk": "queries and keys (rotation)",
-                     "score": "attention scores (bias)"}.get(scheme.site, scheme.site),
-            "citation": scheme.citation, "json": json.dumps(posenc, sort_keys=True), "described": repr(described),
+            "scheme": described.scheme, "options": described.options, "original": posenc.get("from") or "?",
+            "site": ", ".join(dict.fromkeys(SITE_NAMES.get(spec.site, spec.site) for spec in specs)),
+            "layers": ", ".join(map(str, described.layers)) if described.layers else None,
+            "citation": "; ".join(dict.fromkeys(spec.citation for spec in specs)),
+            "json": json.dumps(posenc, sort_keys=True), "described": repr(described),
         }
     card_data = ModelCardData(
         base_model=base_model,

@@ -73,8 +73,8 @@ def _patch_now(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
     if seq2seq.is_seq2seq(model):
         return _patch_stacks(model, config)
     if config.layers is not None:
-        config, adapter, entries, facts = _resolve_layers(model, config)
-        return _replace_patch(model, config, functools.partial(layer_site.install, model, adapter, entries, facts))
+        config, adapter, entries, _ = _resolve_layers(model, config)
+        return _replace_patch(model, config, functools.partial(layer_site.install, model, adapter, entries))
     config, adapter, spec, facts = _resolve(model, config)
     return _replace_patch(model, config, functools.partial(model_site.install, model, adapter, spec, facts))
 
@@ -117,7 +117,8 @@ def validate(model_or_config: Any, scheme: str | PosEncConfig, **options: Any) -
     whose model is then built on the meta device."""
     config = _as_config(scheme, options)
     if seq2seq.is_seq2seq(model_or_config):
-        return _resolve_stacks(model_or_config, config)[0]
+        resolve = _resolve_layered_stacks if config.layers is not None else _resolve_stacks
+        return resolve(model_or_config, config)[0]
     if config.layers is not None:
         return _resolve_layers(model_or_config, config)[0]
     return _resolve(model_or_config, config)[0]
@@ -148,27 +149,32 @@ def _resolve_layers(model_or_config: Any, patch: PosEncConfig | LayerMap
                           "has one attention stack")
     adapter = adapter_for(model_or_config)
     model = model_or_config if isinstance(model_or_config, nn.Module) else stock_meta(model_or_config)
+    entries = _layer_entries(model, adapter, patch, repr(model_type), _stock_facts(model_or_config, adapter))
+    return layer_patch([entry.config for entry in entries]), adapter, entries, entries[0].facts
+
+
+def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | LayerMap, name: str,
+                   facts: ModelFacts) -> list[layer_site.Entry]:
+    """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
     blocks = len(model.base_model.get_submodule(adapter.layers))
     attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
     covered = {i for entry in layer_site.entries_of(patch) for i in entry.layers}
     if bad := sorted(covered - set(attending)):
-        raise PosEncError(f"layers {bad} are not attention layers of this {model_type!r} model: it has {blocks} "
+        raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
                           f"layers, attention layers {_span(attending)}")
     covers_all = covered == set(attending)
-    facts = _stock_facts(model_or_config, adapter)
     entries = []
     for tag, entry in enumerate(layer_site.entries_of(patch)):
         spec = get_scheme(entry.scheme)
         view = layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag)
         if (reason := _why_not_layers(model, adapter, view, spec, covers_all)) is not None:
-            raise PosEncError(f"{model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
+            raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
-        entries.append(layer_site.Entry(spec, resolve_options(spec, entry, facts), view))
+        entries.append(layer_site.Entry(spec, resolve_options(spec, entry, facts), view, facts))
     if len(biased := [e.spec.name for e in entries if e.spec.site in layer_site.POSENC_ATTENTION]) > 1:
         raise PosEncError(f"a layer map takes one scheme that runs in the attention function (score or attention "
                           f"site), got {biased}")
-    resolved = layer_patch([entry.config for entry in entries])
-    return resolved, adapter, entries, facts
+    return entries
 
 
 def _why_not_layers(model: nn.Module, adapter: Adapter, view: Adapter, spec: Scheme, covers_all: bool) -> str | None:
@@ -185,7 +191,8 @@ def _why_not_layers(model: nn.Module, adapter: Adapter, view: Adapter, spec: Sch
     attention = adapter.attention_modules(model)[0]
     if adapter.rotary and layer_site.ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
         return f"its attention takes no `{layer_site.ROTATION_KWARG}` to switch its own rotation off in one layer"
-    return view.why_not(spec)
+    # a rotation on a rotating model goes where the whole-model patch's would (layer_site.rotation_module)
+    return (adapter if adapter.rotary and spec.site == "qk" else view).why_not(spec)
 
 
 def _span(indices: list[int]) -> str:
@@ -247,9 +254,30 @@ def _resolve_stacks(model: nn.Module, config: PosEncConfig) -> tuple[PosEncConfi
     return resolve_options(spec, plan.config, plan.facts[plan.first]), spec, plan
 
 
-def _patch_stacks(model: nn.Module, config: PosEncConfig) -> nn.Module:
+def _resolve_layered_stacks(model: nn.Module, patch: PosEncConfig | LayerMap
+                            ) -> tuple[PosEncConfig | LayerMap, seq2seq.StackPlan, dict[str, list[layer_site.Entry]]]:
+    """A per-layer patch of an encoder-decoder model: the same layers in each stack it names (default: the text
+    stacks), validated stack by stack against the stock model; options resolved against the first."""
+    names = patch.stacks or seq2seq.text_stacks(model)
+    if not names:
+        raise PosEncError(f"{model.config.model_type!r}: no stack reads text")
+    with _unpatched(model):
+        adapters = {stack: seq2seq.stack_adapter(model, stack) for stack in names}
+        modules = {stack: seq2seq.stack_module(model, stack) for stack in names}
+        facts = {stack: adapters[stack].facts(modules[stack]) for stack in names}
+        bare = patch.replace(stacks=None)
+        entries = {stack: _layer_entries(modules[stack], adapters[stack], bare,
+                                         f"{model.config.model_type!r} {stack}", facts[stack]) for stack in names}
+    resolved = layer_patch([entry.config for entry in entries[names[0]]]).replace(stacks=tuple(names))
+    return resolved, seq2seq.StackPlan(resolved, adapters, facts), entries
+
+
+def _patch_stacks(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
     """`patch` of an encoder-decoder model: each stack as a model of its own, one state (hf_posenc.seq2seq);
     validated first, and a failed install puts the previous patch's same objects back."""
+    if config.layers is not None:
+        resolved, plan, entries = _resolve_layered_stacks(model, config)
+        return _replace_patch(model, resolved, functools.partial(stacks.install, model, plan, None, entries=entries))
     resolved, spec, plan = _resolve_stacks(model, config)
     return _replace_patch(model, resolved, functools.partial(stacks.install, model, plan, spec))
 

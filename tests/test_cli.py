@@ -55,10 +55,24 @@ def test_patch_saves_a_model_that_reloads_patched(tiny_folder, tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / "rope").pad_token == "w0"
 
 
+def test_patch_layers_saves_a_per_layer_patch(tiny_folder, tmp_path):
+    out = run("patch", str(tiny_folder), "rope", "--layers", "1", "--out", str(tmp_path / "rope1"))
+    assert out.returncode == 0, out.stderr
+    reloaded = hp.from_pretrained(str(tmp_path / "rope1")).eval()
+    assert hp.describe(reloaded).layers == (1,)
+    expected = hp.patch(AutoModelForCausalLM.from_pretrained(tiny_folder).eval(), "rope", layers=[1])
+    ids = torch.randint(3, TINY["vocab"], (1, 12))
+    assert torch.equal(reloaded(ids).logits, expected(ids).logits)
+    assert "| layers (the others keep the original scheme) | 1 |" in (tmp_path / "rope1" / "README.md").read_text()
+
+
 @pytest.mark.parametrize("args,message", [
     (["rotary"], "unknown scheme 'rotary'; available schemes: alibi"),
     (["rope", "--opt", "theta=-1"], "theta must be a number > 0 or null, got -1"),
     (["rope", "--opt", "theta"], "--opt takes key=value, got 'theta'"),
+    (["rope", "--layers", "1,x"], "--layers takes comma-separated layer indices such as 3,7,11, got '1,x'"),
+    (["rope", "--layers", "5"], "layers [5] are not attention layers of this 'gpt2' model: it has 2 layers"),
+    (["nope", "--layers", "1"], "cannot take scheme 'nope' in layers [1] (nothing to remove"),
 ])
 def test_patch_errors_exit_2_with_the_reason(tiny_folder, tmp_path, args, message):
     out = run("patch", str(tiny_folder), *args, "--out", str(tmp_path / "x"))

@@ -9,6 +9,7 @@ written before the marks existed."""
 from __future__ import annotations
 
 import copy
+import os
 import json
 import pickle
 import subprocess
@@ -232,3 +233,62 @@ def test_a_folder_written_before_the_reader_moved_still_loads(tmp_path, scheme):
     remote = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     assert torch.equal(output(remote, ids), expected)
     assert torch.equal(output(hp.from_pretrained(str(folder)).eval(), ids), expected)
+
+
+QUIET_TOKENIZER_LOADS = {
+    "hf_posenc.load_tokenizer": "import hf_posenc; t = hf_posenc.load_tokenizer(FOLDER)",
+    "AutoTokenizer with trust_remote_code": "import transformers; t = transformers.AutoTokenizer.from_pretrained("
+                                            "FOLDER, trust_remote_code=True)",
+    "AutoTokenizer with a bare config": "import transformers; t = transformers.AutoTokenizer.from_pretrained("
+                                        "FOLDER, config=transformers.PretrainedConfig())",
+    "the tokenizer class": "import transformers; t = transformers.PreTrainedTokenizerFast.from_pretrained(FOLDER)",
+}
+
+
+@pytest.fixture(scope="module")
+def remote_code_folder(tmp_path_factory) -> Path:
+    """A tiny llama patched with alibi (a folder that needs remote code) and a tokenizer of its own."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path_factory.mktemp("alibi")
+    hp.patch(tiny_model("llama"), "alibi").save_pretrained(folder)
+    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w0").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("route", sorted(QUIET_TOKENIZER_LOADS))
+@pytest.mark.parametrize("terminal", [False, True], ids=["stdin-closed", "pty"])
+def test_the_documented_tokenizer_loads_ask_nothing(remote_code_folder, route, terminal):
+    """docs/guide/hub.md's quiet ways to the tokenizer of a folder that needs remote code: no question, no
+    model-type warning, with stdin closed and in a pseudo-terminal (where a question would wait 15 s)."""
+    code = QUIET_TOKENIZER_LOADS[route].replace("FOLDER", repr(str(remote_code_folder))) + "; print(t('w3 w5').input_ids)"
+    command = [sys.executable, "-c", code]
+    if terminal:
+        import pty
+        import time
+
+        start = time.perf_counter()
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(sys.executable, command)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+        status = os.waitpid(pid, 0)[1]
+        text, seconds = output.decode(errors="replace"), time.perf_counter() - start
+        assert os.waitstatus_to_exitcode(status) == 0, text
+        assert seconds < 14, f"{route} took {seconds:.0f} s in a terminal: it waited for an answer"
+    else:
+        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout + proc.stderr
+    assert "[3, 5]" in text
+    assert "Do you wish to run the custom code" not in text and "You are using a model of type" not in text

@@ -60,8 +60,13 @@ SERVED_CELLS = [
     ("gpt2", "yarn", {"factor": 2.0}),
     ("gpt2", "nope", {}),
     ("gpt2", "alibi", {}),
+    # per-layer patches (issue 30): NoPE in one layer, two thetas, ALiBi in one layer; the other layer keeps its RoPE
+    ("llama", "nope", {"layers": [1]}),
+    ("qwen3", "rope", {"theta": 500.0, "layers": [0]}),
+    ("mistral", "alibi", {"layers": [0]}),
 ]
-REFUSED_CELLS = [("llama", "xpos", {}), ("llama", "t5", {}), ("llama", "learned", {}), ("gpt2", "kerple", {})]
+REFUSED_CELLS = [("llama", "xpos", {}), ("llama", "t5", {}), ("llama", "learned", {}), ("gpt2", "kerple", {}),
+                 ("llama", "xpos", {"layers": [1]})]
 
 
 def cell_id(cell: tuple) -> str:
@@ -119,14 +124,24 @@ def test_what_an_engine_cannot_compute_is_refused_in_one_line_naming_the_scheme(
 
 
 def test_served_positions_follow_the_patch(tmp_path):
-    partial = served_positions(loading.read_config(save(tmp_path / "p", ("llama", "yarn", {"factor": 2.0, "partial": 0.5}))))
-    assert partial.rotated_pairs == 16 and partial.rope_parameters["rope_type"] == "yarn"
+    partial, = served_positions(loading.read_config(save(tmp_path / "p", ("llama", "yarn", {"factor": 2.0, "partial": 0.5}))))
+    assert partial.rotated_pairs == 16 and partial.rope_parameters["rope_type"] == "yarn" and partial.layers is None
     assert partial.rest_scale == pytest.approx(0.1 * torch.log(torch.tensor(2.0)).item() + 1)  # YaRN's temperature
-    alibi = served_positions(loading.read_config(save(tmp_path / "a", ("gpt2", "alibi", {}))))
+    alibi, = served_positions(loading.read_config(save(tmp_path / "a", ("gpt2", "alibi", {}))))
     assert alibi.alibi_slopes == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8])  # Press et al., 4 heads
     assert alibi.rope_parameters is None
     with pytest.raises(PosEncError, match="not a folder hf-posenc patched"):
         served_positions(peaky("llama").config)
+
+
+def test_served_positions_of_a_layer_map_name_each_entry_s_layers(tmp_path):
+    model = hp.patch(peaky("llama"), [hp.PosEncConfig("rope", theta=500.0, layers=[0]), hp.PosEncConfig("nope", layers=[1])])
+    model.save_pretrained(tmp_path / "m")
+    rope, nope = served_positions(loading.read_config(tmp_path / "m"))
+    assert (rope.layers, rope.rope_parameters["rope_theta"], nope.layers, nope.scheme) == ((0,), 500.0, (1,), "nope")
+    hp.patch(peaky("gpt2"), "rope", layers=[1]).save_pretrained(tmp_path / "g")
+    with pytest.raises(PosEncError, match="per-layer patches on LlamaForCausalLM.*not GPT2LMHeadModel"):
+        served_positions(loading.read_config(tmp_path / "g"))
 
 
 # ---------------------------------------------------------------- with vLLM

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -10,6 +11,9 @@ import pytest
 from test_train import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks" / "study"))
+
+# the 30 runs of the first study, which docs/benchmarks/study.md discusses
+FIRST_ARMS = ("learned", "sinusoidal", "concat_d8", "concat_d4", "concat_wide", "untied", "rope", "alibi", "t5", "nope")
 
 
 @pytest.mark.slow
@@ -43,10 +47,51 @@ def test_the_study_smoke_run_writes_every_measurement(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert table.startswith("| arm | seeds | params | ppl @ 32") and "| rope | 1 |" in table
     assert (tmp_path / "study.png").stat().st_size > 1000
-    # a rerun with the same budget keeps the runs it has
+    assert seconds < 60, f"the smoke study took {seconds:.0f} s"
+    # a rerun with the same budget keeps the runs it has; --arms appends an arm after them
     assert run.main(["--smoke", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["runs"] == saved["runs"]
-    assert seconds < 60, f"the smoke study took {seconds:.0f} s"
+    assert run.main(["--smoke", "--arms", "rope,cope", "--out", str(tmp_path)]) == 0
+    grown = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert grown[:2] == saved["runs"] and [(r["arm"], r["seed"]) for r in grown[2:]] == [("cope", 0)]
+    assert "| cope | 1 |" in (tmp_path / "results.md").read_text()
+
+
+def test_every_arm_patches_the_study_model_as_the_runner_does_and_trains_all_of_it(tmp_path):
+    """The smoke run trains two arms; every arm of arms.py is built here as `one_run` builds it (random init,
+    the recipe's patch, full fine-tuning), and one backward step reaches every parameter, those the patch
+    installs included (t5's buckets, pope's phases, cope's position table, which starts at 0); the layer map
+    arm trains RoPE in layers 0-2 and NoPE in layer 3."""
+    import run
+    from tokenizer import train_bpe
+
+    from hf_posenc.train import modeling
+
+    s = dataclasses.replace(run.SMOKE, layers=4)  # a 4th layer, as in the full study
+    tokenizer = train_bpe(run.data.long_text("kjv")[:20_000], s.vocab, tmp_path / "tokenizer")
+    ids = tokenizer("In the beginning God created the heaven and the earth.", return_tensors="pt").input_ids
+    installed_by = {}
+    for name, arm in run.arms(s.width, s.layers).items():
+        init = run.init_model(arm, s, tokenizer, 0, tmp_path / name / "init")
+        recipe = run.recipe_for(arm, s, init, 0, tmp_path / name / "run")
+        model, _ = modeling.load_recipe_model(recipe)
+        installed_by[name] = modeling.apply_posenc(model, recipe)
+        model = modeling.select_trainable(model, recipe, installed_by[name])
+        model(ids, labels=ids).loss.backward()
+        untrained = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+        assert not untrained, f"{name}: no gradient reaches {untrained}"
+        if name == "nope_every4":  # the map the init folder carries, GPT-2's learned table gone
+            entries = run.hp.describe(model).entries
+            assert [(e.scheme, e.layers) for e in entries] == [("rope", (0, 1, 2)), ("nope", (3,))]
+            assert not any("wpe" in n for n, _ in model.named_parameters())
+    assert all(installed_by[name] for name in ("t5", "pope", "cope")), installed_by
+
+
+def test_the_readme_names_every_arm():
+    import run
+
+    readme = (REPO / "benchmarks" / "study" / "README.md").read_text()
+    assert [name for name in run.arms(run.FULL.width, run.FULL.layers) if f"`{name}`" not in readme] == []
 
 
 def test_an_unknown_arm_names_the_arms(tmp_path):
@@ -57,15 +102,17 @@ def test_an_unknown_arm_names_the_arms(tmp_path):
 
 
 def test_the_committed_study_is_what_the_readme_reports():
-    """benchmarks/study/results.json has the issue's format, 3 seeds of every arm at the full budget, and the
+    """benchmarks/study/results.json has the issue's format, 3 seeds of every arm it holds at the full budget (the
+    ten the docs' findings rest on at least; an arm added later joins when `run.py --arms` has run it), and the
     docs' "What we found" tables are results.md (docs/benchmarks/study.md includes it), which the run writes from it."""
     import run
 
     saved = json.loads((REPO / "benchmarks" / "study" / "results.json").read_text())
     s = run.FULL
     assert saved["settings"]["tokens_per_run"] == s.tokens and saved["settings"]["steps"] == s.steps
-    assert sorted({r["arm"] for r in saved["runs"]}) == sorted(run.arms(s.width))
-    for arm in run.arms(s.width):
+    ran = {r["arm"] for r in saved["runs"]}
+    assert set(FIRST_ARMS) <= ran <= set(run.arms(s.width, s.layers))
+    for arm in ran:
         assert sorted(r["seed"] for r in saved["runs"] if r["arm"] == arm) == list(s.seeds)
     for r in saved["runs"]:
         assert set(r) == {"arm", "seed", "tokens", "params", "metrics"} and r["tokens"] == s.tokens

@@ -1,9 +1,9 @@
 """Added, concatenated, rotated, biased or none: small GPT-2-shaped decoders trained from scratch on
 the KJV with one positional scheme each (`arms.py`), everything else equal (`settings.py`).
 
-    python benchmarks/study/run.py                 # the full study (~85 min on 2 CPU cores)
+    python benchmarks/study/run.py                 # the full study (~2 h on 2 CPU cores)
     python benchmarks/study/run.py --smoke         # 2 arms x 1 seed x 4 steps: checks the pipeline
-    python benchmarks/study/run.py --arms learned,rope --seeds 0
+    python benchmarks/study/run.py --arms learned,rope --seeds 0    # some arms, appended to OUT/results.json
 
 Each run trains through the project's recipe runner (`hf_posenc.train`, full fine-tuning of a random
 init), then `measure.py` scores it. OUT/results.json = {"runs": [{"arm", "seed", "tokens", "params",
@@ -44,23 +44,29 @@ SMOKE_ARMS = ("learned", "rope")
 
 
 def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int, folder: Path) -> Path:
-    """A random GPT-2 of the study's shape, saved with the tokenizer; the recipe patches its positions.
+    """A random GPT-2 of the study's shape, saved with the tokenizer; the recipe patches its positions (a
+    layer map arm is patched here).
     Its learned table covers the training length only: that arm cannot run longer inputs (a skipped cell)."""
     torch.manual_seed(seed)
     width = s.width + arm.extra_width
     config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=s.seq_len, n_embd=width, n_layer=s.layers,
                                      n_head=s.heads, bos_token_id=tokenizer.eos_token_id,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    model = transformers.GPT2LMHeadModel(config)
+    if arm.layered:  # saved patched, the runner's load restores the map; rope and nope draw no random numbers
+        hp.patch(model, arm.scheme)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
 def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path) -> Any:
+    """The run's recipe: full training of `init`, checkpoints only where the geometry is traced. A layer map
+    is already in `init`: the recipe's `posenc.scheme` is one name (hf_posenc/train/recipe.py, PosEncArgs)."""
     save_steps = s.steps // s.checkpoints if arm.added and s.checkpoints > 1 else 0
     return from_dict({
         "model": {"name_or_path": str(init)},
-        "posenc": {"scheme": arm.scheme, "options": dict(arm.options)},
+        "posenc": {"scheme": None} if arm.layered else {"scheme": arm.scheme, "options": dict(arm.options)},
         "peft": {"method": "full"},
         "data": {"dataset": "kjv", "seq_len": s.seq_len, "eval_fraction": s.eval_fraction, "max_eval_samples": 8},
         "training": {"max_steps": s.steps, "batch_size": s.batch_size, "micro_batch_size": s.batch_size, "lr": s.lr,
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     s = SMOKE if args.smoke else FULL
     if args.seeds:
         s = dataclasses.replace(s, seeds=tuple(int(x) for x in args.seeds.split(",")))
-    table = arms(s.width)
+    table = arms(s.width, s.layers)
     names = args.arms.split(",") if args.arms else list(SMOKE_ARMS if args.smoke else table)
     unknown = [n for n in names if n not in table]
     if unknown:

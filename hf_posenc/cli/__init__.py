@@ -139,15 +139,23 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def scheme_config(scheme: str | None, options: dict[str, Any]) -> Any:
-    """The validated `PosEncConfig` of a scheme name and its `--opt`s, before any model loads."""
+def scheme_config(scheme: str | None, options: dict[str, Any], layers: str | None = None) -> Any:
+    """The validated `PosEncConfig` of a scheme name, its `--opt`s and `--layers`, before any model loads."""
     from ..config import PosEncConfig
 
     if scheme is None:
-        if options:
-            raise PosEncError("--opt needs --patch SCHEME to apply to")
+        if options or layers is not None:
+            raise PosEncError("--opt and --layers need --patch SCHEME to apply to")
         return None
-    return PosEncConfig(scheme, **options)
+    return PosEncConfig(scheme, layers=layer_list(layers) if layers is not None else None, **options)
+
+
+def layer_list(text: str) -> list[int]:
+    """'3,7,11' -> [3, 7, 11]: layer indices count from 0."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise PosEncError(f"--layers takes comma-separated layer indices such as 3,7,11, got {text!r}") from err
 
 
 def check_model_takes(model: str, scheme: Any) -> None:

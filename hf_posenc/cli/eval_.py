@@ -35,6 +35,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
     parser.add_argument("--opt", action="append", default=[], metavar="K=V", help="scheme option, repeatable (e.g. factor=4)")
+    parser.add_argument("--layers", metavar="I,J,...", help="with --patch: only these attention layers take the scheme")
     parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated, from: {SUITE_NAMES}")
     parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey)")
     parser.add_argument("--text", default="kjv", help="long text for perplexity: 'kjv' (offline) or a datasets name")
@@ -120,7 +121,7 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
-    args.config = scheme_config(args.scheme, args.options)  # torch-free: a scheme mistake is refused at once
+    args.config = scheme_config(args.scheme, args.options, args.layers)  # torch-free: a scheme mistake is refused at once
     if args.accelerate_config is not None:
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites

@@ -13,10 +13,13 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Load a model, patch its positional scheme, save it. The folder loads back patched with "
                           "hf_posenc.from_pretrained, or AutoModel*.from_pretrained(DIR, trust_remote_code=True).")
     parser.epilog = ("examples:\n  hf-posenc patch smollm2 yarn --opt factor=4 --out out/smollm2-yarn4\n"
-                     "  hf-posenc patch ./my-gpt2 rope --opt theta=10000 --out ./my-gpt2-rope")
+                     "  hf-posenc patch ./my-gpt2 rope --opt theta=10000 --out ./my-gpt2-rope\n"
+                     "  hf-posenc patch smollm2 nope --layers 3,7,11,15,19,23,27 --out out/smollm2-nope-every4")
     parser.add_argument("model", help="'smollm2', a local folder or a Hub id")
     parser.add_argument("scheme", help="a scheme name (hf-posenc list)")
     parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="scheme option, repeatable")
+    parser.add_argument("--layers", metavar="I,J,...", help="only these attention layers (from 0) take the scheme; "
+                        "the others keep the model's own positions")
     parser.add_argument("--out", required=True, help="new folder to save the patched model and tokenizer in")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
 
@@ -25,7 +28,7 @@ def check(args: argparse.Namespace) -> None:
     """The folders, the scheme and its options (both torch-free), then the model's files and what its
     config.json says the architecture takes."""
     check_out(args.out, args.overwrite, sources={"MODEL": args.model})
-    args.config = scheme_config(args.scheme, parse_options(args.opt))
+    args.config = scheme_config(args.scheme, parse_options(args.opt), args.layers)
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)
 

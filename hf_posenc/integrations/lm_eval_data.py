@@ -19,7 +19,6 @@ import datasets
 from .. import data
 from ..errors import PosEncError
 from ..evaluation import passkey_prompt
-from ..models import model_source
 
 # The tail of the text that training recipes hold out for evaluation (recipe `data.eval_fraction`).
 HELD_OUT_FRACTION = 0.02
@@ -90,10 +89,10 @@ def passkey(passkey_lengths: Sequence[int] | int = (512, 1024, 2048, 4096), pass
 
 
 def _tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
+    """Through hf-posenc's reader: a folder hf-posenc wrote gets its stock config, so no remote-code prompt."""
+    from ..loading import load_tokenizer
 
-    path, kwargs = model_source(name)
-    return AutoTokenizer.from_pretrained(path, **kwargs)
+    return load_tokenizer(name)
 
 
 def passkey_results(doc: dict[str, Any], results: list[tuple[float, bool]]) -> dict[str, float]:

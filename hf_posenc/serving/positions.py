@@ -29,6 +29,7 @@ __all__ = ["SERVED", "ServedPositions", "served_positions"]
 SERVED = ("nope", "alibi", "rope", "yarn")
 # the stock architectures whose served twins hf-posenc registers (hf_posenc.serving.vllm_plugin)
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel")
+LAYERED_ARCHITECTURES = ARCHITECTURES[:4]  # per-layer patches: the rotating families, each layer its own rotary
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ServedPositions:
     rotated_pairs: int = 0
     rest_scale: float = 1.0
     alibi_slopes: tuple[float, ...] | None = None
+    layers: tuple[int, ...] | None = None  # the attention layers that take them (None: every layer)
 
 
 def refusal(scheme: str, architecture: str) -> PosEncError:
@@ -58,23 +60,36 @@ def refusal(scheme: str, architecture: str) -> PosEncError:
         "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)")
 
 
-def served_positions(config: Any) -> ServedPositions:
-    """The positions of a patched folder's config (a transformers config with `posenc`, as an engine
-    loads it), or PosEncError naming the scheme when an engine cannot compute them."""
+def served_positions(config: Any) -> tuple[ServedPositions, ...]:
+    """The positions of a patched folder's config (a transformers config with `posenc`, as an engine loads it):
+    one per entry of a per-layer patch (the other layers keep the model's own rotation), one for every layer
+    otherwise; or PosEncError naming the scheme when an engine cannot compute them."""
     posenc = getattr(config, "posenc", None)
     stock = (stock_architectures(config) or ["?"])[0]
     if not posenc:
         raise PosEncError(f"{stock}: the config has no posenc: not a folder hf-posenc patched; serve it as {stock}")
-    scheme, options = posenc["scheme"], posenc.get("options") or {}
+    entries = posenc["map"] if "map" in posenc else [posenc]
+    if any(entry.get("layers") is not None for entry in entries) and stock not in LAYERED_ARCHITECTURES:
+        raise PosEncError(f"hf-posenc serves per-layer patches on {', '.join(LAYERED_ARCHITECTURES)}, not {stock} "
+                          "(its learned table stays for the other layers, which the served model drops); this "
+                          "folder runs with transformers + hf-posenc: hf_posenc.from_pretrained(folder)")
+    return tuple(entry_positions(entry["scheme"], entry.get("options") or {}, entry.get("layers"), config, stock)
+                 for entry in entries)
+
+
+def entry_positions(scheme: str, options: dict[str, Any], layers: list[int] | None, config: Any,
+                    stock: str) -> ServedPositions:
+    """The positions of one scheme (in `layers`, or every layer), or PosEncError naming it."""
     if scheme not in SERVED or stock not in ARCHITECTURES:
         raise refusal(scheme, stock)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    where = tuple(layers) if layers is not None else None
     if scheme == "nope":
-        return ServedPositions(scheme, head_dim)
+        return ServedPositions(scheme, head_dim, layers=where)
     if scheme == "alibi":
         slopes = alibi_slopes(heads, options["max_bias"]) * options["scale"]
-        return ServedPositions(scheme, head_dim, alibi_slopes=tuple(slopes.tolist()))
+        return ServedPositions(scheme, head_dim, alibi_slopes=tuple(slopes.tolist()), layers=where)
     spec = get_scheme(scheme)
     assert isinstance(spec, RotaryScheme), f"{scheme} is in SERVED but not a rotation"
     max_positions = config.max_position_embeddings
@@ -87,4 +102,4 @@ def served_positions(config: Any) -> ServedPositions:
     rest = Rotary(head_dim, params, options["partial"], max_positions).inner.attention_scaling \
         if 0 < pairs < head_dim // 2 else 1.0
     return ServedPositions(scheme, head_dim, rope_parameters=params if pairs else None, rotated_pairs=pairs,
-                           rest_scale=float(rest))
+                           rest_scale=float(rest), layers=where)

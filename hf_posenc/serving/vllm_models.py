@@ -3,13 +3,14 @@
 Each class subclasses vLLM's model of the stock architecture and builds it unchanged, then replaces what
 computes positions, with vLLM's layers: the rotary module of every attention layer (vLLM's `get_rope` on the
 rotated pairs, or none) and the ALiBi slopes of its attention kernel, which vLLM's attention backends take
-per head (as vLLM's BLOOM and MPT pass them). GPT-2 has no rotary module in vLLM, so its forward is written
+per head (as vLLM's BLOOM and MPT pass them); a per-layer patch swaps them in its layers only. GPT-2 has no rotary module in vLLM, so its forward is written
 here from the same blocks, without the learned table. What vLLM cannot compute was refused by
 `served_positions` before anything was built. Imported by vLLM only (`hf_posenc.serving.vllm_plugin`).
 """
 
 from __future__ import annotations
 
+import re
 from itertools import islice
 from typing import Any
 
@@ -90,15 +91,28 @@ def give_alibi_slopes(attention: nn.Module, served: ServedPositions, heads: int)
     impl.alibi_slopes = torch.tensor(served.alibi_slopes[start:start + heads], dtype=torch.float32)
 
 
-def swap_positions(model: nn.Module, served: ServedPositions, vllm_config: VllmConfig) -> None:
-    """Replace the positions of every attention layer of a vLLM Llama-family model (each holds its
-    `rotary_emb` and its vLLM `attn`)."""
-    rotary = rotation(served, vllm_config)
-    for module in model.modules():
-        if hasattr(module, "rotary_emb") and hasattr(module, "attn"):
+def swap_positions(model: nn.Module, plan: tuple[ServedPositions, ...], vllm_config: VllmConfig) -> None:
+    """Replace the positions of the attention layers of a vLLM Llama-family model (each holds its `rotary_emb`
+    and its vLLM `attn`) that each entry of `plan` names (all of them for a whole-model patch); the others keep
+    the model's own rotation."""
+    for served in plan:
+        rotary = rotation(served, vllm_config)
+        for name, module in model.named_modules():
+            if not (hasattr(module, "rotary_emb") and hasattr(module, "attn")):
+                continue
+            if served.layers is not None and layer_index(name) not in served.layers:
+                continue
             module.rotary_emb = rotary
             if served.alibi_slopes is not None:
                 give_alibi_slopes(module.attn, served, module.num_heads)
+
+
+def layer_index(name: str) -> int:
+    """The decoder layer of an attention module from its name in the model (`model.layers.3.self_attn`)."""
+    found = re.search(r"\blayers\.(\d+)\.", name)
+    if found is None:
+        raise PosEncError(f"cannot tell which layer {name!r} is: per-layer positions need `layers.<i>.` in its name")
+    return int(found.group(1))
 
 
 def rotary_family(base: type[nn.Module]) -> type[nn.Module]:
@@ -125,7 +139,7 @@ class PosEncGPT2LMHeadModel(GPT2LMHeadModel):
     attention layer instead: rotated q/k or ALiBi slopes."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        served = served_positions(vllm_config.model_config.hf_config)
+        served, = served_positions(vllm_config.model_config.hf_config)  # a whole-model patch (refused otherwise)
         if get_pp_group().world_size > 1:
             raise PosEncError("hf-posenc serves GPT-2 folders without pipeline parallelism; use "
                               "tensor_parallel_size instead")

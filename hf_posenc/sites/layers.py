@@ -1,16 +1,18 @@
 """Per-layer patches: each entry's scheme in its own attention layers, the model's own positions in the rest.
 
 An entry installs like a whole-model patch through a *view* of the adapter (`view`) that sees only its layers
-and none of the model-wide positions the other layers still use: no rotary module to rebuild (the entry's
-rotation, if any, rotates q and k at the projections, as on a model without rotary), and no position slot
-unless the patch covers every layer (then, as a whole-model patch, it takes the slot away). One `LayerRole`
-hook per attention module then does what only a layer knows: switch the model's own rotation off in a patched
-layer (identity cos/sin in its `position_embeddings`), and send an unpatched layer to the stock attention with
-none of the patch's private kwargs.
+and none of the model-wide positions the other layers still use: the model's rotary module stays, and the
+position slot keeps the model's own table (fed the patch's padding-aware positions) unless the patch covers
+every layer (then, as a whole-model patch, it takes the slot away). On a natively rotating model a q/k entry
+gets the rotation the whole-model patch would put in the rotary slot, computed once per forward and handed to
+its layers in place of their `position_embeddings` (so the model's own rotation layout, partial or per-head
+normed, is kept). One `LayerRole` hook per attention module then does what only a layer knows: which rotation
+it uses, and whether it runs the stock attention without the patch's private kwargs.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -21,8 +23,10 @@ from .. import compat
 from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX, UNPOSITIONED_KWARG
 from ..config import LayerMap, PosEncConfig
 from ..errors import PosEncError
-from .base import PatchHook
+from ..schemes.rope import native_partial
+from .base import LayerLoop, PatchHook, place
 from .model import install as install_model
+from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -32,23 +36,29 @@ if TYPE_CHECKING:
 ROTATION_KWARG = "position_embeddings"  # what a natively rotating attention module rotates q and k by
 POSENC_ATTENTION = ("score", "attention")  # sites whose scheme runs inside the posenc attention function
 ATTENTION_KWARGS = (POSITIONS_KWARG, BIAS_KWARG, LOGITS_KWARG)  # the private kwargs the posenc attention reads
+IDENTITY = ""  # LayerRole.rotation: cos = 1, sin = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One entry of a per-layer patch, resolved: its scheme, its config (options resolved) and its view."""
+    """One entry of a per-layer patch, resolved: its scheme, its config (options resolved), its view and the
+    stock facts of the model (or stack) it goes into."""
 
     spec: Scheme
     config: PosEncConfig
     view: Adapter
+    facts: ModelFacts
+
+    def rotates_natively(self, adapter: Adapter) -> bool:
+        """A q/k scheme on a natively rotating model: its rotation replaces the model's in its layers."""
+        return adapter.rotary is not None and self.spec.site == "qk"
 
 
 def view(adapter: Adapter, layers: Sequence[int], tag: str, covers_all: bool) -> Adapter:
-    """The adapter as one entry's installers must see it: only `layers` attend with the entry's positions,
-    the model's rotary module stays for the other layers, and the model-wide position slot (which still gets
-    the patch's padding-aware positions), bias table and bias switch are the entry's to remove only when the
-    patch covers every layer (`covers_all`, first entry). `tag` keeps the modules and private kwargs of two
-    entries of the same site apart."""
+    """The adapter as one entry's installers see it: only `layers` attend with the entry's positions, the
+    model's rotary module stays for the others, and the slot, bias table and bias switch shared by every layer
+    are the entry's to remove only when the patch covers every layer (`covers_all`, given to the first entry).
+    `tag` keeps the modules and private kwargs of two entries of the same site apart."""
     return dataclasses.replace(
         adapter, attention_layers=tuple(layers), rotary=None, rotary_layer_types=(), tag=tag,
         native_slot=not covers_all,
@@ -57,48 +67,84 @@ def view(adapter: Adapter, layers: Sequence[int], tag: str, covers_all: bool) ->
     )
 
 
+def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: dict[str, Any],
+                    facts: ModelFacts) -> nn.Module:
+    """What the whole-model patch puts in the rotary slot (sites.qk): the model's own rotary class rebuilt
+    from the scheme's rope_parameters, or the scheme's rotary module (another rotating fraction, a scheme no
+    rope_parameters express, a rotation per layer type, whose entry rotates all its layers alike)."""
+    config = compat.text_config(model.config)
+    if spec.native and options["partial"] == native_partial(facts) and not adapter.rotary_layer_types:
+        own = copy.deepcopy(config)
+        own.rope_parameters = layer_parameters(spec, options, facts, compat.rope_parameters(config) or {})
+        return type(model.base_model.get_submodule(adapter.rotary))(config=compat.with_head_dim(own))
+    return spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config))
+
+
+def rotation_installer(adapter: Adapter) -> Any:
+    """The site installer of a q/k entry on a natively rotating model: its rotation module on the loop owner,
+    (cos, sin) of the loop's positions handed down as a private kwarg its layers' `LayerRole` takes."""
+
+    def install(model: nn.Module, entry_view: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+                loop: LayerLoop) -> None:
+        name = ROTARY_MODULE + entry_view.tag
+        module = place(rotation_module(model, adapter, spec, state.config.options, facts), facts)
+        state.add_module(model.base_model, entry_view.at_loop(name), module, new=True)
+        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry_view.tag))
+
+    return install
+
+
 class LayerRole(PatchHook):
     """Forward pre-hook on one attention module of a per-layer patch, after the entries' own hooks.
 
-    `rotation_off`: the layer belongs to an entry and the model rotates natively: its rotation becomes the
-    identity (the entry's own rotation, if any, already acted on q and k). `stock`: the layer is outside the
-    entry that runs in the posenc attention function: it gets the stock attention. Private kwargs no hook of
-    this layer consumed (another entry's rotation) never reach the attention function."""
+    `rotation`: None keeps the model's own rotation; `IDENTITY` switches it off (a patched layer; a q/k
+    scheme through the taps already rotated q and k); else the private kwarg whose (cos, sin) replace it,
+    in the dtype of the model's own. `stock`: the layer is outside the entry that runs in the posenc attention
+    function and gets the stock attention. Private kwargs no hook of this layer consumed never reach attention."""
 
-    def __init__(self, rotation_off: bool, stock: bool, posenc_attention: bool) -> None:
-        self.rotation_off, self.stock, self.posenc_attention = rotation_off, stock, posenc_attention
+    def __init__(self, rotation: str | None, stock: bool, posenc_attention: bool) -> None:
+        self.rotation, self.stock, self.posenc_attention = rotation, stock, posenc_attention
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        replacement = kwargs.get(self.rotation) if self.rotation else None
         keep = () if self.stock else ATTENTION_KWARGS
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX) or k in keep}
         if self.stock and self.posenc_attention:
             kwargs[UNPOSITIONED_KWARG] = True
-        if self.rotation_off:
+        if self.rotation is not None:
             if ROTATION_KWARG not in kwargs:
                 raise PosEncError(f"{type(attention).__name__} was called without `{ROTATION_KWARG}` as a keyword; "
-                                  "its own rotation cannot be switched off in this layer")
+                                  "its own rotation cannot be replaced in this layer")
             cos, sin = kwargs[ROTATION_KWARG]
-            kwargs[ROTATION_KWARG] = (torch.ones_like(cos), torch.zeros_like(sin))
+            if replacement is None:
+                if self.rotation:
+                    raise PosEncError("per-layer rotation missing: a patched attention module was called outside "
+                                      "its model")
+                replacement = torch.ones_like(cos), torch.zeros_like(sin)
+            kwargs[ROTATION_KWARG] = tuple(t.to(cos.dtype) for t in replacement)
         return args, kwargs
 
 
-def install(model: nn.Module, adapter: Adapter, entries: list[Entry], facts: ModelFacts, state: PatchState) -> None:
+def install(model: nn.Module, adapter: Adapter, entries: list[Entry], state: PatchState) -> None:
     """Install every entry through its view, then one `LayerRole` per attention module; `state.config` is
     the whole patch (a PosEncConfig with layers, or a LayerMap)."""
     whole = state.config
+    rotations: dict[int, str] = {}
     for entry in entries:
         state.config = entry.config  # the installers read the options of the entry they install
-        install_model(model, entry.view, entry.spec, facts, state)
+        site = rotation_installer(adapter) if entry.rotates_natively(adapter) else None
+        install_model(model, entry.view, entry.spec, entry.facts, state, site)
+        if adapter.rotary is not None:
+            kwarg = ROTARY_KWARG + entry.view.tag if site else IDENTITY
+            rotations.update(dict.fromkeys(entry.config.layers, kwarg))
     state.config = whole
     state.set_attr(model.config, "posenc", whole.to_dict(original=adapter.native))
     posenc_attention = compat.attn_implementation(model.config).startswith(PREFIX)
     positioned = {i for e in entries if e.spec.site in POSENC_ATTENTION for i in e.config.layers}
-    patched = {i for e in entries for i in e.config.layers}
     blocks = list(adapter.attention_blocks(model))
     indices = adapter.attention_layers if adapter.attention_layers is not None else range(len(blocks))
     for index, block in zip(indices, blocks):
-        role = LayerRole(rotation_off=adapter.rotary is not None and index in patched,
-                         stock=index not in positioned, posenc_attention=posenc_attention)
+        role = LayerRole(rotations.get(index), stock=index not in positioned, posenc_attention=posenc_attention)
         block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
     state.native = False  # hooks, never config alone
 

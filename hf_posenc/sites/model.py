@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Callable
 
 from torch import nn
 
@@ -16,8 +17,10 @@ from . import INSTALLERS
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
 
 
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState) -> None:
-    """Install `spec` into `model` where `adapter` says, every change recorded in `state` (`state.config` resolved)."""
+def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
+            site: Callable[..., None] | None = None) -> None:
+    """Install `spec` into `model` where `adapter` says, every change recorded in `state` (`state.config` resolved);
+    `site`: an installer other than the scheme's site's (a per-layer rotation, `sites.layers`)."""
     base, config = model.base_model, model.config
     owner = base.get_submodule(adapter.loop) if adapter.loop else base
     offset = adapter.ids_offset(compat.text_config(config))
@@ -30,9 +33,9 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
                      bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
                      carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
-    if adapter.position_slot and adapter.slot_hooked:
+    if adapter.position_slot and adapter.slot_hooked and not adapter.native_slot:  # a kept slot takes its own call
         loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
-    INSTALLERS[spec.site](model, adapter, spec, facts, state, loop)
+    (site or INSTALLERS[spec.site])(model, adapter, spec, facts, state, loop)
     if loop.needed:
         owner.register_forward_pre_hook(loop, with_kwargs=True)
         relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None

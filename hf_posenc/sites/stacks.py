@@ -17,6 +17,8 @@ from ..schemes.base import Scheme
 from ..seq2seq import StackPlan, cross_attentions, self_attentions, stack_module
 from ..state import PatchState, RemoveHooks
 from .base import PatchHook
+from .layers import Entry
+from .layers import install as install_layers
 from .model import install as install_model
 
 
@@ -30,14 +32,19 @@ class Unpositioned(PatchHook):
         return args, {**kept, UNPOSITIONED_KWARG: True}
 
 
-def install(model: nn.Module, plan: StackPlan, spec: Scheme, state: PatchState) -> None:
-    """Patch the planned stacks with `state.config` (resolved), recording every change in `state`."""
+def install(model: nn.Module, plan: StackPlan, spec: Scheme | None, state: PatchState,
+            entries: dict[str, list[Entry]] | None = None) -> None:
+    """Patch the planned stacks with `state.config` (resolved), recording every change in `state`; a per-layer
+    patch brings each stack's resolved `entries` instead of one `spec`."""
     names = {id(m): n for n, m in model.base_model.named_modules()}
     state.undo.append(RemoveHooks(model, PatchHook))
     for stack, adapter in plan.adapters.items():
         module = stack_module(model, stack)
         before = len(state.new_modules)
-        install_model(module, adapter, spec, plan.facts[stack], state)
+        if entries is not None:
+            install_layers(module, adapter, entries[stack], state)
+        else:
+            install_model(module, adapter, spec, plan.facts[stack], state)
         prefix = names[id(module)]
         state.new_modules[before:] = [f"{prefix}.{p}" if prefix else p for p in state.new_modules[before:]]
     for stack in STACKS:

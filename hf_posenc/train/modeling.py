@@ -41,6 +41,13 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
             f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {scheme!r}; "
             f"supported: {', '.join(ok) or 'none'}"
         )
+    if recipe.posenc.layers is not None:  # indices in range, a site that takes layers, on this architecture
+        from .. import validate
+
+        try:
+            validate(subject, scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
+        except PosEncError as err:
+            raise PosEncError(f"{recipe.source}: posenc.layers: {err}") from None
 
 
 def load_recipe_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
@@ -63,7 +70,7 @@ def apply_posenc(model: torch.nn.Module, recipe: Recipe) -> set[str]:
     from .. import patch
 
     before = {id(p) for p in model.parameters()}
-    patch(model, recipe.posenc.scheme, **recipe.posenc.options)
+    patch(model, recipe.posenc.scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
     return {name for name, p in model.named_parameters() if id(p) not in before}
 
 

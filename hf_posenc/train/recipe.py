@@ -72,12 +72,19 @@ class PosEncArgs:
     options: dict[str, Any] | str | None = field(
         {}, help="the scheme's options, e.g. {factor: 4.0}; on the command line as YAML: --posenc.options '{factor: 4}'")
 
+    layers: list[int] | str | None = field(
+        None, help="the attention layers that take the scheme (the others keep the model's own positions), e.g. "
+        "[3, 7, 11]; null: every layer; on the command line as YAML: --posenc.layers '[3, 7, 11]'")
+
     def __post_init__(self) -> None:
         if isinstance(self.options, str):  # from the command line; validate() rejects what is not a mapping
             with contextlib.suppress(yaml.YAMLError):
                 self.options = yaml.safe_load(self.options)
         if self.options is None:
             self.options = {}
+        if isinstance(self.layers, str):  # from the command line; PosEncConfig rejects what is not a list
+            with contextlib.suppress(yaml.YAMLError):
+                self.layers = yaml.safe_load(self.layers)
 
 
 @dataclasses.dataclass
@@ -239,11 +246,11 @@ def validate(recipe: Recipe) -> Recipe:
         from ..config import PosEncConfig
 
         try:
-            PosEncConfig(recipe.posenc.scheme, **recipe.posenc.options)
+            PosEncConfig(recipe.posenc.scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
         except PosEncError as err:
             raise PosEncError(f"{s}: posenc: {err}") from None
-    elif recipe.posenc.options:
-        raise PosEncError(f"{s}: posenc.options given without posenc.scheme")
+    elif recipe.posenc.options or recipe.posenc.layers is not None:
+        raise PosEncError(f"{s}: posenc.options or posenc.layers given without posenc.scheme")
     _check(e.every_steps >= 0, s, "evaluation.every_steps", f"must be >= 0 (0: never), got {e.every_steps}")
     lm_only = recipe.model.task == "causal_lm"
     if d.pose is not None:
