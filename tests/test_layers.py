@@ -233,3 +233,35 @@ def test_encoder_decoder_stacks_take_layers_in_each_stack(model_type, tmp_path):
     assert hp.describe(reloaded) == hp.describe(model)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**inputs).logits, expected, atol=0, rtol=0)
+
+
+MAPS = {
+    "llama": {"nope": [0], "alibi": [1]},
+    "qwen3": [hp.PosEncConfig("rope", theta=1e4, layers=[0]), hp.PosEncConfig("xpos", scale_base=16.0, layers=[1])],
+    "gpt2": {"rope": [0], "nope": [1]},
+    "mistral": [hp.PosEncConfig("p_rope", p=0.5, layers=[0]), hp.PosEncConfig("t5", init_std=0.5, layers=[1])],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MAPS))
+def test_a_map_keeps_the_invariants(arch):
+    """The invariant rows on maps of two schemes: cache, left padding, sdpa == eager, static cache generate."""
+    model = hp.patch(tiny_model(arch), MAPS[arch])
+    eager = hp.patch(tiny_model(arch, attn="eager"), MAPS[arch])
+    eager.load_state_dict(model.state_dict())
+    x = ids(batch=2, length=12)
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        full = model(x, attention_mask=mask).logits
+        torch.testing.assert_close(eager(x, attention_mask=mask).logits[1], full[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(eager(x, attention_mask=mask).logits[0, 3:], full[0, 3:], atol=1e-4, rtol=1e-4)
+        alone = model(x[:1, 3:]).logits
+        torch.testing.assert_close(full[0, 3:], alone[0], atol=1e-4, rtol=1e-4)  # left padding
+        past = model(x[:, :-4], attention_mask=mask[:, :-4], use_cache=True).past_key_values
+        step = model(x[:, -4:], attention_mask=mask, past_key_values=past, use_cache=True).logits
+        torch.testing.assert_close(step, full[:, -4:], atol=1e-4, rtol=1e-4)
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    dynamic = model.generate(x, attention_mask=mask, **kw)
+    static = model.generate(x, attention_mask=mask, cache_implementation="static", **kw)
+    assert torch.equal(dynamic, static)
