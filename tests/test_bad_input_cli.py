@@ -146,6 +146,8 @@ def _recipes(work: Path) -> None:
     r("scheme-option", posenc={"scheme": "yarn", "options": {"factor": "big"}})
     r("options-string", posenc={"scheme": "alibi", "options": "factor"})
     r("options-no-scheme", posenc={"options": {"factor": 2}})
+    r("layers-out-of-range", posenc={"scheme": "alibi", "layers": [0, 9]})
+    r("layers-input-site", posenc={"scheme": "sinusoidal", "layers": [1]})
     r("unsupported", model={"name_or_path": str(work / "bert")}, posenc={"scheme": "xpos"})
     r("missing-model", model={"name_or_path": str(work / "nowhere")})
     r("truncated-model", model={"name_or_path": str(work / "truncated")}, posenc={"scheme": "alibi"})
@@ -311,7 +313,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("train-scheme", ["train", "{work}/recipes/scheme.yaml"], ["posenc: unknown scheme 'rotary'", "available schemes"]),
     ("train-scheme-option", ["train", "{work}/recipes/scheme-option.yaml"], ["posenc: scheme 'yarn': factor must be a number >= 1, got 'big'"]),
     ("train-options-string", ["train", "{work}/recipes/options-string.yaml"], ["posenc.options: must be a mapping such as {factor: 4}"]),
-    ("train-options-no-scheme", ["train", "{work}/recipes/options-no-scheme.yaml"], ["posenc.options given without posenc.scheme"]),
+    ("train-options-no-scheme", ["train", "{work}/recipes/options-no-scheme.yaml"], ["posenc.options or posenc.layers given without posenc.scheme"]),
+    ("train-layers-out-of-range", ["train", "{work}/recipes/layers-out-of-range.yaml"], ["posenc.layers", "layers [9] are not attention layers", "2 layers"]),
+    ("train-layers-input-site", ["train", "{work}/recipes/layers-input-site.yaml"], ["posenc.layers", "'sinusoidal' in layers [1]", "token embeddings"]),
+    ("train-layers-override", ["train", "{work}/recipes/ok.yaml", "--posenc.scheme", "nope", "--posenc.layers", "[1, one]"], ["posenc.layers: expected list of int", "got [1, 'one']"]),
     ("train-unsupported", ["train", "{work}/recipes/unsupported.yaml"], ["posenc.scheme: 'bert' does not support 'xpos'", "supported: alibi"]),
     ("train-missing-model", ["train", "{work}/recipes/missing-model.yaml"], ["model.name_or_path", "is not a model folder"]),
     ("train-truncated-model", ["train", "{work}/recipes/truncated-model.yaml"], ["model.name_or_path", "cannot read the weights"]),
