@@ -70,7 +70,9 @@ REFUSED_CELLS = [("llama", "xpos", {}), ("llama", "t5", {}), ("llama", "learned"
 
 
 def cell_id(cell: tuple) -> str:
-    return "-".join([cell[0], cell[1], *map(str, cell[2].values())])
+    """Also a folder name: no brackets (vLLM finds the weights with a glob of the folder's path)."""
+    values = (f"layers{'_'.join(map(str, v))}" if k == "layers" else str(v) for k, v in cell[2].items())
+    return "-".join([cell[0], cell[1], *values])
 
 
 def peaky(model_type: str) -> torch.nn.Module:
