@@ -265,3 +265,12 @@ def test_a_map_keeps_the_invariants(arch):
     dynamic = model.generate(x, attention_mask=mask, **kw)
     static = model.generate(x, attention_mask=mask, cache_implementation="static", **kw)
     assert torch.equal(dynamic, static)
+
+
+def test_inspect_says_a_per_layer_patch_has_no_one_view(tmp_path):
+    from hf_posenc.analysis.report import inspect_model
+
+    model = hp.patch(tiny_model("llama"), {"nope": [0], "alibi": [1]})
+    result = inspect_model(model, ids(batch=1), tmp_path)
+    assert result["positions"] == "per-layer" and "LayerMap" in result["summary"]
+    assert result["patched"]["map"][1]["layers"] == [1]

@@ -15,11 +15,14 @@ from ..registry import ADAPTERS
 
 
 def position_kind(model: nn.Module) -> str:
-    """'absolute' (a vector is added to each token), 'rotary', 'none', or the name of a score-site scheme.
+    """'absolute' (a vector is added to each token), 'rotary', 'none', the name of a score-site scheme, or
+    'per-layer' (a patch of some layers, or a map: no one kind describes every layer).
 
     Read from the patch in place (`describe`) or, for an unpatched model, from its adapter.
     """
     adapter, patched = adapter_for(model), describe(model)
+    if patched is not None and patched.layers is not None:
+        return "per-layer"
     if patched is not None:
         site = get_scheme(patched.scheme).site
         return {"input": "absolute", "qk": "rotary", "none": "none"}.get(site, patched.scheme)

@@ -86,6 +86,9 @@ def inspect_model(
             f"slopes {', '.join(f'{s:.4g}' for s in slopes)}; alibi.png shows the bias by distance"))
         plots.alibi_bias(slopes, min(max_distance, max_positions(model)), out / "alibi.png", name)
         result["plots"].append("alibi.png")
+    elif kind == "per-layer":
+        result["summary"] = (f"{name} has a per-layer patch ({patched!r}): its layers position differently, so no "
+                             f"one view of positions describes the model; inspect each scheme on its own patch")
     elif kind == "none":
         result["summary"] = (f"{name} has no positional encoding (NoPE): position information can only come from "
                              f"the causal mask, so there is nothing to decompose or plot")
