@@ -165,6 +165,8 @@ def main() -> None:
     parser.add_argument("--recovered", action="append", default=[], metavar="LABEL=DIR",
                         help="a folder `hf-posenc train` saved, scored as an extra arm; repeatable")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cells --out already holds (same settings) and measure only the missing ones")
     parser.add_argument("--report-only", action="store_true",
                         help="only redraw the plot and table from --out (e.g. of a run stopped at the deadline)")
     args = parser.parse_args()
@@ -184,15 +186,13 @@ def run(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model, tokenizer = load("smollm2", dtype=torch.float32)
     bench = Bench(tokenizer, held_out(tokenizer), ppl_lengths, args.samples, args.windows)
-    record = results.Results("eval", "smollm2", settings={
-        "ppl_lengths": ppl_lengths, "task_lengths": task_lengths, "samples": args.samples,
-        "perplexity": {"mode": "same_target", "target": bench.target, "windows": args.windows,
-                       "text": "kjv held-out (tail 2%)"},
-        "gen_tokens": GEN_TOKENS, "haystack": HAYSTACK, "recovered": folders, "seed": 0, "dtype": "float32",
-        "threads": torch.get_num_threads()}, details={"arms": {}})
-    runs = {label: results.Run(label, arm.scheme, arm.patch_kwargs()) for label, arm in arms.items()}
-    record.runs.extend(runs.values())
     out = Path(args.out)
+    record = _record(args, out, bench, folders)
+    runs = {run.label: run for run in record.runs}
+    for label, arm in arms.items():
+        if label not in runs:
+            runs[label] = results.Run(label, arm.scheme, arm.patch_kwargs())
+            record.runs.append(runs[label])
     out.parent.mkdir(parents=True, exist_ok=True)
     zero_at: dict[tuple[str, str], int] = {}  # (arm, metric) -> the length it scored 0/n at
     for length in sorted({*ppl_lengths, *task_lengths}):
@@ -207,6 +207,10 @@ def run(args: argparse.Namespace) -> None:
                 if (label, metric) in zero_at:
                     runs[label].put(metric, length, {"skipped": f"0/{args.samples} at {zero_at[label, metric]}"})
                     continue
+                if (done := runs[label].metrics.get(metric, {}).get(str(length))) is not None:  # --resume
+                    if "skipped" not in done and done.get(results.METRICS[metric].rate or "") == 0:
+                        zero_at[label, metric] = length
+                    continue
                 start = time.perf_counter()
                 cell = measure(bench, arm_model, length)
                 cell["seconds"] = round(time.perf_counter() - start, 1)
@@ -218,6 +222,23 @@ def run(args: argparse.Namespace) -> None:
                 print(f"{label:<26} {metric:<20} {length:>5}: {_shown(metric, cell)}  ({cell['seconds']} s)",
                       flush=True)
     record.save(out, complete=True)
+
+
+def _record(args: argparse.Namespace, out: Path, bench: Bench, folders: dict[str, str]) -> results.Results:
+    """A new results record, or with --resume the one at `out` when it was measured with the same settings."""
+    settings = {
+        "ppl_lengths": bench.ppl_lengths, "task_lengths": [int(n) for n in args.task_lengths.split(",") if n],
+        "samples": args.samples, "perplexity": {"mode": "same_target", "target": bench.target,
+                                                "windows": args.windows, "text": "kjv held-out (tail 2%)"},
+        "gen_tokens": GEN_TOKENS, "haystack": HAYSTACK, "seed": 0, "dtype": "float32"}
+    if not (args.resume and out.exists()):
+        return results.Results("eval", "smollm2", settings={**settings, "recovered": folders,
+                                                           "threads": torch.get_num_threads()}, details={"arms": {}})
+    record = results.load(out)
+    if changed := sorted(k for k, v in settings.items() if record.settings.get(k) != v):
+        raise SystemExit(f"--resume: {out} was measured with other {', '.join(changed)}; use another --out")
+    record.settings["recovered"] = {**record.settings.get("recovered", {}), **folders}
+    return record
 
 
 def _patched(model: torch.nn.Module, arm: Arm) -> torch.nn.Module:
