@@ -134,6 +134,9 @@ def test_overrides_typed_and_checked(tmp_path, assets):
     assert recipe.peft.target_modules == ["q_proj", "v_proj"] and recipe.output.merge is False
     assert recipe.posenc.options == {"max_bias": 4} and recipe.training.deterministic is True
     assert load_recipe(path, ["--peft.target_modules", "all-linear"]).peft.target_modules == "all-linear"
+    control = load_recipe(path, ["--posenc.scheme", "null", "--posenc.options", "{}"])  # the same run, no swap
+    assert control.posenc.scheme is None and control.posenc.options == {}
+    assert load_recipe(path, ["--posenc.scheme", "nope", "--posenc.layers", "[1]"]).posenc.layers == [1]
     with pytest.raises(PosEncError, match="ambiguous"):
         load_recipe(path, ["--micro_batch_size", "2"])  # in training and evaluation
     with pytest.raises(PosEncError, match="--max_steps.*invalid int value: 'many'"):

@@ -77,6 +77,8 @@ class PosEncArgs:
         "[3, 7, 11]; null: every layer; on the command line as YAML: --posenc.layers '[3, 7, 11]'")
 
     def __post_init__(self) -> None:
+        if isinstance(self.scheme, str) and yaml.safe_load(self.scheme) is None:  # `--posenc.scheme null`
+            self.scheme = None
         if isinstance(self.options, str):  # from the command line; validate() rejects what is not a mapping
             with contextlib.suppress(yaml.YAMLError):
                 self.options = yaml.safe_load(self.options)
