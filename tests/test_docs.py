@@ -36,6 +36,7 @@ INCLUDED = {
     "benchmarks/study.md": ["benchmarks/study/results.md"],
     "support.md": ["benchmarks/results/seq2seq_support.md"],
     "guide/serve.md": ["benchmarks/results/serving.md"],
+    "benchmarks/layers.md": ["benchmarks/results/layers.md"],
 }
 
 
