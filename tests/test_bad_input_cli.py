@@ -251,7 +251,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("eval-accelerate-yaml", ["eval", "--model", "{work}/tiny", "--accelerate-config", "{work}/accel-bad.yaml", "--out", OUT], ["accel-bad.yaml: line 2, column 1", "not valid YAML"]),
     ("eval-accelerate-processes", ["eval", "--model", "{work}/tiny", "--accelerate-config", "{work}/accel-zero.yaml", "--out", OUT], ["accel-zero.yaml", "num_processes is an integer >= 1"]),
     ("eval-no-model", ["eval", "--out", OUT], ["give --model", "or --compare"]),
-    ("eval-opt-no-patch", ["eval", "--model", "{work}/tiny", "--opt", "factor=2", "--out", OUT], ["--opt needs --patch SCHEME"]),
+    ("eval-opt-no-patch", ["eval", "--model", "{work}/tiny", "--opt", "factor=2", "--out", OUT], ["--opt and --layers need --patch SCHEME"]),
     ("eval-unknown-scheme", ["eval", "--model", "{work}/tiny", "--patch", "rotary", "--out", OUT], ["unknown scheme 'rotary'"]),
     ("eval-unsupported", ["eval", "--model", "{work}/bert", "--patch", "xpos", "--out", OUT], ["cannot take scheme 'xpos'"]),
     ("eval-missing-model", ["eval", "--model", "{work}/nowhere", "--out", OUT], ["--model: ", "is not a model folder"]),
