@@ -421,7 +421,7 @@ def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved
     (["--suite", "sentiment"], "rotten_tomatoes, sst2"),
     (["--lengths", "512,0"], "positive integer"),
     (["--lengths", "1k"], "comma-separated integers"),
-    (["--opt", "factor=2"], "--opt needs --patch"),
+    (["--opt", "factor=2"], "--opt and --layers need --patch SCHEME"),
     (["--suite", "passkey", "--depths", "0.5,2"], "depths in [0, 1]"),
     (["--lengths", "16,48", "--target-tokens", "16"], "--target-tokens: the tokens scored per window must be in 1..15"),
     (["--ppl-mode", "first"], "unknown perplexity mode 'first'; choose from same_target"),

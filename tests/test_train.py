@@ -300,3 +300,25 @@ def test_deterministic_holds_for_the_run_only(assets, tmp_path, monkeypatch):
     assert train(load_recipe(write_recipe(tmp_path / "r.yaml", data))).run("after training")
     assert not torch.are_deterministic_algorithms_enabled()
     assert seen == [":4096:8"] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_a_bf16_run_then_an_fp32_run_in_one_process(assets, tmp_path):
+    """A notebook trains a bf16 recipe, then an fp32 one: the first run's precision held for that run only
+    (accelerate's process-wide state made the second fail with "restart your runtime"); a state the caller
+    made before a run is left as it was."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from hf_posenc.train import train
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # whatever an earlier test of this worker left
+    for precision in ("bf16", "no"):
+        data = recipe_dict(assets, tmp_path / precision, training={"max_steps": 1, "mixed_precision": precision})
+        record = train(load_recipe(write_recipe(tmp_path / f"{precision}.yaml", data)))
+        assert record.run("after training").metrics["perplexity"]
+        assert not AcceleratorState._shared_state, precision
+    own = Accelerator(cpu=True, mixed_precision="bf16")
+    data = recipe_dict(assets, tmp_path / "own", training={"max_steps": 1, "mixed_precision": "bf16"})
+    train(load_recipe(write_recipe(tmp_path / "own.yaml", data)))
+    assert own.state.mixed_precision == "bf16" and AcceleratorState().mixed_precision == "bf16"
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -15,6 +15,7 @@ from typing import Any
 import datasets
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, set_seed
 
 from .. import folders, plots, results
@@ -71,7 +72,11 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
             else it runs here.
     """
     before, workspace = torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_WORKSPACE)
-    try:  # `training.deterministic` holds for this run only, not for the rest of the caller's process
+    # accelerate keeps one process-wide state: left behind, a bf16 run's precision makes the next run of another
+    # precision in this process (a notebook) fail with "restart your runtime". accelerate has no public way to end
+    # it; its own tests clear it so. A state the caller made before the run is the caller's and stays.
+    owns_state = not AcceleratorState._shared_state
+    try:  # `training.deterministic` and `training.mixed_precision` hold for this run only
         run = _setup(recipe, resume, overwrite, checked)
         _loop(run)
         return _finish(run)
@@ -79,6 +84,8 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
         torch.use_deterministic_algorithms(before)
         if workspace is None:
             os.environ.pop(CUBLAS_WORKSPACE, None)
+        if owns_state:
+            AcceleratorState._reset_state()  # the process group (PartialState) stays for the caller
 
 
 @dataclasses.dataclass
