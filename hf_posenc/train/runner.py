@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import socket
 import time
@@ -15,7 +14,6 @@ from typing import Any
 import datasets
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, set_seed
 
 from .. import folders, plots, results
@@ -24,11 +22,9 @@ from ..evaluation import processes
 from ..patching import describe
 from ..progress import bar
 from ..results import write_json
-from . import curve, inputs, modeling, objectives, tasks
+from . import curve, inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
 from .run_folder import RUN_FILE, STATE_FILE, Checked, TrainerState, checkpoints, preflight, save_checkpoint
-
-CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # what deterministic cuBLAS needs (CUDA docs, "Reproducibility")
 
 
 def _evaluate(model: torch.nn.Module, loader: Any, accelerator: Accelerator, recipe: Recipe,
@@ -71,21 +67,10 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
         checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
             else it runs here.
     """
-    before, workspace = torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_WORKSPACE)
-    # accelerate keeps one process-wide state: left behind, a bf16 run's precision makes the next run of another
-    # precision in this process (a notebook) fail with "restart your runtime". accelerate has no public way to end
-    # it; its own tests clear it so. A state the caller made before the run is the caller's and stays.
-    owns_state = not AcceleratorState._shared_state
-    try:  # `training.deterministic` and `training.mixed_precision` hold for this run only
+    with scope.run_only():  # `training.deterministic` and `training.mixed_precision` hold for this run only
         run = _setup(recipe, resume, overwrite, checked)
         _loop(run)
         return _finish(run)
-    finally:
-        torch.use_deterministic_algorithms(before)
-        if workspace is None:
-            os.environ.pop(CUBLAS_WORKSPACE, None)
-        if owns_state:
-            AcceleratorState._reset_state()  # the process group (PartialState) stays for the caller
 
 
 @dataclasses.dataclass
@@ -142,8 +127,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
 
     set_seed(t.seed)
     if t.deterministic:
-        os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")  # else cuBLAS matmuls raise under deterministic algorithms
-        torch.use_deterministic_algorithms(True)
+        scope.deterministic()
     run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and run.task.original and latest is None:
