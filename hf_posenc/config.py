@@ -15,6 +15,9 @@ from .registry import SCHEMES
 from .typecheck import matches
 
 FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
+# a native patch's config.json holds the patched fields (what plain transformers loads); this key of config.posenc
+# holds what they were, so hf-posenc rebuilds the model as it was before the patch (readers ignore unknown keys)
+BEFORE = "config_before"
 
 
 class PosEncConfig:

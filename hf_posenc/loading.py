@@ -28,7 +28,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from . import compat
 from .catalog import get_scheme
-from .config import PosEncConfig
+from .config import BEFORE, PosEncConfig
 from .errors import PosEncError
 from .models import NAMED_MODELS, source
 from .patching import describe_modules, patch
@@ -275,6 +275,19 @@ def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
     return files
 
 
+def _before_the_patch(config: PretrainedConfig, where: str) -> None:
+    """A native folder's config holds the patched fields; set them back to what they were before the patch
+    (`sites.model.record_before`), so the model is built stock, patched, and `unpatch` gives the stock back."""
+    before = config.posenc.get(BEFORE) if isinstance(config.posenc, dict) else None
+    if before is None:
+        return
+    text = compat.text_config(config)
+    if not isinstance(before, dict) or any(not hasattr(text, name) for name in before):
+        raise PosEncError(f"{where} maps the config's fields to their values before the patch; got {before!r:.120}")
+    for name, value in before.items():
+        setattr(text, name, copy.deepcopy(value))
+
+
 def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
     """`model_cls.from_pretrained` with `config` (the stock class's, with `posenc`), then the patch and its weights:
     transformers alone would drop the weights of modules the stock class does not have."""
@@ -285,6 +298,7 @@ def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
     config = kwargs.get("config")
     if getattr(config, "posenc", None) is not None:  # refused before any weight loads
         PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
+        _before_the_patch(config, f"{path}: config.json's posenc.{BEFORE}")
     try:
         with _quiet_transformers():
             model = model_cls.from_pretrained(path, **kwargs)

@@ -292,3 +292,57 @@ def test_the_documented_tokenizer_loads_ask_nothing(remote_code_folder, route, t
         text = proc.stdout + proc.stderr
     assert "[3, 5]" in text
     assert "Do you wish to run the custom code" not in text and "You are using a model of type" not in text
+
+
+NATIVE = [(arch, label) for arch in ("llama", "qwen3") for label in ("rope", "linear", "dynamic", "yarn", "llama3",
+                                                                     "longrope")]
+
+
+@pytest.mark.parametrize("arch, label", NATIVE, ids=[f"{a}-{lab}" for a, lab in NATIVE])
+def test_unpatch_of_a_loaded_native_folder_gives_the_stock_model_back(tmp_path, arch, label):
+    """A RoPE scaling saved as native rope_parameters: `hp.from_pretrained` builds the model as it was before the
+    patch (config.posenc's config_before) and patches it, so `unpatch` gives the stock logits back bit for bit
+    (it kept the scaled rotation, with describe() saying None); plain transformers still loads the scaling."""
+    from matrix import SCHEMES, scheme_of
+
+    from hf_posenc.config import BEFORE
+    from hf_posenc.state import STATE_ATTR
+
+    ids = torch.randint(3, 120, (2, LONG))
+    model = tiny_model(arch)
+    stock, stock_config = output(model, ids), model.config.to_dict()
+    hp.patch(model, scheme_of(label), **SCHEMES[label])
+    assert getattr(model, STATE_ATTR).native
+    expected = output(model, ids)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["posenc"][BEFORE]["rope_parameters"] == stock_config["rope_parameters"]
+    assert saved["rope_parameters"] != stock_config["rope_parameters"]  # what plain transformers reads
+    assert torch.equal(output(transformers.AutoModelForCausalLM.from_pretrained(tmp_path), ids), expected)
+    loaded = hp.from_pretrained(tmp_path)
+    assert torch.equal(output(loaded, ids), expected)
+    hp.unpatch(loaded)
+    assert hp.describe(loaded) is None and torch.equal(output(loaded, ids), stock)
+    fields = ("rope_parameters", "max_position_embeddings")
+    assert {k: loaded.config.to_dict()[k] for k in fields} == {k: stock_config[k] for k in fields}
+
+
+def test_a_native_folder_without_config_before_loads_as_before(tmp_path):
+    """Folders written before config_before existed still load patched (unpatch then keeps their scaling: the
+    stock fields are not in the folder); a config_before naming no field of the config is refused by name."""
+    from hf_posenc.config import BEFORE
+
+    ids = torch.randint(3, 120, (2, LONG))
+    model = hp.patch(tiny_model("llama"), "yarn", factor=4.0)
+    expected = output(model, ids)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["posenc"][BEFORE]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = hp.from_pretrained(tmp_path)
+    assert torch.equal(output(loaded, ids), expected) and hp.describe(loaded) == hp.describe(model)
+    for damaged in ([1, 2], {"no_such_field": 1}):
+        config["posenc"][BEFORE] = damaged
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(hp.PosEncError, match=f"config.json's posenc.{BEFORE} maps the config's fields"):
+            hp.from_pretrained(tmp_path)

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
 from .. import compat, saving
 from ..adapters.base import Adapter
+from ..config import BEFORE
 from ..schemes.base import ModelFacts, Scheme
-from ..state import PatchState, RemoveHooks
+from ..state import Missing, PatchState, RemoveHooks, Restore
 from . import INSTALLERS
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
 
@@ -50,6 +52,18 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
     # model's own rotary module in place (rebuilt from new `rope_parameters`), which no hook, bias or weight does
     state.native = adapter.rotary is not None and \
         type(base.get_submodule(adapter.rotary)).__module__.startswith("transformers.")
+    if state.native:
+        record_before(config, state)
+
+
+def record_before(config: Any, state: PatchState) -> None:
+    """Put what the native patch changed in the model's (text) config, as it was, into `config.posenc`: the folder
+    then loads in hf-posenc as the model before the patch, patched again, and `unpatch` gives the stock positions
+    back (with only the patched fields, the loaded model's "stock" would be the patched one)."""
+    text = compat.text_config(config)
+    before = {r.name: copy.deepcopy(r.held) for r in state.undo
+              if isinstance(r, Restore) and r.obj is text and r.name != "posenc" and r.held is not Missing}
+    state.set_attr(config, "posenc", {**config.posenc, BEFORE: before})
 
 
 def drops_position_ids(model: nn.Module, base: nn.Module) -> bool:
