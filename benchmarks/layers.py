@@ -281,35 +281,50 @@ def write_report(record: results.Results, out: Path) -> None:
     _plot(record, out.with_suffix(".png"))
 
 
+def _short(label: str) -> str:
+    """An arm's label in the plot: a recovered arm's qualifiers dropped (its marker says it)."""
+    return f"{label.split(',')[0]} (recovered)" if label.endswith(RECOVERED) else label
+
+
 def _plot(record: results.Results, path: Path) -> None:
-    """Quality against the share of positions kept: perplexity at the longest perplexity length (log),
-    niah and passkey at the shortest task length with their 95% intervals; a marker per family."""
-    ppl_at, task_at = max(record.settings["ppl_lengths"]), min(record.settings["task_lengths"], default=0)
-    panels = [("perplexity", "perplexity", ppl_at, "perplexity (held-out KJV)"),
-              (NIAH, "score", task_at, "niah_single_1 score"), ("passkey", "accuracy", task_at, "passkey accuracy")]
-    fig, axes = plots.pyplot().subplots(1, 3, figsize=(16, 5))
+    """Quality against the share of positions kept, a column per metric (perplexity on a log scale, niah and
+    passkey with their 95% intervals) and a row per length; a marker per family. A cell skipped after 0/n at a
+    shorter length, or not reached, has no point."""
+    ppl, tasks = record.settings["ppl_lengths"], record.settings["task_lengths"]
+    columns = [("perplexity", "perplexity", ppl, "perplexity (held-out KJV)"),
+               (NIAH, "score", tasks, "niah_single_1 score"), ("passkey", "accuracy", tasks, "passkey accuracy")]
+    rows = max(len(ppl), len(tasks))
+    fig, axes = plots.pyplot().subplots(rows, 3, figsize=(16, 4.5 * rows), squeeze=False)
     handles: dict[str, Any] = {}
-    for ax, (metric, field, length, shown) in zip(axes, panels):
-        for run in record.runs:
-            arm = record.details["arms"].get(run.label, {})
-            cell = run.metrics.get(metric, {}).get(str(length), {})
-            if field not in cell or arm.get("share_kept") is None:
+    for column, (metric, field, lengths, shown) in enumerate(columns):
+        for row in range(rows):
+            ax = axes[row][column]
+            if row >= len(lengths):
+                ax.set_axis_off()
                 continue
-            x, y = arm["share_kept"], cell[field]
-            yerr = [[y - cell["low"]], [cell["high"] - y]] if "low" in cell else None
-            marker, colour = FAMILIES[arm["family"]]
-            handles[arm["family"]] = ax.errorbar([x], [y], yerr=yerr, marker=marker, color=colour, linestyle="none",
-                                                 capsize=3, markersize=8)
-            ax.annotate(run.label, (x, y), fontsize=6, textcoords="offset points", xytext=(5, 3))
-        ax.set(xlabel="share of positions kept (layers x rotary pairs still rotating)", ylabel=shown,
-               title=f"{shown} @ {length} tokens", xlim=(-0.05, 1.1))
-        if metric == "perplexity":
-            ax.set_yscale("log")
-        else:
-            ax.set_ylim(-0.05, 1.05)
+            for run in record.runs:
+                arm = record.details["arms"].get(run.label, {})
+                cell = run.metrics.get(metric, {}).get(str(lengths[row]), {})
+                if field not in cell or arm.get("share_kept") is None:
+                    continue
+                x, y = arm["share_kept"], cell[field]
+                yerr = [[y - cell["low"]], [cell["high"] - y]] if "low" in cell else None
+                marker, colour = FAMILIES[arm["family"]]
+                handles[arm["family"]] = ax.errorbar([x], [y], yerr=yerr, marker=marker, color=colour,
+                                                     linestyle="none", capsize=3, markersize=8)
+                note = ax.annotate(_short(run.label), (x, y), fontsize=6, textcoords="offset points",
+                                   xytext=(5, 3), clip_on=True)
+                note.set_in_layout(False)  # a long label must not squeeze the panel
+            ax.set(xlabel="share of positions kept (layers x rotary pairs still rotating)", ylabel=shown,
+                   title=f"{shown} @ {lengths[row]} tokens", xlim=(-0.05, 1.1))
+            if metric == "perplexity":
+                ax.set_yscale("log")
+            else:
+                ax.set_ylim(-0.05, 1.05)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
-    fig.suptitle(f"SmolLM2-135M: where it needs positions (rates: 95% Wilson interval, n={record.settings['samples']})")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.suptitle(f"SmolLM2-135M: where it needs positions (rates: 95% Wilson interval, n={record.settings['samples']};"
+                 " no point: skipped after 0/n at a shorter length)")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     plots.save(fig, path, bbox_inches="tight")
 
 
