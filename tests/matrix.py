@@ -74,18 +74,22 @@ def site_of(label: str) -> str:
     return get_scheme(scheme_of(label)).site
 
 
-def supported(arch: str, label: str) -> bool:
-    """The cell can be patched: the scheme is supported, and a per-layer label's layers validate too."""
-    config = TINY_CONFIGS[arch]()
-    if not hp.supports(config, scheme_of(label)):
-        return False
+def layers_validate(model_or_config: object, label: str) -> bool:
+    """A per-layer label's layers validate on the model (a whole-model label: nothing to check). A refused
+    per-layer cell (a shared bias, positions only at the input) is no cell of the matrix."""
     if "layers" not in SCHEMES[label]:
         return True
     try:
-        hp.validate(config, scheme_of(label), **SCHEMES[label])
+        hp.validate(model_or_config, scheme_of(label), **SCHEMES[label])
     except hp.PosEncError:
         return False
     return True
+
+
+def supported(arch: str, label: str) -> bool:
+    """The cell can be patched: the scheme is supported, and a per-layer label's layers validate too."""
+    config = TINY_CONFIGS[arch]()
+    return hp.supports(config, scheme_of(label)) and layers_validate(config, label)
 
 
 CELLS = [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if supported(arch, label)]

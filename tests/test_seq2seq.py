@@ -18,7 +18,7 @@ import transformers
 import hf_posenc as hp
 from hf_posenc.attention import PREFIX
 from hf_posenc.seq2seq import cross_attentions, stack_adapter, stack_module, text_stacks
-from matrix import ABSOLUTE, SCHEMES, scheme_of
+from matrix import ABSOLUTE, SCHEMES, layers_validate, scheme_of
 from matrix import sample as sample_of_scope
 from seq2seq_models import OWN, SEQ2SEQ, encoder_inputs, tiny_seq2seq
 
@@ -30,15 +30,8 @@ STACKS = {family: text_stacks(tiny_seq2seq(family)) for family in FAMILIES}  # t
 def supported(family: str, label: str) -> bool:
     """The scheme is supported, and a per-layer label's layers validate too (T5's shared bias and the learned or
     sinusoidal tables at a stack's input take no partial patch, by name)."""
-    if scheme_of(label) not in SUPPORTED[family]:
-        return False
-    if "layers" not in SCHEMES[label]:
-        return True
-    try:
-        hp.validate(tiny_seq2seq(family), scheme_of(label), **SCHEMES[label])
-    except hp.PosEncError:
-        return False
-    return True
+    return scheme_of(label) in SUPPORTED[family] and ("layers" not in SCHEMES[label]
+                                                      or layers_validate(tiny_seq2seq(family), label))
 
 
 def relative(family: str, label: str) -> bool:
