@@ -92,7 +92,7 @@ def _dataset_label(name: str) -> str:
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
     architectures = saving.stock_architectures(config)
-    model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
+    model_type = saving.stock_model_type(config) or config.get("model_type")
     if not architectures or not model_type:
         return []
     found = []

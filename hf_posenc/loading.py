@@ -32,7 +32,7 @@ from .config import BEFORE, PosEncConfig
 from .errors import PosEncError
 from .models import NAMED_MODELS, source
 from .patching import describe_modules, patch
-from .saving import HUB_KWARGS, MODEL_TYPE, stock_architectures
+from .saving import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
 from .state import STATE_ATTR
 
 __all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
@@ -170,11 +170,13 @@ def has_own_model_type(folder: str | os.PathLike) -> bool:
 def _stock_dict(config: dict[str, Any]) -> dict[str, Any]:
     """A marked config.json as transformers' stock config class reads it."""
     config = copy.deepcopy(config)
-    posenc = config.get("posenc") or {}
-    if "model_type" not in posenc:
-        raise PosEncError(f"config.json has model_type {MODEL_TYPE!r} but no posenc.model_type: it was not "
+    stock = stock_model_type(config)
+    if stock is None:
+        raise PosEncError(f"config.json has model_type {MODEL_TYPE!r} but no posenc.{STOCK_MODEL_TYPE}: it was not "
                           "written by hf-posenc; save the model again with model.save_pretrained")
-    config["model_type"] = posenc.pop("model_type")
+    for key in (STOCK_MODEL_TYPE, LEGACY_MODEL_TYPE):
+        config["posenc"].pop(key, None)
+    config["model_type"] = stock
     return config
 
 

@@ -10,7 +10,7 @@ deep-copyable), which lets transformers save and then marks the folder (`mark_fo
   `AutoModel*.from_pretrained(folder, trust_remote_code=True)` gives the patched model;
 - a patch that is native to transformers (RoPE scalings as `rope_parameters` on a model that
   already rotates) keeps its `model_type`: plain transformers rebuilds exactly that model;
-- any other patch gets `model_type` "hf_posenc" (the stock one is kept as `posenc.model_type`)
+- any other patch gets `model_type` "hf_posenc" (the stock one is kept as `posenc.stock_model_type`)
   and `AutoConfig` in `auto_map`: without `trust_remote_code=True` transformers refuses the folder
   and says to pass it, instead of loading the stock model;
 - and its `architectures` name classes only hf-posenc provides (`PosEncLlamaForCausalLM`; the stock
@@ -34,14 +34,19 @@ from . import folders
 from .errors import PosEncError
 from .state import STATE_ATTR
 
-__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
-           "mark_folder", "own_architecture", "save_pretrained", "stock_architectures"]
+__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "LEGACY_MODEL_TYPE", "MODEL_TYPE", "STOCK_MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
+           "mark_folder", "own_architecture", "save_pretrained", "stock_architectures", "stock_model_type"]
 
 MODEL_TYPE = "hf_posenc"
 # `architectures` of a folder whose positions its stock class does not compute: the stock name behind it
 ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
+# Where a non-native folder keeps its stock model_type. Not `posenc.model_type`: transformers' config reader takes
+# a nested dict whose `model_type` is the class's own as the config itself (how it reads composite configs), so
+# `LlamaConfig.from_pretrained(folder)` would read the posenc dict and build a default 7B Llama.
+STOCK_MODEL_TYPE = "stock_model_type"
+LEGACY_MODEL_TYPE = "model_type"  # folders written before STOCK_MODEL_TYPE
 # The one Auto-class table, most specific head first: Auto class -> (the class of the remote-code file that
 # loads through it -- one each: the file must know which head was asked for --, the pipeline tag of a model
 # card that loads the model with it; None: cards do not name it).
@@ -87,6 +92,12 @@ def auto_map(model_type: str, native: bool, old: dict[str, str] | None = None) -
     return dict(sorted(entries.items()))
 
 
+def stock_model_type(config: dict[str, Any]) -> str | None:
+    """The stock model_type of a config.json dict hf-posenc marked as its own (any layout it has written)."""
+    posenc = config.get("posenc") or {}
+    return posenc.get(STOCK_MODEL_TYPE) or posenc.get(LEGACY_MODEL_TYPE)
+
+
 def own_architecture(stock: str) -> str:
     """The architecture a non-native patched folder names: a class only hf-posenc provides."""
     return f"{ARCHITECTURE_PREFIX}{stock}"
@@ -116,15 +127,16 @@ def mark_folder(folder: str | os.PathLike, native: bool) -> None:
     posenc = config.get("posenc")
     if not posenc:
         return
-    model_type = posenc.get("model_type") if config.get("model_type") == MODEL_TYPE else config["model_type"]
+    model_type = stock_model_type(config) if config.get("model_type") == MODEL_TYPE else config["model_type"]
     # transformers writes the class it saved; a copied marked config.json already has hf-posenc's names
     stock = [name.removeprefix(ARCHITECTURE_PREFIX) for name in config.get("architectures") or []]
+    posenc.pop(LEGACY_MODEL_TYPE, None)
     if native:
         config["model_type"] = model_type
-        posenc.pop("model_type", None)
+        posenc.pop(STOCK_MODEL_TYPE, None)
         posenc.pop("architectures", None)
     else:
-        config["model_type"], posenc["model_type"] = MODEL_TYPE, model_type
+        config["model_type"], posenc[STOCK_MODEL_TYPE] = MODEL_TYPE, model_type
         if stock:
             posenc["architectures"] = stock
     if stock:

@@ -1,7 +1,7 @@
 """Remote code of a model whose positional encoding was swapped with hf-posenc.
 
 `AutoConfig` / `AutoModel*.from_pretrained(folder_or_repo, trust_remote_code=True)` run this file.
-The folder's config.json names the stock architecture in `posenc.model_type` (or keeps its own
+The folder's config.json names the stock architecture in `posenc.stock_model_type` (or keeps its own
 `model_type` when transformers can express the scheme), and hf-posenc loads that stock class,
 re-applies the scheme in `config.posenc` and loads the scheme's weights: the model you get is the
 stock transformers class, patched. Needs hf-posenc installed: `pip install hf-posenc`.
