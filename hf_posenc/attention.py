@@ -1,9 +1,14 @@
 """The attention functions of score- and attention-site schemes (`posenc_sdpa`, `posenc_eager`).
 
 They are registered under new implementation names with transformers' AttentionInterface and, with the
-stock sdpa mask function, AttentionMaskInterface (with only the first, transformers builds no mask and
-padding is silently ignored). The scheme's bias is added here, in the one place every path goes through,
-rather than in the mask function, which transformers skips when the caller hands it a ready 4-D mask.
+stock sdpa mask function, AttentionMaskInterface. The scheme's bias is added here, in the one place every path
+goes through, rather than in the mask function, which transformers skips when the caller hands it a ready 4-D mask.
+
+Only the attention modules the patch positions dispatch to them: each reads a `PositionedConfig`, a view of its
+model's config whose implementation is the posenc_ one standing in for the model's. The model's own config keeps
+transformers' name (`sdpa`, `eager`), which its Trainer, DeepSpeed and user code branch on and which
+`set_attn_implementation` switches; the model builds its stock mask for that name, and cross-attention or layers
+a per-layer patch leaves alone run the stock attention.
 
 Contract (what a FlexAttention or query-chunked path must also honour):
 
@@ -46,9 +51,6 @@ PREFIX = "posenc_"
 POSITIONS_KWARG = "posenc_positions"
 BIAS_KWARG = "posenc_bias"
 LOGITS_KWARG = "posenc_logits"
-# Set by a pre-hook on attention modules the patch leaves without positions (an encoder-decoder model's
-# cross-attention, or a stack not patched) that run under posenc_* because their config is shared.
-UNPOSITIONED_KWARG = "posenc_unpositioned"
 BASES = ("sdpa", "eager")
 BACKEND_ENV = "HF_POSENC_ATTENTION"
 BACKEND_CHOICES = ("auto", "dense", "chunked", "flex", "flash_alibi")
@@ -70,13 +72,33 @@ class Positions(NamedTuple):
 
 def implementation_for(current: str) -> str:
     """The biased implementation name standing in for `current` (sdpa or eager)."""
-    base = current.removeprefix(PREFIX)
-    if base not in BASES:
+    if current not in BASES:
         raise PosEncError(
             f"attention biases need attn_implementation 'sdpa' or 'eager', this model uses {current!r}; "
-            "load it with attn_implementation='sdpa' (flash attention takes no float bias)"
+            "set it with model.set_attn_implementation('sdpa') (flash attention takes no float bias)"
         )
-    return PREFIX + base
+    return PREFIX + current
+
+
+class PositionedConfig:
+    """The config an attention module the patch positions reads: its model's config (every read and write goes
+    there), except the implementation it dispatches on, the posenc_ one standing in for the model's. Plain data
+    with a module-level class, so `deepcopy` and `torch.save` of the model copy it with the config it views."""
+
+    def __init__(self, config: Any) -> None:
+        self.__dict__["viewed"] = config
+
+    @property
+    def _attn_implementation(self) -> str:
+        return implementation_for(self.viewed._attn_implementation)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "viewed":  # copy and pickle probe dunders before __dict__ is filled
+            raise AttributeError(name)
+        return getattr(self.viewed, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.viewed, name, value)
 
 
 def fit_keys(k_pos: torch.Tensor, kv_length: int) -> torch.Tensor:
@@ -216,17 +238,9 @@ def with_positions(attention: Callable, fused: bool) -> Callable:
         positions: Positions | None = kwargs.pop(POSITIONS_KWARG, None)
         bias_fn = kwargs.pop(BIAS_KWARG, None)
         logits_fn = kwargs.pop(LOGITS_KWARG, None)
-        if kwargs.pop(UNPOSITIONED_KWARG, False):
-            # the stock attention as the model had it; sdpa takes the stock (sdpa) mask as it is
-            if fused:
-                return attention(module, query, key, value, attention_mask, **kwargs)
-            causal = kwargs.pop("is_causal", None)
-            causal = getattr(module, "is_causal", False) if causal is None else causal
-            mask = biased_mask(attention_mask, None, causal, query.shape[-2], key.shape[-2], query.dtype, query.device)
-            return attention(module, query, key, value, mask, **kwargs)
         if positions is None:
             raise PosEncError("posenc attention called without positions: a patched attention module was called "
-                              "outside its model, or the model was unpatched while its implementation stayed posenc_*")
+                              "outside its model")
         kv_length, q_length = key.shape[-2], query.shape[-2]
         causal = kwargs.pop("is_causal", None)
         causal = getattr(module, "is_causal", False) if causal is None else causal

@@ -67,7 +67,6 @@ __all__ = [
     "dense_gguf_kwargs",
     "encoder_module",
     "running_module",
-    "set_attn_implementation",
 ]
 
 
@@ -122,11 +121,6 @@ def with_head_dim(config: PretrainedConfig) -> PretrainedConfig:
 
 def attn_implementation(config: PretrainedConfig) -> str:
     return config._attn_implementation
-
-
-def set_attn_implementation(model: torch.nn.Module, name: str) -> None:
-    """Switch the attention implementation of a loaded model (and its sub-configs)."""
-    model.set_attn_implementation(name)
 
 
 def base_attention_function(name: str) -> Callable | None:

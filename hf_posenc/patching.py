@@ -29,7 +29,7 @@ from .sites import layers as layer_site
 from .sites import model as model_site
 from .sites import stacks
 from .sites.qk import ROTARY_MODULE
-from .state import STATE_ATTR, PatchState
+from .state import STATE_ATTR, PatchState, own_config
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch", "release_check",
            "unpatch", "validate"]
@@ -86,11 +86,14 @@ def _replace_patch(model: nn.Module, config: PosEncConfig, install: Callable[[Pa
     if previous is not None:
         previous.rollback()
         delattr(model, STATE_ATTR)
+    shared = own_config(model)
     state = PatchState(config)
     try:
         install(state)
     except BaseException:
         state.rollback()
+        for record in reversed(shared):
+            record()
         if previous is not None:
             previous.reapply()
             setattr(model, STATE_ATTR, previous)

@@ -11,12 +11,13 @@ The site installers (`hf_posenc.sites`) record into a PatchState; `hf_posenc.pat
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from torch import nn
+from transformers import PretrainedConfig
 
-from . import compat
 from .config import PosEncConfig
 
 STATE_ATTR = "_posenc_state"  # the model attribute that holds its PatchState
@@ -48,19 +49,6 @@ class Restore:
             delattr(self.obj, self.name)
         else:
             setattr(self.obj, self.name, self.held)
-        self.held = current
-
-
-@dataclass
-class RestoreAttention:
-    """Swap the model's attention implementation with `held`."""
-
-    model: nn.Module
-    held: str
-
-    def __call__(self) -> None:
-        current = compat.attn_implementation(self.model.config)
-        compat.set_attn_implementation(self.model, self.held)
         self.held = current
 
 
@@ -136,10 +124,6 @@ class PatchState:
         if new:
             self.new_modules.append(path)
 
-    def set_attn_implementation(self, model: nn.Module, name: str) -> None:
-        self.undo.append(RestoreAttention(model, compat.attn_implementation(model.config)))
-        compat.set_attn_implementation(model, name)
-
     def rollback(self) -> None:
         """Undo every change, last first; the records then hold the patch's objects for `reapply`."""
         for record in reversed(self.undo):
@@ -149,3 +133,20 @@ class PatchState:
         """Put back, first to last, the same objects `rollback` took off."""
         for record in self.undo:
             record()
+
+
+def own_config(model: nn.Module) -> list[Restore]:
+    """Give `model` a config of its own, a copy of the one it holds now, and return the records that give that
+    one back. transformers hands one config object to every model built from it (and it is the caller's own), so
+    a patch that wrote into it would change them all. Every module that held the config, or one of its
+    sub-configs, holds the copy's. A patch takes a copy each time (edits made to a patched model's config since
+    stay) and keeps it when unpatched: the model's config then equals what it was, and is still its own."""
+    memo: dict[int, Any] = {}
+    copy.deepcopy(model.config, memo)
+    records = []
+    for module in model.modules():
+        config = vars(module).get("config")
+        if isinstance(config, PretrainedConfig) and id(config) in memo:
+            records.append(Restore(module, "config", config, instance=True))
+            setattr(module, "config", memo[id(config)])
+    return records

@@ -125,11 +125,26 @@ def test_a_patch_failing_halfway_leaves_the_model_untouched(previous):
     assert hp.describe(model) == (hp.PosEncConfig(previous[0], **previous[1]).replace(partial=1.0) if previous else None)
 
 
-def test_switching_attention_implementation_after_alibi_is_refused():
+def test_switching_attention_implementation_after_alibi():
+    """transformers' names stay the model's: sdpa <-> eager switch with the scheme kept; one the scheme's term
+    cannot go into is refused at the call, or, set on the config by hand, at the next forward."""
     model = hp.patch(tiny_model("llama"), "alibi")
+    x = torch.randint(3, 100, (1, 5))
+    assert model.config._attn_implementation == "sdpa"
+    expected = model(x).logits
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(model(x).logits, expected)
+    with pytest.raises(hp.PosEncError, match=r"attn_implementation 'flex_attention' cannot take .* 'sdpa', 'eager'"):
+        model.set_attn_implementation("flex_attention")
+    assert model.config._attn_implementation == "eager"
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(hp.PosEncError, match=r"switched to 'flex_attention' after patching, which cannot take the 'alibi'"):
+        model(x)
     model.set_attn_implementation("sdpa")
-    with pytest.raises(hp.PosEncError, match=r"switched to 'sdpa' after patching, which drops the 'alibi' scheme"):
-        model(torch.randint(3, 100, (1, 5)))
+    torch.testing.assert_close(model(x).logits, expected)
+    hp.unpatch(model)
+    assert "set_attn_implementation" not in vars(model)
 
 
 def test_learned_table_limit_names_length_and_limit():

@@ -8,13 +8,15 @@ Every hook a patch registers is a small object of a module-level class (plain da
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from .. import compat
-from ..attention import POSITIONS_KWARG, PREFIX, Positions, implementation_for
+from ..attention import BASES, POSITIONS_KWARG, PREFIX, Positions, PositionedConfig, implementation_for
 from ..errors import PosEncError
 from ..schemes.base import ZeroBuckets, ZeroPositions
 from ..schemes.rotary import Rotary
@@ -105,11 +107,11 @@ class LayerLoop(PatchHook):
 
     def __call__(self, owner: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
-        if self.posenc_attention and not compat.attn_implementation(owner.config).startswith(PREFIX):
+        if self.posenc_attention and compat.attn_implementation(owner.config) not in BASES:
             raise PosEncError(
                 f"attention implementation was switched to {compat.attn_implementation(owner.config)!r} after "
-                f"patching, which drops the {self.scheme!r} scheme; set it back with "
-                "model.set_attn_implementation('posenc_sdpa' or 'posenc_eager'), or patch again"
+                f"patching, which cannot take the {self.scheme!r} scheme's term; set it back with "
+                f"model.set_attn_implementation({' or '.join(map(repr, BASES))})"
             )
         handed, self.handed = self.handed, None
         explicit = {"position_ids": handed} if handed is not None and kwargs.get("position_ids") is None else {}
@@ -303,10 +305,25 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: A
                              facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
     attention function as `kwarg` with the positions of queries and keys."""
+    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
     remove_native_positions(model, adapter, facts, state)
-    state.set_attn_implementation(model, implementation_for(compat.attn_implementation(model.config)))
+    for attention in adapter.attention_modules(model):
+        if not isinstance(getattr(attention, "config", None), PretrainedConfig):
+            raise PosEncError(f"{type(attention).__name__} reads no config to choose its attention function by; "
+                              f"the {spec.name!r} scheme's term has no way in")
+        state.set_attr(attention, "config", PositionedConfig(attention.config), instance=True)
+    state.set_attr(model, "set_attn_implementation", functools.partial(set_attn_implementation, model), instance=True)
     add_scheme_module(name, kwarg, model, adapter, spec, facts, state, loop)
     loop.posenc_attention = True
+
+
+def set_attn_implementation(model: nn.Module, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
+    """`model.set_attn_implementation` once the patch runs in the posenc attention function: transformers' own,
+    for the implementations that function stands in for; any other is refused at the call, the model unchanged."""
+    if isinstance(attn_implementation, str) and attn_implementation not in BASES:
+        raise PosEncError(f"attn_implementation {attn_implementation!r} cannot take the patched scheme's attention "
+                          f"term; choose one of {', '.join(map(repr, BASES))}")
+    type(model).set_attn_implementation(model, attn_implementation, *args, **kwargs)
 
 
 def add_scheme_module(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,

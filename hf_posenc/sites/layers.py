@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX, UNPOSITIONED_KWARG
+from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX
 from ..config import LayerMap, PosEncConfig
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
@@ -102,15 +102,13 @@ class LayerRole(PatchHook):
     in the dtype of the model's own. `stock`: the layer is outside the entry that runs in the posenc attention
     function and gets the stock attention. Private kwargs no hook of this layer consumed never reach attention."""
 
-    def __init__(self, rotation: str | None, stock: bool, posenc_attention: bool) -> None:
-        self.rotation, self.stock, self.posenc_attention = rotation, stock, posenc_attention
+    def __init__(self, rotation: str | None, stock: bool) -> None:
+        self.rotation, self.stock = rotation, stock
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         replacement = kwargs.get(self.rotation) if self.rotation else None
         keep = () if self.stock else ATTENTION_KWARGS
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX) or k in keep}
-        if self.stock and self.posenc_attention:
-            kwargs[UNPOSITIONED_KWARG] = True
         if self.rotation is not None:
             if ROTATION_KWARG not in kwargs:
                 raise PosEncError(f"{type(attention).__name__} was called without `{ROTATION_KWARG}` as a keyword; "
@@ -139,12 +137,11 @@ def install(model: nn.Module, adapter: Adapter, entries: list[Entry], state: Pat
             rotations.update(dict.fromkeys(entry.config.layers, kwarg))
     state.config = whole
     state.set_attr(model.config, "posenc", whole.to_dict(original=adapter.native))
-    posenc_attention = compat.attn_implementation(model.config).startswith(PREFIX)
     positioned = {i for e in entries if e.spec.site in POSENC_ATTENTION for i in e.config.layers}
     blocks = list(adapter.attention_blocks(model))
     indices = adapter.attention_layers if adapter.attention_layers is not None else range(len(blocks))
     for index, block in zip(indices, blocks):
-        role = LayerRole(rotations.get(index), stock=index not in positioned, posenc_attention=posenc_attention)
+        role = LayerRole(rotations.get(index), stock=index not in positioned)
         block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
     state.native = False  # hooks, never config alone
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from .. import saving
 from ..adapters.probes import takes_kwargs
-from ..attention import PREFIX, UNPOSITIONED_KWARG
+from ..attention import PREFIX
 from ..config import STACKS
 from ..schemes.base import Scheme
 from ..seq2seq import StackPlan, cross_attentions, self_attentions, stack_module
@@ -24,12 +24,11 @@ from .model import install as install_model
 
 class Unpositioned(PatchHook):
     """Forward pre-hook on an attention module the patch gives no positions (cross-attention, or the
-    self-attention of a stack left alone) that runs under a posenc_* implementation: drops the patch's
-    private kwargs and asks the posenc attention function for the stock attention."""
+    self-attention of a stack left alone): the patch's private kwargs, handed down the blocks, stop here, and the
+    module runs the stock attention it dispatches to."""
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        kept = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX)}
-        return args, {**kept, UNPOSITIONED_KWARG: True}
+        return args, {k: v for k, v in kwargs.items() if not k.startswith(PREFIX)}
 
 
 def install(model: nn.Module, plan: StackPlan, spec: Scheme | None, state: PatchState,
