@@ -45,14 +45,14 @@ def check_transformers(version: str) -> None:
 check_transformers(transformers.__version__)
 
 from transformers import PretrainedConfig  # noqa: E402
-from transformers.cache_utils import Cache, DynamicLayer  # noqa: E402
+from transformers.cache_utils import Cache  # noqa: E402
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface  # noqa: E402
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",
-    "PositionRecord",
+    "RECORD_ATTR",
     "attn_implementation",
     "base_attention_function",
     "base_mask_function",
@@ -155,27 +155,14 @@ def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
     return {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
 
 
-class PositionRecord(DynamicLayer):
-    """Positions (B, 1, T, 1) of every token a cache has stored, in the order they were written.
-
-    It is a layer of the cache itself, appended after the model's own layers, so everything generation
-    does to the cache -- beam reordering, cropping, batch expansion and selection, reset -- happens to
-    the positions too. It never vetoes a static cache's compiled decoding and takes no early init.
-    """
-
-    is_compileable = True
-    supports_early_init = False
+# The cache attribute that holds the positions (B, T) of every token a cache has stored, in the order they were
+# written. Not a layer of the cache: `len(cache)` is the number of the model's layers (transformers asserts it).
+RECORD_ATTR = "posenc_positions"
 
 
 def _self_attention(cache: Any) -> Any:
     """The cache of self-attention keys (an EncoderDecoderCache also holds cross-attention keys)."""
     return getattr(cache, "self_attention_cache", cache)
-
-
-def _record(cache: Any) -> PositionRecord | None:
-    cache = _self_attention(cache)
-    layers = getattr(cache, "layers", None) if isinstance(cache, Cache) else None
-    return next((layer for layer in reversed(layers) if isinstance(layer, PositionRecord)), None) if layers else None
 
 
 # transformers 5.24 renamed the `past_key_values` argument and output field to `cache` (the old name is
@@ -206,25 +193,29 @@ def cache_length(cache: Any) -> int:
     return int(cache.get_seq_length()) if isinstance(cache, Cache) else 0
 
 
-def recorded_positions(cache: Any) -> torch.Tensor | None:
-    """(B, T) positions of the T tokens in `cache`, if it carries a complete record of them."""
-    record = _record(cache)
-    if record is None or record.get_seq_length() != cache_length(cache) or record.get_seq_length() == 0:
+def recorded_positions(cache: Any, batch: int) -> torch.Tensor | None:
+    """(batch, T) positions of the T tokens in `cache`, if it carries a record of them.
+
+    What generation does to a cache after the record was written is read off its shape: cropped (assisted
+    decoding) keeps the first T; rows repeated (beams, several sequences a prompt) repeat theirs. Beam search
+    reorders rows only among the beams of one prompt, which share their positions."""
+    if torch.compiler.is_compiling():  # its checks read the cache's length, data under a static cache
         return None
-    return record.keys[:, 0, :, 0]
+    record = getattr(_self_attention(cache), RECORD_ATTR, None) if isinstance(cache, Cache) else None
+    length = cache_length(cache)
+    if record is None or length == 0 or record.shape[-1] < length or batch % record.shape[0]:
+        return None
+    return record[:, :length].repeat_interleave(batch // record.shape[0], dim=0)
 
 
 def record_positions(cache: Any, positions: torch.Tensor) -> None:
-    """Make `positions` (B, T) the record of the T tokens `cache` now holds."""
-    if not isinstance(cache, Cache) or positions.shape[-1] != cache_length(cache):
+    """Make `positions` (B, T) the record of the T tokens `cache` now holds. Compiled forwards (static caches'
+    decoding) neither write nor read it: their keys' positions are counted over the padding mask, as
+    `generate` counts their queries'."""
+    if torch.compiler.is_compiling():
         return
-    record = _record(cache)
-    if record is None:
-        record = PositionRecord()
-        _self_attention(cache).layers.append(record)
-    record.reset()
-    stored = positions[:, None, :, None]
-    record.update(stored, stored)
+    if isinstance(cache, Cache) and positions.shape[-1] == cache_length(cache):
+        setattr(_self_attention(cache), RECORD_ATTR, positions)
 
 
 def running_module(module: torch.nn.Module) -> torch.nn.Module:

@@ -55,14 +55,15 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     """
     ids = kwargs.get("input_ids")
     ref = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
-    batch, length = ref.shape[:2]
+    # multiple-choice inputs (batch, choices, seq) are rows of their own once the model flattens them
+    rows = ref.dim() - 1
+    ref, mask, explicit = (_flat(t, rows) for t in (ref, kwargs.get("attention_mask"), kwargs.get("position_ids")))
+    batch, length = ref.shape
     cache = compat.cache_in(kwargs)
     past = compat.cache_length(cache)
-    mask = kwargs.get("attention_mask")
     counted = None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # not a prepared 4-D mask or a per-layer-type dict
         counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    explicit = kwargs.get("position_ids")
     if explicit is not None:
         queries = (explicit - offset).expand(batch, -1)
     elif counted is not None:
@@ -74,13 +75,21 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
         queries = (torch.arange(length, device=ref.device) + past).expand(batch, -1)
     if not past:
         return Positions(queries, queries, [])
-    earlier = compat.recorded_positions(cache)
-    if earlier is None or earlier.shape[0] != batch:
+    earlier = compat.recorded_positions(cache, batch)
+    if earlier is None:
         if counted is not None and counted.shape[-1] >= past + length:
             earlier = counted[:, :past]
         else:
             earlier = torch.arange(past, device=ref.device).expand(batch, -1)
     return Positions(queries, torch.cat((earlier.to(queries.device), queries), dim=-1), [])
+
+
+def _flat(tensor: Any, rows: int) -> Any:
+    """`tensor` with its `rows` leading dimensions as one, where it has exactly those and a sequence (ids, a 2-D
+    padding mask or position ids of multiple-choice inputs); anything else as it is."""
+    if rows > 1 and isinstance(tensor, torch.Tensor) and tensor.dim() == rows + 1:
+        return tensor.reshape(-1, tensor.shape[-1])
+    return tensor
 
 
 class LayerLoop(PatchHook):

@@ -100,15 +100,21 @@ class LayerRole(PatchHook):
     `rotation`: None keeps the model's own rotation; `IDENTITY` switches it off (a patched layer; a q/k
     scheme through the taps already rotated q and k); else the private kwarg whose (cos, sin) replace it,
     in the dtype of the model's own. `stock`: the layer is outside the entry that runs in the posenc attention
-    function and gets the stock attention. Private kwargs no hook of this layer consumed never reach attention."""
+    function and gets the stock attention; where other layers run in it (`additive`), a bool 4-D mask reaches this
+    one additive too, so every layer reads a ready mask as those do (transformers' eager attention adds a bool mask
+    as 0 and 1). Private kwargs no hook of this layer consumed never reach attention."""
 
-    def __init__(self, rotation: str | None, stock: bool) -> None:
-        self.rotation, self.stock = rotation, stock
+    def __init__(self, rotation: str | None, stock: bool, additive: bool) -> None:
+        self.rotation, self.stock, self.additive = rotation, stock, additive
 
     def __call__(self, attention: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         replacement = kwargs.get(self.rotation) if self.rotation else None
         keep = () if self.stock else ATTENTION_KWARGS
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PREFIX) or k in keep}
+        mask = kwargs.get("attention_mask")
+        if self.stock and self.additive and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            dtype = (args[0] if args else kwargs["hidden_states"]).dtype
+            kwargs["attention_mask"] = torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
         if self.rotation is not None:
             if ROTATION_KWARG not in kwargs:
                 raise PosEncError(f"{type(attention).__name__} was called without `{ROTATION_KWARG}` as a keyword; "
@@ -141,7 +147,7 @@ def install(model: nn.Module, adapter: Adapter, entries: list[Entry], state: Pat
     blocks = list(adapter.attention_blocks(model))
     indices = adapter.attention_layers if adapter.attention_layers is not None else range(len(blocks))
     for index, block in zip(indices, blocks):
-        role = LayerRole(rotations.get(index), stock=index not in positioned)
+        role = LayerRole(rotations.get(index), stock=index not in positioned, additive=bool(positioned))
         block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
     state.native = False  # hooks, never config alone
 
