@@ -52,6 +52,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",
+    "FollowRows",
     "RECORD_ATTR",
     "attn_implementation",
     "base_attention_function",
@@ -158,6 +159,27 @@ def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
 # The cache attribute that holds the positions (B, T) of every token a cache has stored, in the order they were
 # written. Not a layer of the cache: `len(cache)` is the number of the model's layers (transformers asserts it).
 RECORD_ATTR = "posenc_positions"
+# What generation does to a cache's rows, done to the record too (`FollowRows`): cache method -> the same on (B, T)
+ROW_OPS: dict[str, Callable[..., torch.Tensor]] = {
+    "reorder_cache": lambda record, beam_idx: record.index_select(0, beam_idx.to(record.device)),
+    "batch_select_indices": lambda record, indices: record[indices.to(record.device)],
+    "batch_repeat_interleave": lambda record, repeats: record.repeat_interleave(repeats, dim=0),
+}
+
+
+class FollowRows:
+    """A cache's own row method (`name` in ROW_OPS), set on the cache that carries a position record, that
+    then does the same to the record: beam search reorders rows that hold different positions."""
+
+    def __init__(self, cache: Any, name: str) -> None:
+        self.cache, self.name = cache, name
+
+    def __call__(self, rows: Any) -> Any:
+        result = getattr(type(self.cache), self.name)(self.cache, rows)
+        record = getattr(self.cache, RECORD_ATTR, None)
+        if record is not None:
+            setattr(self.cache, RECORD_ATTR, ROW_OPS[self.name](record, rows))
+        return result
 
 
 def _self_attention(cache: Any) -> Any:
@@ -194,18 +216,15 @@ def cache_length(cache: Any) -> int:
 
 
 def recorded_positions(cache: Any, batch: int) -> torch.Tensor | None:
-    """(batch, T) positions of the T tokens in `cache`, if it carries a record of them.
-
-    What generation does to a cache after the record was written is read off its shape: cropped (assisted
-    decoding) keeps the first T; rows repeated (beams, several sequences a prompt) repeat theirs. Beam search
-    reorders rows only among the beams of one prompt, which share their positions."""
+    """(batch, T) positions of the T tokens in `cache`, if it carries a record of them. Rows follow the cache's
+    (`FollowRows`); a cache cropped (assisted decoding) or reset since keeps the record's first T, or none."""
     if torch.compiler.is_compiling():  # its checks read the cache's length, data under a static cache
         return None
     record = getattr(_self_attention(cache), RECORD_ATTR, None) if isinstance(cache, Cache) else None
     length = cache_length(cache)
-    if record is None or length == 0 or record.shape[-1] < length or batch % record.shape[0]:
+    if record is None or length == 0 or record.shape[-1] < length or record.shape[0] != batch:
         return None
-    return record[:, :length].repeat_interleave(batch // record.shape[0], dim=0)
+    return record[:, :length]
 
 
 def record_positions(cache: Any, positions: torch.Tensor) -> None:
@@ -214,8 +233,13 @@ def record_positions(cache: Any, positions: torch.Tensor) -> None:
     `generate` counts their queries'."""
     if torch.compiler.is_compiling():
         return
-    if isinstance(cache, Cache) and positions.shape[-1] == cache_length(cache):
-        setattr(_self_attention(cache), RECORD_ATTR, positions)
+    if not isinstance(cache, Cache) or positions.shape[-1] != cache_length(cache):
+        return
+    cache = _self_attention(cache)
+    setattr(cache, RECORD_ATTR, positions)
+    for name in ROW_OPS:
+        if not isinstance(vars(cache).get(name), FollowRows):
+            setattr(cache, name, FollowRows(cache, name))
 
 
 def running_module(module: torch.nn.Module) -> torch.nn.Module:
