@@ -32,7 +32,7 @@ from .sites.qk import ROTARY_MODULE
 from .state import STATE_ATTR, PatchState, own_config
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch", "release_check",
-           "unpatch", "validate"]
+           "transformers_model", "unpatch", "validate"]
 
 
 def describe(model: nn.Module) -> PosEncConfig | LayerMap | None:
@@ -57,11 +57,19 @@ def patch(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, **opti
             layers that take the scheme (the others keep the model's own positions).
     """
     config = _as_config(scheme, options)
+    target = transformers_model(model)
     if self_check.wanted():  # past the newest transformers tested (hf_posenc.self_check)
-        validate(model, config)  # a mistake is named before the check runs
+        validate(target, config)  # a mistake is named before the check runs
         for entry in layer_site.entries_of(config):  # each scheme on every layer of a tiny model
-            self_check.ensure(model, entry.replace(layers=None), _patch_now, unpatch)
-    return _patch_now(model, config)
+            self_check.ensure(target, entry.replace(layers=None), _patch_now, unpatch)
+    _patch_now(target, config)
+    return model
+
+
+def transformers_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (whose `base_model` is peft's tuner, not the model's), else
+    `model`: the patch goes where the model's own modules are, and the wrapper reads it through."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def release_check(model_class: type, model_type: str, config: PosEncConfig) -> self_check.Report:
@@ -287,10 +295,11 @@ def _patch_stacks(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Modul
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Put back the model's own positional scheme; logits become bit-identical to before `patch`."""
-    state = getattr(model, STATE_ATTR, None)
+    target = transformers_model(model)
+    state = getattr(target, STATE_ATTR, None)
     if state is not None:
         state.rollback()
-        delattr(model, STATE_ATTR)
+        delattr(target, STATE_ATTR)
     return model
 
 
@@ -298,7 +307,7 @@ def describe_modules(model: nn.Module) -> list[nn.Module]:
     """The modules the current patch installed that carry weights or saved buffers (what a recipe should
     train and a checkpoint must hold): the ones that run now, looked up by path, so a peft wrapper's active
     copy and a merged model's module are what is named."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model
+    model = transformers_model(model)
     state = getattr(model, STATE_ATTR, None)
     if state is None:
         return []

@@ -1,0 +1,173 @@
+"""Contracts of transformers a patched model keeps (DESIGN, lessons of the third audit): what transformers' own
+model tests found on patched models, as rows of the invariant matrix so it stays found.
+
+One config per patched instance; a saved config reads as its own class; `len(cache)` is the number of layers;
+the attention implementation is transformers' own name and switches; `output_attentions` works from the
+config; fullgraph compile with a static cache; every input shape (multiple choice) and cross-attention.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.configuration_utils import CompileConfig
+
+import hf_posenc as hp
+from conftest import TINY, TINY_CONFIGS, tiny_model
+from matrix import ATOL, CELLS, SCHEMES, focus, ids, patched, row, scheme_of, scope, site_of
+
+POSITIONED_ATTENTION = ("score", "attention")  # sites whose term runs in the posenc attention function
+
+
+@row(CELLS, per_label=1)
+def test_patching_one_model_leaves_its_config_and_every_other_model_alone(arch, label):
+    """transformers hands one config object to every model built from it: the patch writes only its own copy."""
+    config = TINY_CONFIGS[arch]()
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    model_cls = type(tiny_model(arch))
+    a, b = model_cls(config).eval(), model_cls(config).eval()
+    assert a.config is b.config is config
+    before, x = config.to_dict(), ids()
+    expected = b(x).logits
+    hp.patch(a, scheme_of(label), **SCHEMES[label])
+    assert config.to_dict() == before and not hasattr(config, "posenc")
+    assert a.config is not config and b.config is config
+    torch.testing.assert_close(b(x).logits, expected, atol=0, rtol=0)
+    fresh = model_cls(config).eval()  # built after the patch, from the caller's config: stock
+    assert hp.describe(fresh) is None and fresh(x).logits.isfinite().all()
+    assert model_cls._from_config(a.config)(x).logits.shape == expected.shape
+
+
+@row(CELLS, per_label=1)
+def test_a_saved_config_reads_as_its_own_config_class(arch, label, tmp_path):
+    """Reading a patched folder's config.json with the stock config class gives the model's own config (the nested
+    `posenc` dict once carried a model_type, which transformers took for the config itself)."""
+    model = patched(arch, label)
+    model.save_pretrained(tmp_path)
+    read = type(model.config).from_pretrained(tmp_path)
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        assert getattr(read, field) == getattr(model.config, field)
+    assert read.posenc["scheme"] == scheme_of(label)
+
+
+@row(scope(causal=True), per_label=1)
+def test_a_cache_holds_one_layer_per_layer(arch, label):
+    """`len(past_key_values)` is the number of layers, also when a user's cache is handed in."""
+    model = patched(arch, label)
+    out = model(ids(), use_cache=True)
+    cache = out.past_key_values
+    assert len(cache) == model.config.num_hidden_layers
+    own = DynamicCache(config=model.config)
+    model(ids(), past_key_values=own, use_cache=True)
+    assert len(own) == model.config.num_hidden_layers
+
+
+@row(CELLS, cells=focus(CELLS, sites=POSITIONED_ATTENTION))
+def test_the_attention_implementation_is_transformers_own_and_switches(arch, label):
+    """The model's config names sdpa or eager, never a name of hf-posenc's; switching keeps the scheme (eager ==
+    sdpa), and `output_attentions` set on the config works under eager as on a stock model."""
+    model = patched(arch, label)
+    x = ids()
+    assert model.config._attn_implementation == "sdpa"
+    expected = model(x).logits
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(model(x).logits, expected, atol=ATOL, rtol=1e-4)
+    model.config.output_attentions = True
+    attentions = model(x).attentions
+    assert len(attentions) == model.config.num_hidden_layers
+    assert all(torch.allclose(a.sum(-1), torch.ones(())) for a in attentions)
+    if site_of(label) in POSITIONED_ATTENTION and "layers" not in SCHEMES[label]:
+        with pytest.raises(hp.PosEncError, match="choose one of 'sdpa', 'eager'"):
+            model.set_attn_implementation("flex_attention")
+    assert model.config._attn_implementation == "eager"
+
+
+def _compile_cells() -> list[tuple[str, str]]:
+    return [("llama", label) for label in ("alibi", "t5", "xpos", "rope")]
+
+
+@row(_compile_cells())
+def test_fullgraph_compiled_static_cache_generate_equals_eager(arch, label):
+    """The compiled decoding step (fullgraph, static shapes) has no data-dependent branch on positions."""
+    model = patched(arch, label)
+    x = ids(batch=2, length=6)
+    reference = model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # compile on the CPU too, as transformers' own test does
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
+                              compile_config=compile_config)
+    torch._dynamo.reset()
+    assert torch.equal(model.generate(x, generation_config=config), reference)
+
+
+MULTIPLE_CHOICE = {"gpt2": transformers.GPT2DoubleHeadsModel, "bert": transformers.BertForMultipleChoice,
+                   "roberta": transformers.RobertaForMultipleChoice}
+
+
+@row([c for c in CELLS if c[0] in MULTIPLE_CHOICE], per_label=1)
+def test_multiple_choice_inputs_equal_their_rows_alone(arch, label):
+    """(batch, choices, seq) ids, which the model flattens: each choice's positions are its own row's."""
+    config = TINY_CONFIGS[arch]()
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    model = hp.patch(MULTIPLE_CHOICE[arch](config).eval(), scheme_of(label), **SCHEMES[label])
+    x = ids(batch=6, length=9).view(2, 3, 9)
+    mask = torch.ones_like(x)
+    mask[0, 1, -3:] = 0
+    hidden: list[torch.Tensor] = []
+    model.base_model.register_forward_hook(lambda m, a, out: hidden.append(out[0]) and None)
+    model(x, attention_mask=mask)
+    model.base_model(x.view(6, 9), attention_mask=mask.view(6, 9))
+    valid = mask.view(6, 9).bool()
+    torch.testing.assert_close(hidden[0].view(6, 9, -1)[valid], hidden[1][valid], atol=ATOL, rtol=1e-4)
+
+
+CROSS = {"gpt2": (transformers.GPT2LMHeadModel, {"add_cross_attention": True}),
+         "bert": (transformers.BertLMHeadModel, {"add_cross_attention": True, "is_decoder": True})}
+
+
+@row([c for c in CELLS if c[0] in CROSS], per_label=1)
+def test_cross_attention_on_encoder_states_stays_stock(arch, label):
+    """A decoder with cross-attention (an EncoderDecoderModel's): its self-attention takes the scheme, its
+    cross-attention over the encoder's states runs the stock attention; cached decoding equals the full forward."""
+    model_cls, fields = CROSS[arch]
+    config = TINY_CONFIGS[arch]()
+    for field, value in {**fields, "initializer_range": 0.2}.items():
+        setattr(config, field, value)
+    torch.manual_seed(0)
+    model = hp.patch(model_cls(config).eval(), scheme_of(label), **SCHEMES[label])
+    x, states = ids(length=8), torch.randn(2, 5, TINY["hidden"], generator=torch.Generator().manual_seed(2))
+    calls = []
+    crosses = [m for name, m in model.named_modules() if name.endswith(("crossattention", "crossattention.self"))]
+    for cross in crosses:
+        cross.register_forward_hook(lambda m, a, k, out: calls.append((m, a, k, out[0])) and None, with_kwargs=True)
+    full = model(x, encoder_hidden_states=states).logits
+    assert crosses and len(calls) == len(crosses)
+    for module, args, kwargs, out in calls:  # the module alone, with none of the patch's kwargs: the stock result
+        public = {k: v for k, v in kwargs.items() if not k.startswith("posenc_")}
+        torch.testing.assert_close(module(*args, **public)[0], out, atol=0, rtol=0)
+    prefix = model(x[:, :5], encoder_hidden_states=states, use_cache=True)
+    step = model(x[:, 5:], encoder_hidden_states=states, past_key_values=prefix.past_key_values).logits
+    torch.testing.assert_close(step, full[:, 5:], atol=ATOL, rtol=1e-4)
+
+
+@row(scope(causal=True), per_label=1)
+def test_patching_a_peft_wrapped_model_patches_the_model_inside(arch, label):
+    """peft's wrapper has its tuner as `base_model`: the patch goes into the transformers model inside, and
+    equals the patched model wrapped; unpatch through the wrapper gives the stock logits back."""
+    peft = pytest.importorskip("peft")
+    x = ids()
+    expected = patched(arch, label)(x).logits
+    stock = tiny_model(arch)
+    before = stock(x).logits
+    wrapped = peft.get_peft_model(stock, peft.LoraConfig(target_modules=["q_proj", "c_attn"]))
+    assert hp.patch(wrapped, scheme_of(label), **SCHEMES[label]) is wrapped
+    assert hp.describe(wrapped).scheme == scheme_of(label) if "layers" not in SCHEMES[label] else hp.describe(wrapped)
+    torch.testing.assert_close(wrapped(x).logits, expected, atol=ATOL, rtol=1e-4)
+    hp.unpatch(wrapped)
+    assert hp.describe(wrapped) is None
+    torch.testing.assert_close(wrapped(x).logits, before, atol=0, rtol=0)
