@@ -10,7 +10,7 @@ from transformers import DynamicCache
 import hf_posenc as hp
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from hf_posenc.catalog import adapter_for
-from matrix import ATOL, CELLS, SCHEMES, TABLES, ids, patched, row, scheme_of, scope
+from matrix import ATOL, CELLS, FROM_WEIGHTS, SCHEMES, TABLES, ids, patched, row, sample, scheme_of, scope
 
 
 @row(CELLS)
@@ -98,6 +98,32 @@ def test_save_and_reload_gives_identical_logits(arch, label, tmp_path):
     cls = type(model)
     reloaded = hp.from_pretrained(str(tmp_path), model_cls=cls).eval()
     assert hp.describe(reloaded) == hp.describe(model)
+    torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
+
+
+META_SCOPE = [(arch, label) for arch, label in CELLS if label not in FROM_WEIGHTS]
+
+
+@row(META_SCOPE, cells=[c for c in META_SCOPE if c[0] in ("llama", "gpt2")]
+     + sample([c for c in META_SCOPE if c[0] not in ("llama", "gpt2")]))
+def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(arch, label, tmp_path):
+    """Big models and FSDP2 build on the meta device, then `to_empty` + `init_weights`: the patch's buffers (ALiBi
+    slopes, xPos decays, kept pairs, frequencies, zero positions) come back as the patch computed them."""
+    model = patched(arch, label)
+    with torch.no_grad():  # trained weights differ from any init
+        for module in hp.patching.describe_modules(model):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    with torch.device("meta"):
+        meta = patched(arch, label)
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    meta.load_state_dict(model.state_dict())  # what a sharded checkpoint load gives: the saved weights only
+    x = ids()
+    expected = model(x).logits
+    torch.testing.assert_close(meta.eval()(x).logits, expected, atol=0, rtol=0)
+    meta.save_pretrained(tmp_path)
+    reloaded = hp.from_pretrained(str(tmp_path), model_cls=type(model)).eval()
     torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
 
 

@@ -18,7 +18,7 @@ import transformers
 import hf_posenc as hp
 from hf_posenc.attention import PREFIX
 from hf_posenc.seq2seq import cross_attentions, stack_adapter, stack_module, text_stacks
-from matrix import ABSOLUTE, SCHEMES, layers_validate, scheme_of
+from matrix import ABSOLUTE, FROM_WEIGHTS, SCHEMES, layers_validate, scheme_of
 from matrix import sample as sample_of_scope
 from seq2seq_models import OWN, SEQ2SEQ, encoder_inputs, tiny_seq2seq
 
@@ -265,6 +265,22 @@ def test_save_pretrained_reloads_bit_identical_with_hf_posenc_and_the_auto_class
                      auto.from_pretrained(str(tmp_path), trust_remote_code=True)):
         assert hp.describe(reloaded) == hp.describe(model)
         assert torch.equal(logits(reloaded.eval(), **inputs), expected)
+
+
+META_CELLS = [c for c in CELLS if c[1] not in FROM_WEIGHTS]
+
+
+@row(META_CELLS, sample(META_CELLS))
+def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(family, label):
+    """`to_empty` + `init_weights` of a patch built on the meta device re-derives its buffers (T5's zeroed buckets)."""
+    model = patched(family, label)
+    with torch.device("meta"):
+        meta = patched(family, label)
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    meta.load_state_dict(model.state_dict())
+    inputs = {**encoder_inputs(model), "decoder_input_ids": decoder_ids()}
+    assert torch.equal(logits(meta.eval(), **inputs), logits(model, **inputs))
 
 
 @row(TRAINABLE_CELLS, sample_of_scope(TRAINABLE_CELLS))
