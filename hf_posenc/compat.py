@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import warnings
 
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 import transformers
@@ -257,17 +257,26 @@ def encoder_module(model: torch.nn.Module) -> torch.nn.Module | None:
     return None if any(found is m for m in own) else found
 
 
-def checkpoint_key_renamer(model: torch.nn.Module) -> Callable[[str], str]:
-    """A checkpoint file's key -> the model's own parameter name: transformers 5 renames keys on save and load
-    for some composite models (Qwen2-Audio saves `language_model.model.*` for `model.language_model.*`)."""
+def checkpoint_key_renamer(model: torch.nn.Module, keys: Collection[str]) -> Callable[[str], str]:
+    """A checkpoint file's key -> the model's own name among `keys`, as transformers 5's loading renames it: the
+    model's renamings on save and load (Qwen2-Audio saves `language_model.model.*` for `model.language_model.*`),
+    then the base model's prefix added or taken off, so that a checkpoint saved with a head loads into the base
+    model and one saved from the base model into a model with a head."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming
 
     renames = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
 
     def rename(key: str) -> str:
+        if key in keys:
+            return key
         for transform in renames:
             key = transform.rename_source_key(key)[0]
+        if prefix and key.startswith(prefix) and key[len(prefix):] in keys:
+            return key[len(prefix):]
+        if prefix and key not in keys and prefix + key in keys:
+            return prefix + key
         return key
 
     return rename

@@ -323,16 +323,14 @@ def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
         for key, tensor in m.state_dict().items()
     }
     if wanted:
-        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
-        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
-        renamed = compat.checkpoint_key_renamer(model)
+        # a base model from a checkpoint saved with a head, or the other way round: the renamer bridges the prefix
+        renamed = compat.checkpoint_key_renamer(model, wanted)
         found: dict[str, torch.Tensor] = {}
         for file in _checkpoint_files(path, **kwargs):
             with safe_open(file, framework="pt") as handle:
                 for stored in handle.keys():
-                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
-                    if key in wanted or key in prefixed:
-                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
+                    if (key := renamed(stored)) in wanted:
+                        found[key] = handle.get_tensor(stored)
         if missing := sorted(set(wanted) - set(found)):
             raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
         with torch.no_grad():

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from conftest import tiny_model
 
 import hf_posenc as hp
@@ -57,3 +58,54 @@ def test_gguf_model_is_unpacked_into_one_that_saves_and_reloads_exactly(tmp_path
     hp.unpatch(reloaded)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, expected)
+
+
+def trained(model: torch.nn.Module) -> torch.nn.Module:
+    """The patch's weights moved off any init, so only a load of them can give them back."""
+    with torch.no_grad():
+        for module in hp.patching.describe_modules(model):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def patch_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [t for m in hp.patching.describe_modules(model) for t in m.state_dict().values()]
+
+
+# (family, head class, scheme with trained weights, options): each base model <-> model with a head, both ways
+BRIDGES = [("llama", "causal", "t5", {"init_std": 0.5}), ("gpt2", "causal", "fire", {"init": "random"}),
+           ("bert", "masked", "t5", {"init_std": 0.5}), ("qwen3", "causal", "kerple", {}),
+           ("mistral", "causal", "cope", {"init_std": 0.5}), ("roberta", "masked", "fire", {"init": "random"}),
+           ("distilbert", "masked", "kerple", {})]
+
+
+@pytest.mark.parametrize("arch,head,scheme,options", BRIDGES, ids=[f"{a}-{s}" for a, _, s, _ in BRIDGES])
+def test_a_base_checkpoint_loads_into_a_head_class_and_a_head_checkpoint_into_the_base(
+        arch, head, scheme, options, tmp_path):
+    x = torch.randint(3, 120, (2, 12), generator=torch.Generator().manual_seed(1))
+    base = trained(hp.patch(tiny_model(arch, head="base"), scheme, **options))
+    base.save_pretrained(tmp_path / "base")
+    head_cls = type(tiny_model(arch, head=head))
+    torch.manual_seed(7)
+    loaded = hp.from_pretrained(str(tmp_path / "base"), model_cls=head_cls).eval()
+    assert type(loaded) is head_cls and hp.describe(loaded) == hp.describe(base)
+    assert all(torch.equal(a, b) for a, b in zip(patch_weights(loaded), patch_weights(base), strict=True))
+    assert torch.equal(loaded.base_model(x).last_hidden_state, base(x).last_hidden_state)
+    # the head's own weights are new: drawn as transformers' own load of the same checkpoint draws them
+    torch.manual_seed(7)
+    stock = head_cls.from_pretrained(str(tmp_path / "base"), config=loading.read_config(tmp_path / "base"))
+    new = {k: v for k, v in stock.state_dict().items() if not k.startswith(f"{stock.base_model_prefix}.")}
+    assert new and all(torch.equal(loaded.state_dict()[k], v) for k, v in new.items())
+
+    with_head = trained(hp.patch(tiny_model(arch, head=head), scheme, **options))
+    with_head.save_pretrained(tmp_path / "head")
+    bare = hp.from_pretrained(str(tmp_path / "head"), model_cls=type(base)).eval()
+    assert all(torch.equal(a, b) for a, b in zip(patch_weights(bare), patch_weights(with_head), strict=True))
+    assert torch.equal(bare(x).last_hidden_state, with_head.base_model(x).last_hidden_state)
+    # weights truly missing are still refused (a documented departure): the patch's keys taken out of the file
+    file = tmp_path / "base" / "model.safetensors"
+    kept = {k: v for k, v in load_file(file).items() if "posenc" not in k}
+    save_file(kept, file, metadata={"format": "pt"})
+    with pytest.raises(PosEncError, match=f"lacks the weights of its '{scheme}' patch"):
+        hp.from_pretrained(str(tmp_path / "base"), model_cls=head_cls)
