@@ -7,12 +7,14 @@ the one piece of peft's layout the patch needs (what runs inside a `modules_to_s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
+import logging
 import warnings
 
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Iterator
 
 import torch
 import transformers
@@ -58,6 +60,8 @@ __all__ = [
     "base_mask_function",
     "cache_length",
     "checkpoint_key_renamer",
+    "load_report_held",
+    "log_load_report",
     "record_positions",
     "recorded_positions",
     "register_attention",
@@ -280,6 +284,52 @@ def checkpoint_key_renamer(model: torch.nn.Module, keys: Collection[str]) -> Cal
         return key
 
     return rename
+
+
+LOAD_LOGGER = "transformers.modeling_utils"  # where transformers logs what a load left missing, unexpected or mismatched
+# how transformers 5 heads that one warning: "<Class> LOAD REPORT from ..." ("State-dict loading report ..." in 5.0)
+LOAD_REPORTS = ("load report", "loading report")
+
+
+@contextlib.contextmanager
+def load_report_held() -> Iterator[None]:
+    """While a model loads, hold back transformers' load report and let every other message through; a load that
+    fails logs it after all (the error points at it)."""
+    logger = logging.getLogger(LOAD_LOGGER)
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if any(words in record.getMessage().lower() for words in LOAD_REPORTS):
+            held.append(record)
+            return False
+        return True
+
+    logger.addFilter(hold)
+    try:
+        yield
+    except BaseException:
+        logger.removeFilter(hold)
+        for record in held:
+            logger.handle(record)
+        raise
+    finally:
+        logger.removeFilter(hold)
+
+
+def log_load_report(model: torch.nn.Module, source: str, info: dict[str, Any], note: str) -> None:
+    """Log a load report from `from_pretrained(..., output_loading_info=True)`'s `info` where transformers logs its
+    own (its verbosity decides), in its words; `note` says what was left out of it."""
+    lines = [f"{type(model).__name__} LOAD REPORT from: {source} ({note})"]
+    if info["missing_keys"]:
+        lines.append(f"- MISSING, newly initialized: {', '.join(sorted(info['missing_keys']))}")
+    if info["unexpected_keys"]:
+        lines.append(f"- UNEXPECTED, not loaded: {', '.join(sorted(info['unexpected_keys']))}")
+    for entry in sorted(info["mismatched_keys"], key=str):
+        key, *shapes = entry if isinstance(entry, tuple) else (entry,)
+        sizes = f" - ckpt: {tuple(shapes[0])} vs model: {tuple(shapes[1])}" if len(shapes) == 2 else ""
+        lines.append(f"- MISMATCH: {key} (Reinit due to size mismatch{sizes})")
+    if len(lines) > 1:
+        logging.getLogger(LOAD_LOGGER).warning("\n".join(lines))
 
 
 def get_peft_model(model: torch.nn.Module, config: Any) -> Any:
