@@ -3,6 +3,9 @@ defined in matrix.py; the rows about the paths the ecosystem takes are in test_p
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -10,6 +13,8 @@ from transformers import DynamicCache
 import hf_posenc as hp
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from hf_posenc.catalog import adapter_for
+from hf_posenc.schemes.alibi import AlibiBias
+from hf_posenc.sites import model as model_site
 from matrix import ATOL, CELLS, FROM_WEIGHTS, SCHEMES, TABLES, ids, patched, row, sample, scheme_of, scope
 
 
@@ -125,6 +130,26 @@ def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(arch, label
     meta.save_pretrained(tmp_path)
     reloaded = hp.from_pretrained(str(tmp_path), model_cls=type(model)).eval()
     torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
+
+
+def test_the_init_hook_is_plain_data_and_goes_with_the_patch():
+    model = patched("llama", "alibi")
+    hook = vars(model)["initialize_weights"]
+    assert hook.func is model_site.initialize_weights and hook.args == (model,)
+    twin = copy.deepcopy(model)
+    assert vars(twin)["initialize_weights"].args[0] is twin
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for copied in (twin, loaded):
+        (bias,) = [m for m in copied.modules() if isinstance(m, AlibiBias)]
+        slopes = bias.slopes.clone()
+        bias.slopes.zero_()
+        copied.init_weights()  # the copy's own init re-derives its own buffers
+        assert torch.equal(bias.slopes, slopes)
+    hp.unpatch(model)
+    assert "initialize_weights" not in vars(model)
 
 
 @row(CELLS)
