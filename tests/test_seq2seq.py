@@ -353,6 +353,32 @@ def bias_from_formula(table: torch.Tensor, length: int, bidirectional: bool, buc
     return torch.stack([torch.stack(r) for r in rows]).permute(2, 0, 1)[None]  # (1, H, q, k)
 
 
+def test_a_bart_base_checkpoint_loads_into_the_model_with_a_head_and_back(tmp_path):
+    """BartModel <-> BartForConditionalGeneration: the patch's weights of both stacks cross the `model.` prefix."""
+    inputs = {"input_ids": encoder_inputs(tiny_seq2seq("bart"))["input_ids"], "decoder_input_ids": decoder_ids()}
+    saved = {}
+    for name, cls in (("base", transformers.BartModel), ("head", transformers.BartForConditionalGeneration)):
+        torch.manual_seed(0)
+        model = hp.patch(cls._from_config(SEQ2SEQ["bart"][0]()).eval(), "fire", init="random")
+        with torch.no_grad():
+            for module in hp.patching.describe_modules(model):
+                for p in module.parameters():
+                    p.add_(torch.randn_like(p) * 0.1)
+        model.save_pretrained(tmp_path / name)
+        saved[name] = model
+    for source, into in (("base", transformers.BartForConditionalGeneration), ("head", transformers.BartModel)):
+        loaded = hp.from_pretrained(str(tmp_path / source), model_cls=into).eval()
+        with torch.no_grad():
+            got = loaded.get_decoder()(inputs["decoder_input_ids"],
+                                       encoder_hidden_states=loaded.get_encoder()(inputs["input_ids"])[0])[0]
+            stack = saved[source]
+            want = stack.get_decoder()(inputs["decoder_input_ids"],
+                                       encoder_hidden_states=stack.get_encoder()(inputs["input_ids"])[0])[0]
+        assert torch.equal(got, want)
+        weights = [[t for m in hp.patching.describe_modules(x) for t in m.state_dict().values()] for x in (loaded, stack)]
+        assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
 def test_t5_on_bart_equals_a_forward_written_from_the_bucket_formula():
     """The patched model against stock BART run with no positions (zero tables) and the T5 bias of each
     stack (bidirectional buckets in the encoder, causal in the decoder) handed in as 4-D float masks."""
