@@ -287,7 +287,8 @@ def checkpoint_key_renamer(model: torch.nn.Module, keys: Collection[str]) -> Cal
 
 
 LOAD_LOGGER = "transformers.modeling_utils"  # where transformers logs what a load left missing, unexpected or mismatched
-# how transformers 5 heads that one warning: "<Class> LOAD REPORT from ..." ("State-dict loading report ..." in 5.0)
+# how transformers 5 heads that one warning: "<Class> LOAD REPORT from ..." (some earlier 5.x: "State-dict loading
+# report for <Class> ...")
 LOAD_REPORTS = ("load report", "loading report")
 
 
