@@ -17,7 +17,7 @@ import glob
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import transformers
@@ -223,7 +223,8 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
     Args:
         path: a local folder or Hub repo id.
         model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
-        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...).
+        **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...);
+            `output_loading_info=True` returns (model, its load report without the patch's own keys).
     """
     kwargs.pop("trust_remote_code", None)
     config = kwargs.pop("config", None)
@@ -247,20 +248,6 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
     if hasattr(config, "auto_map"):
         del config.auto_map  # the model is patched here; remote code would only call back into this function
     return _load_patched(path, model_cls, config=config, **kwargs)
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Loading a patched checkpoint into the stock class reports the patch's keys as missing or
-    unexpected; they are loaded right after, so the report would only mislead."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
 
 
 def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
@@ -290,33 +277,43 @@ def _before_the_patch(config: PretrainedConfig, where: str) -> None:
         setattr(text, name, copy.deepcopy(value))
 
 
-def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
+def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> Any:
     """`model_cls.from_pretrained` with `config` (the stock class's, with `posenc`), then the patch and its weights:
-    transformers alone would drop the weights of modules the stock class does not have."""
+    transformers alone would drop the weights of modules the stock class does not have. Its load report comes
+    after the patch, without the keys the patch accounts for (`output_loading_info=True` returns it too)."""
     model_cls = model_cls or transformers.AutoModelForCausalLM
     if not callable(getattr(model_cls, "from_pretrained", None)):
         raise PosEncError(f"model_cls takes a transformers Auto class or model class (e.g. "
                           f"transformers.AutoModelForCausalLM, not a string), got {model_cls!r}")
+    asked = kwargs.pop("output_loading_info", False)
     config = kwargs.get("config")
-    if getattr(config, "posenc", None) is not None:  # refused before any weight loads
-        PosEncConfig.from_dict(config.posenc, where=f"{path}: config.json's posenc")
+    posenc = getattr(config, "posenc", None)
+    if posenc is not None:  # refused before any weight loads
+        PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc")
         _before_the_patch(config, f"{path}: config.json's posenc.{BEFORE}")
     try:
-        with _quiet_transformers():
-            model = model_cls.from_pretrained(path, **kwargs)
+        with compat.load_report_held() if posenc is not None else contextlib.nullcontext():
+            model, info = model_cls.from_pretrained(path, output_loading_info=True, **kwargs)
     except SafetensorError as err:
         where = damaged(str(path)) if os.path.isdir(path) else None
         raise PosEncError(f"{where or path}: cannot read the weights ({err}): the file is damaged or incomplete; "
                           "save or download the model again") from None
     except OSError as err:  # no weights file, no config.json, not a folder nor a Hub id
         raise failed(str(path), "weights", err) from None
-    posenc = getattr(model.config, "posenc", None)
-    if posenc is None:
-        return model
+    if posenc is not None:
+        info = _load_the_patch(model, path, info, **kwargs)
+    return (model, info) if asked else model
+
+
+def _load_the_patch(model: nn.Module, path: str, info: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Patch a model loaded stock with its `config.posenc` and load the patch's weights; log transformers' load
+    `info` without the keys the patch accounts for (its weights, the stock positions it took out), and return it."""
+    posenc = model.config.posenc
     if hasattr(model.config, "auto_map"):
         # A pushed repo's remote-code pointer; the model is patched here, and a later save_pretrained
         # would otherwise point at a file its folder does not have.
         del model.config.auto_map
+    stock = set(model.state_dict())
     patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
     names = {id(m): n for n, m in model.named_modules()}
     wanted = {
@@ -324,20 +321,22 @@ def _load_patched(path: str, model_cls: Any = None, **kwargs: Any) -> nn.Module:
         for m in describe_modules(model)
         for key, tensor in m.state_dict().items()
     }
+    # a base model from a checkpoint saved with a head, or the other way round: the renamer bridges the prefix
+    renamed = compat.checkpoint_key_renamer(model, wanted)
     if wanted:
-        # a bare base model loaded from a checkpoint saved with a head: keys carry the base prefix
-        prefixed = {f"{model.base_model_prefix}.{key}": key for key in wanted}
-        renamed = compat.checkpoint_key_renamer(model)
         found: dict[str, torch.Tensor] = {}
         for file in _checkpoint_files(path, **kwargs):
             with safe_open(file, framework="pt") as handle:
                 for stored in handle.keys():
-                    key = stored if stored in wanted or stored in prefixed else renamed(stored)
-                    if key in wanted or key in prefixed:
-                        found[prefixed.get(key, key)] = handle.get_tensor(stored)
+                    if (key := renamed(stored)) in wanted:
+                        found[key] = handle.get_tensor(stored)
         if missing := sorted(set(wanted) - set(found)):
             raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
         with torch.no_grad():
             for key, tensor in found.items():
                 wanted[key].copy_(tensor)
-    return model
+    taken = (stock - set(model.state_dict())) | set(wanted)
+    info = {**info, "missing_keys": {k for k in info["missing_keys"] if k not in taken},
+            "unexpected_keys": {k for k in info["unexpected_keys"] if renamed(k) not in wanted}}
+    compat.log_load_report(model, str(path), info, f"keys of its {posenc['scheme']!r} patch left out")
+    return info

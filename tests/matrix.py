@@ -52,6 +52,8 @@ SCHEMES = {
 SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat", "nope-l1": "nope", "rope-l0": "rope",
                "alibi-l1": "alibi", "xpos-l0": "xpos"}
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
+# schemes whose patch reads the model's own weights (a table to copy, the token embeddings' scale): none on meta
+FROM_WEIGHTS = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}
 # a shift of positions changes them (FoPE: its series' cross terms)
 ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied", "fope"}
 

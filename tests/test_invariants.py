@@ -3,6 +3,9 @@ defined in matrix.py; the rows about the paths the ecosystem takes are in test_p
 
 from __future__ import annotations
 
+import copy
+import io
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -10,7 +13,9 @@ from transformers import DynamicCache
 import hf_posenc as hp
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from hf_posenc.catalog import adapter_for
-from matrix import ATOL, CELLS, SCHEMES, TABLES, ids, patched, row, scheme_of, scope
+from hf_posenc.schemes.alibi import AlibiBias
+from hf_posenc.sites import model as model_site
+from matrix import ATOL, CELLS, FROM_WEIGHTS, SCHEMES, TABLES, ids, patched, row, sample, scheme_of, scope
 
 
 @row(CELLS)
@@ -99,6 +104,52 @@ def test_save_and_reload_gives_identical_logits(arch, label, tmp_path):
     reloaded = hp.from_pretrained(str(tmp_path), model_cls=cls).eval()
     assert hp.describe(reloaded) == hp.describe(model)
     torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
+
+
+META_SCOPE = [(arch, label) for arch, label in CELLS if label not in FROM_WEIGHTS]
+
+
+@row(META_SCOPE, cells=[c for c in META_SCOPE if c[0] in ("llama", "gpt2")]
+     + sample([c for c in META_SCOPE if c[0] not in ("llama", "gpt2")]))
+def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(arch, label, tmp_path):
+    """Big models and FSDP2 build on the meta device, then `to_empty` + `init_weights`: the patch's buffers (ALiBi
+    slopes, xPos decays, kept pairs, frequencies, zero positions) come back as the patch computed them."""
+    model = patched(arch, label)
+    with torch.no_grad():  # trained weights differ from any init
+        for module in hp.patching.describe_modules(model):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    with torch.device("meta"):
+        meta = patched(arch, label)
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    meta.load_state_dict(model.state_dict())  # what a sharded checkpoint load gives: the saved weights only
+    x = ids()
+    expected = model(x).logits
+    torch.testing.assert_close(meta.eval()(x).logits, expected, atol=0, rtol=0)
+    meta.save_pretrained(tmp_path)
+    reloaded = hp.from_pretrained(str(tmp_path), model_cls=type(model)).eval()
+    torch.testing.assert_close(reloaded(x).logits, expected, atol=0, rtol=0)
+
+
+def test_the_init_hook_is_plain_data_and_goes_with_the_patch():
+    model = patched("llama", "alibi")
+    hook = vars(model)["initialize_weights"]
+    assert hook.func is model_site.initialize_weights and hook.args == (model,)
+    twin = copy.deepcopy(model)
+    assert vars(twin)["initialize_weights"].args[0] is twin
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for copied in (twin, loaded):
+        (bias,) = [m for m in copied.modules() if isinstance(m, AlibiBias)]
+        slopes = bias.slopes.clone()
+        bias.slopes.zero_()
+        copied.init_weights()  # the copy's own init re-derives its own buffers
+        assert torch.equal(bias.slopes, slopes)
+    hp.unpatch(model)
+    assert "initialize_weights" not in vars(model)
 
 
 @row(CELLS)

@@ -18,7 +18,7 @@ import transformers
 import hf_posenc as hp
 from hf_posenc.attention import PREFIX
 from hf_posenc.seq2seq import cross_attentions, stack_adapter, stack_module, text_stacks
-from matrix import ABSOLUTE, SCHEMES, layers_validate, scheme_of
+from matrix import ABSOLUTE, FROM_WEIGHTS, SCHEMES, layers_validate, scheme_of
 from matrix import sample as sample_of_scope
 from seq2seq_models import OWN, SEQ2SEQ, encoder_inputs, tiny_seq2seq
 
@@ -267,6 +267,22 @@ def test_save_pretrained_reloads_bit_identical_with_hf_posenc_and_the_auto_class
         assert torch.equal(logits(reloaded.eval(), **inputs), expected)
 
 
+META_CELLS = [c for c in CELLS if c[1] not in FROM_WEIGHTS]
+
+
+@row(META_CELLS, sample(META_CELLS))
+def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(family, label):
+    """`to_empty` + `init_weights` of a patch built on the meta device re-derives its buffers (T5's zeroed buckets)."""
+    model = patched(family, label)
+    with torch.device("meta"):
+        meta = patched(family, label)
+    meta.to_empty(device="cpu")
+    meta.init_weights()
+    meta.load_state_dict(model.state_dict())
+    inputs = {**encoder_inputs(model), "decoder_input_ids": decoder_ids()}
+    assert torch.equal(logits(meta.eval(), **inputs), logits(model, **inputs))
+
+
 @row(TRAINABLE_CELLS, sample_of_scope(TRAINABLE_CELLS))
 def test_peft_lora_with_modules_to_save_trains_each_stacks_new_modules(family, label):
     import peft
@@ -335,6 +351,32 @@ def bias_from_formula(table: torch.Tensor, length: int, bidirectional: bool, buc
     rows = [[table[t5_bucket_reference(k - q, bidirectional, buckets, distance)] for k in range(length)]
             for q in range(length)]
     return torch.stack([torch.stack(r) for r in rows]).permute(2, 0, 1)[None]  # (1, H, q, k)
+
+
+def test_a_bart_base_checkpoint_loads_into_the_model_with_a_head_and_back(tmp_path):
+    """BartModel <-> BartForConditionalGeneration: the patch's weights of both stacks cross the `model.` prefix."""
+    inputs = {"input_ids": encoder_inputs(tiny_seq2seq("bart"))["input_ids"], "decoder_input_ids": decoder_ids()}
+    saved = {}
+    for name, cls in (("base", transformers.BartModel), ("head", transformers.BartForConditionalGeneration)):
+        torch.manual_seed(0)
+        model = hp.patch(cls._from_config(SEQ2SEQ["bart"][0]()).eval(), "fire", init="random")
+        with torch.no_grad():
+            for module in hp.patching.describe_modules(model):
+                for p in module.parameters():
+                    p.add_(torch.randn_like(p) * 0.1)
+        model.save_pretrained(tmp_path / name)
+        saved[name] = model
+    for source, into in (("base", transformers.BartForConditionalGeneration), ("head", transformers.BartModel)):
+        loaded = hp.from_pretrained(str(tmp_path / source), model_cls=into).eval()
+        with torch.no_grad():
+            got = loaded.get_decoder()(inputs["decoder_input_ids"],
+                                       encoder_hidden_states=loaded.get_encoder()(inputs["input_ids"])[0])[0]
+            stack = saved[source]
+            want = stack.get_decoder()(inputs["decoder_input_ids"],
+                                       encoder_hidden_states=stack.get_encoder()(inputs["input_ids"])[0])[0]
+        assert torch.equal(got, want)
+        weights = [[t for m in hp.patching.describe_modules(x) for t in m.state_dict().values()] for x in (loaded, stack)]
+        assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
 def test_t5_on_bart_equals_a_forward_written_from_the_bucket_formula():

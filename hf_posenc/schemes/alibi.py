@@ -13,7 +13,7 @@ import torch
 
 from ..options.bias import AlibiOptions
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, RelativeBias
+from .base import BiasScheme, DerivedBuffers, ModelFacts, RelativeBias
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
@@ -28,14 +28,17 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class AlibiBias(RelativeBias):
+class AlibiBias(RelativeBias, DerivedBuffers):
     """The slopes as a module (a buffer, not saved), so ALiBi has the same elementwise contract as
     the learned biases: -m_h |i - j| for any broadcastable head / position tensors."""
 
     def __init__(self, num_heads: int, max_bias: float, scale: float = 1.0) -> None:
         super().__init__()
-        self.heads = num_heads
-        self.register_buffer("slopes", alibi_slopes(num_heads, max_bias) * scale, persistent=False)
+        self.heads, self.max_bias, self.scale = num_heads, max_bias, scale
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        return {"slopes": alibi_slopes(self.heads, self.max_bias) * self.scale}
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         return -self.slopes[head] * distance.abs().float()

@@ -156,6 +156,32 @@ def table_rows(positions: torch.Tensor, scheme: str) -> torch.Tensor:
     return rows.long()
 
 
+class DerivedBuffers(nn.Module):
+    """A module whose buffers are functions of its options (ALiBi slopes, frequencies, kept pairs, zeros), not
+    state: `derived()` computes them, and they are not saved. A model built on the meta device (big models,
+    FSDP2) gets them back empty from `to_empty`, and the model's own init does not know them, so a patched
+    model's init calls `rederive` (`rederive_buffers`); trained weights are not touched."""
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def register_derived(self) -> None:
+        for name, value in self.derived().items():
+            self.register_buffer(name, value, persistent=False)
+
+    @torch.no_grad()
+    def rederive(self) -> None:
+        for name, value in self.derived().items():
+            getattr(self, name).copy_(value)  # in place: the buffer keeps the device and dtype it was moved to
+
+
+def rederive_buffers(model: nn.Module) -> None:
+    """Re-derive the buffers of every `DerivedBuffers` module in `model`."""
+    for module in model.modules():
+        if isinstance(module, DerivedBuffers):
+            module.rederive()
+
+
 class TransformedQK(nn.Module):
     """An attention-site module whose logits are a plain dot product of transformed q and k (xpos, pope): subclasses
     give `transformed`, which the fused backends run directly (fast_attention.terms); the dense path is this."""
@@ -189,25 +215,33 @@ class RelativeBias(nn.Module):
         return self.score(head, q_pos[:, None, :, None], k_pos[:, None, None, :])
 
 
-class ZeroPositions(nn.Module):
+class ZeroPositions(DerivedBuffers):
     """Stands in a position-embedding slot when positions enter elsewhere (or nowhere)."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
-        self.register_buffer("zero", torch.zeros((), dtype=dtype), persistent=False)
+        self.zero_dtype = dtype  # at construction: `rederive` keeps the dtype the buffer was moved to
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        return {"zero": torch.zeros((), dtype=self.zero_dtype)}
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.zero
 
 
-class ZeroBuckets(nn.Module):
+class ZeroBuckets(DerivedBuffers):
     """Stands in a T5-style bucket table (`forward(buckets) -> (*buckets.shape, heads)`): the bias the
     stack computes from it and shares down its layers becomes zeros. Its `weight` (zeros, not saved) is
     there for the models that read the table's device from it (LongT5)."""
 
     def __init__(self, shape: tuple[int, int], dtype: torch.dtype) -> None:
         super().__init__()
-        self.register_buffer("weight", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.table_shape, self.table_dtype = shape, dtype
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        return {"weight": torch.zeros(self.table_shape, dtype=self.table_dtype)}
 
     def forward(self, buckets: torch.Tensor) -> torch.Tensor:
         return self.weight[buckets]

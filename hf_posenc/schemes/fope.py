@@ -23,23 +23,27 @@ from torch import nn
 
 from ..options.frequency import FopeOptions
 from ..registry import register_scheme
-from .base import ModelFacts
+from .base import DerivedBuffers, ModelFacts
 from .rope import Rope
 
 
-class FourierRotary(nn.Module):
+class FourierRotary(DerivedBuffers):
     """`forward(x, position_ids) -> (cos, sin)` over the full head dim, the first `pairs` pairs Fourier series,
     the rest unrotated; the coefficients are the module's weights, the series is computed in fp32."""
 
     def __init__(self, head_dim: int, pairs: int, theta: float, trained: int, sigma: float) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        # RoPE's frequencies over the rotating dims, as transformers computes them
-        freqs = 1.0 / theta ** (torch.arange(0, 2 * pairs, 2, dtype=torch.int64).float() / (2 * pairs))
-        self.register_buffer("freqs", torch.where(freqs >= 2 * math.pi / trained, freqs, 0.0), persistent=False)
+        self.head_dim, self.pairs, self.theta, self.trained = head_dim, pairs, theta, trained
+        self.register_derived()
         eye = torch.eye(pairs)
         self.cos_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
         self.sin_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        # RoPE's frequencies over the rotating dims, as transformers computes them
+        pairs = self.pairs
+        freqs = 1.0 / self.theta ** (torch.arange(0, 2 * pairs, 2, dtype=torch.int64).float() / (2 * pairs))
+        return {"freqs": torch.where(freqs >= 2 * math.pi / self.trained, freqs, 0.0)}
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,19 +20,22 @@ from torch import nn
 
 from ..options.frequency import PRopeOptions
 from ..registry import register_scheme
-from .base import ModelFacts
+from .base import DerivedBuffers, ModelFacts
 from .rope import Rope
 
 
-class KeptFrequencies(nn.Module):
+class KeptFrequencies(DerivedBuffers):
     """`forward(x, position_ids) -> (cos, sin)` of `rotary` on its first `kept` pairs; the other pairs get
     cos = 1, sin = 0 (a rotation by 0), exactly."""
 
     def __init__(self, rotary: nn.Module, kept: int) -> None:
         super().__init__()
         self.rotary, self.kept = rotary, kept
-        keep = torch.arange(rotary.head_dim // 2) < kept
-        self.register_buffer("keep", torch.cat((keep, keep)), persistent=False)
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        keep = torch.arange(self.rotary.head_dim // 2) < self.kept
+        return {"keep": torch.cat((keep, keep))}
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,18 +26,21 @@ from torch import nn
 
 from ..options.frequency import PopeOptions
 from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts, TransformedQK
+from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
 from .rope import native_theta
 
 
-class PolarAttention(TransformedQK):
+class PolarAttention(TransformedQK, DerivedBuffers):
     """`forward(query, key, q_pos, k_pos)` -> fp32 PoPE logits; `transformed` -> the (q', k') whose dot product they are."""
 
     def __init__(self, heads: int, head_dim: int, theta: float, phase_bias: bool) -> None:
         super().__init__()
-        freqs = theta ** -(torch.arange(head_dim, dtype=torch.float64) / head_dim)
-        self.register_buffer("freqs", freqs.float(), persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_derived()
         self.phase = nn.Parameter(torch.zeros(heads, head_dim)) if phase_bias else None
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        return {"freqs": (self.theta ** -(torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)).float()}
 
     def transformed(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

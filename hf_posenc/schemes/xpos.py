@@ -18,22 +18,25 @@ from torch import nn
 
 from ..options.rotary import XposOptions
 from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts, TransformedQK
+from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
 from .rope import plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
 
 
-class XposAttention(TransformedQK):
+class XposAttention(TransformedQK, DerivedBuffers):
     """`forward(query, key, q_pos, k_pos)` -> fp32 logits of the rotated, decayed q and k; `transformed`
     gives those q and k themselves, which fused attention paths (`hf_posenc.fast_attention`) run."""
 
     def __init__(self, rotary: Rotary, gamma: float, scale_base: float) -> None:
         super().__init__()
-        self.rotary, self.scale_base = rotary, scale_base
-        half, pairs = rotary.head_dim // 2, rotary.rotated_pairs
+        self.rotary, self.gamma, self.scale_base = rotary, gamma, scale_base
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        half, pairs = self.rotary.head_dim // 2, self.rotary.rotated_pairs
         zeta = torch.ones(half)
-        zeta[:pairs] = (torch.arange(0, 2 * pairs, 2) / (2 * pairs) + gamma) / (1 + gamma)
-        self.register_buffer("zeta", zeta, persistent=False)
+        zeta[:pairs] = (torch.arange(0, 2 * pairs, 2) / (2 * pairs) + self.gamma) / (1 + self.gamma)
+        return {"zeta": zeta}
 
     def decay(self, positions: torch.Tensor) -> torch.Tensor:
         """(B, 1, L, D) zeta^(positions / B) over both halves of the rotate-half layout."""

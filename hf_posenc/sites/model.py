@@ -13,7 +13,7 @@ from torch import nn
 from .. import compat, saving
 from ..adapters.base import Adapter
 from ..config import BEFORE
-from ..schemes.base import ModelFacts, Scheme
+from ..schemes.base import ModelFacts, Scheme, rederive_buffers
 from ..state import Missing, PatchState, RemoveHooks, Restore
 from . import INSTALLERS
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
@@ -30,6 +30,7 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
     state.set_attr(config, "posenc", state.config.to_dict(original=adapter.native))
     # the folders it saves load back patched, never as the stock model (saving.py)
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
+    own_init(model, state)
     if (max_positions := spec.max_positions(state.config.options)) is not None:
         state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
@@ -54,6 +55,21 @@ def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
         type(base.get_submodule(adapter.rotary)).__module__.startswith("transformers.")
     if state.native:
         record_before(config, state)
+
+
+def initialize_weights(model: nn.Module) -> None:
+    """A patched model's `initialize_weights` (what `init_weights` and transformers' loading call): the class's
+    own, then the buffers of the patch's modules, which the class's init does not know (a model built on the meta
+    device has them empty after `to_empty`)."""
+    type(model).initialize_weights(model)
+    rederive_buffers(model)
+
+
+def own_init(model: nn.Module, state: PatchState) -> None:
+    """Route `model`'s own init (a transformers model's: a stack of some encoder-decoders is not one) through
+    `initialize_weights`."""
+    if callable(getattr(type(model), "initialize_weights", None)):
+        state.set_attr(model, "initialize_weights", functools.partial(initialize_weights, model), instance=True)
 
 
 def record_before(config: Any, state: PatchState) -> None:

@@ -19,7 +19,7 @@ from ..state import PatchState, RemoveHooks
 from .base import PatchHook
 from .layers import Entry
 from .layers import install as install_layers
-from .model import install as install_model
+from .model import install as install_model, own_init
 
 
 class Unpositioned(PatchHook):
@@ -57,4 +57,5 @@ def install(model: nn.Module, plan: StackPlan, spec: Scheme | None, state: Patch
             attention.register_forward_pre_hook(Unpositioned(), with_kwargs=True, prepend=True)
     state.set_attr(model.config, "posenc", state.config.to_dict(original=plan.adapters[plan.first].native))
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
+    own_init(model, state)
     state.native = False  # no encoder-decoder family rotates natively: every patch of one hooks or replaces
