@@ -55,7 +55,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite, sources={"--model": args.model, "--recipe": args.recipe})
+    check_out(args.out, args.overwrite, sources={"--model": args.model, "--recipe": args.recipe}, command="demo")
     args.lengths = int_list(args.lengths, "length")
     at_least(args, windows=1, steps=0)
     if not 0 < args.target_tokens < min(args.lengths):

@@ -101,7 +101,7 @@ def check(args: argparse.Namespace) -> None:
     """Torch-free first (folders, every flag's domain, the scheme and its options, the accelerate
     config), then the suite names, the model's files and what its config.json says it takes."""
     sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
-    check_out(args.out, args.overwrite, sources=sources)
+    check_out(args.out, args.overwrite, sources=sources, command="eval --compare" if args.compare else "eval")
     if args.compare:
         from .. import results
         from ..evaluation.suites import differing_settings

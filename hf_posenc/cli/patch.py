@@ -27,7 +27,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """The folders, the scheme and its options (both torch-free), then the model's files and what its
     config.json says the architecture takes."""
-    check_out(args.out, args.overwrite, sources={"MODEL": args.model})
+    check_out(args.out, args.overwrite, sources={"MODEL": args.model}, command="patch")
     args.config = scheme_config(args.scheme, parse_options(args.opt), args.layers)
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)

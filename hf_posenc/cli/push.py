@@ -40,7 +40,7 @@ def check(args: argparse.Namespace) -> None:
     if args.dry_run:
         if Path(args.dry_run).exists():
             raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
-        check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir})
+        check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir}, command="push --dry-run")
         return
     from huggingface_hub import get_token
 
