@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
-from . import check_model_takes, float_list, int_list, parse_options, scheme_config
-from .checks import at_least, model_folder
+from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
+from .checks import at_least, layers_fit, model_folder
 from .launch import accelerate_config, launch, launch_settings
 
 if TYPE_CHECKING:
@@ -122,6 +122,8 @@ def check(args: argparse.Namespace) -> None:
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options, args.layers)  # torch-free: a scheme mistake is refused at once
+    if args.layers is not None:
+        layers_fit(args.model, layer_list(args.layers), "--layers")
     if args.accelerate_config is not None:
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites

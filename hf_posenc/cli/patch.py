@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..folders import check_out, clear_out
-from . import check_model_takes, parse_options, scheme_config
-from .checks import model_folder
+from . import check_model_takes, layer_list, parse_options, scheme_config
+from .checks import layers_fit, model_folder
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +25,12 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    """The folders, the scheme and its options (both torch-free), then the model's files and what its
-    config.json says the architecture takes."""
+    """The folders, the scheme and its options, --layers against the config's depth (all torch-free), then
+    the model's files and what its config.json says the architecture takes."""
     check_out(args.out, args.overwrite, sources={"MODEL": args.model}, command="patch")
     args.config = scheme_config(args.scheme, parse_options(args.opt), args.layers)
+    if args.layers is not None:
+        layers_fit(args.model, layer_list(args.layers), "--layers")
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)
 
