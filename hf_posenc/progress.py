@@ -28,3 +28,11 @@ def bar(iterable: Any = None, *, show: bool = True, **kwargs: Any) -> tqdm:
     else:
         kwargs.setdefault("dynamic_ncols", True)
     return tqdm(iterable, **kwargs)
+
+
+def status(message: str) -> None:
+    """One line on stderr saying what a long step without a bar is doing (importing torch, loading a model,
+    setting up a run), so no stretch of a command passes in silence. Like the bars, only in a terminal: in logs
+    and pipes stdout keeps the results and stderr only a failure's one line."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)

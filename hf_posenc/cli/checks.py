@@ -177,5 +177,5 @@ def layers_fit(name: str, layers: list[int], flag: str) -> None:
     if depth is None or not (bad := sorted(i for i in layers if not 0 <= i < depth)):
         return
     model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
-    raise PosEncError(f"{flag}: layers {bad} are not layers of {name!r} ({model_type}): it has {depth} layers, "
-                      f"0-{depth - 1}")
+    raise PosEncError(f"{flag}: {name!r}: layers {bad} are not attention layers of this {model_type!r} model: it "
+                      f"has {depth} layers, 0-{depth - 1}")

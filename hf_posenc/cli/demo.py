@@ -17,10 +17,12 @@ from typing import Any
 from .. import results
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
+from ..progress import status
 from ..train.shipped import recipe_path
 from . import check_model_takes, int_list
 from .checks import at_least, model_folder
 from .inspect import DEFAULT_TEXT
+from .threads import limit_threads
 
 # (label, scheme, options) scored without training; the original model first.
 RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
@@ -29,6 +31,8 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("alibi, no training", "alibi", {}),
 ]
 RECOVERED = "alibi, {steps} recovery steps"
+# what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
+LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32 (about half a minute)"}
 RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
@@ -71,6 +75,8 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    status("demo: importing torch and transformers")
     import torch
 
     from .. import from_pretrained, hub, patch, plots, unpatch
@@ -78,12 +84,14 @@ def main(args: argparse.Namespace) -> int:
     from ..loading import load
     from ..models import display_name
 
-    out, t0 = clear_out(args.out, "demo", [args.model]), time.perf_counter()
+    status(limit_threads())
+    out = clear_out(args.out, "demo", [args.model])
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),
                 "trials": PASSKEY_TRIALS,
                 "recovery_steps": args.steps}
     record = results.Results("demo", args.model, settings=settings)
+    status(f"loading {display_name(args.model)}{LOADING.get(args.model, '')}")
     model, tokenizer = load(args.model, dtype=torch.float32)
     print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
           f"perplexity of the same {args.target_tokens} target tokens x {args.windows} places of the King James "
@@ -91,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
           flush=True)
     where: dict[str, Path] = {}
     for label, scheme, options in RUNS:
+        status(f"scoring {label}: perplexity at {args.lengths}, then passkey")
         if scheme is not None:
             patch(model, scheme, **options)
         record.runs.append(_score(model, tokenizer, label, scheme, options, out / "scores" / _slug(label), args))
@@ -99,12 +108,15 @@ def main(args: argparse.Namespace) -> int:
         print(_row(record.runs[-1], args.lengths), flush=True)
     where["inspect figure (RoPE: rotation and logit by distance)"] = out / "inspect" / "rotary.png"
     text = tokenizer(DEFAULT_TEXT, return_tensors="pt")["input_ids"][:, : max_positions(model)]
+    status("drawing the inspect figure")
     inspect_model(model, text, out / "inspect", name=display_name(args.model))
     del model
     gc.collect()
 
     if args.steps:
+        status(f"recovery: {args.steps} steps of {args.recipe}; loading the model and the data first")
         folder = _recover(args, out)
+        status(f"scoring {RECOVERED.format(steps=args.steps)}: reloading {folder}")
         model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
         # the recovered model's own eval results: the card's model-index
@@ -128,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"\n{table}\n")
     for what, path in where.items():
         print(f"{what:<62} {path}")
-    print(f"done in {time.perf_counter() - t0:.0f}s")
+    print(f"done in {time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} CPU-s")
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..folders import check_out, clear_out
+from ..models import display_name
+from ..progress import status
 from . import check_model_takes, layer_list, parse_options, scheme_config
 from .checks import layers_fit, model_folder
 
@@ -36,15 +38,18 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    status("patch: importing torch and transformers")
     import torch
 
     from ..loading import load
     from ..patching import describe, patch
 
+    status(f"loading {display_name(args.model)}")
     # the class the checkpoint was saved as, so a BertModel stays a BertModel
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     patch(model, args.config)
     out = clear_out(args.out, "patch", [args.model])
+    status(f"saving the patched model to {out}")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     from ..hub import model_card
