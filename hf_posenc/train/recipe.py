@@ -54,7 +54,7 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 
 @dataclasses.dataclass
 class ModelArgs:
-    name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M), 'minilm-l6'")
+    name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M-Instruct), 'minilm-l6'")
     task: Literal["causal_lm", "classification", "seq2seq"] = field(
         "causal_lm", help="head to train: next-token LM, sequence classifier, or an encoder-decoder "
         "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder")
