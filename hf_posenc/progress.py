@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -36,3 +40,24 @@ def status(message: str) -> None:
     and pipes stdout keeps the results and stderr only a failure's one line."""
     if sys.stderr.isatty():
         print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def waiting(message: str, every_s: float = 10.0, show: bool = True) -> Iterator[None]:
+    """`status(message)`, then a line every `every_s` seconds until the block ends (where `show`): loading a model
+    or importing torch takes half a minute on a busy machine and shows no bar of its own."""
+    if show:
+        status(message)
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            status(f"  ... still {message} ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, daemon=True) if show and sys.stderr.isatty() else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()

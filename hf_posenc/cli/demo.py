@@ -17,7 +17,7 @@ from typing import Any
 from .. import results
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
-from ..progress import status
+from ..progress import status, waiting
 from ..train.shipped import recipe_path
 from . import check_model_takes, int_list
 from .checks import at_least, model_folder
@@ -76,13 +76,13 @@ def check(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    status("demo: importing torch and transformers")
-    import torch
+    with waiting("demo: importing torch and transformers"):
+        import torch
 
-    from .. import from_pretrained, hub, patch, plots, unpatch
-    from ..analysis import inspect_model, max_positions
-    from ..loading import load
-    from ..models import display_name
+        from .. import from_pretrained, hub, patch, plots, unpatch
+        from ..analysis import inspect_model, max_positions
+        from ..loading import load
+        from ..models import display_name
 
     status(limit_threads())
     out = clear_out(args.out, "demo", [args.model])
@@ -91,8 +91,8 @@ def main(args: argparse.Namespace) -> int:
                 "trials": PASSKEY_TRIALS,
                 "recovery_steps": args.steps}
     record = results.Results("demo", args.model, settings=settings)
-    status(f"loading {display_name(args.model)}{LOADING.get(args.model, '')}")
-    model, tokenizer = load(args.model, dtype=torch.float32)
+    with waiting(f"loading {display_name(args.model)}{LOADING.get(args.model, '')}"):
+        model, tokenizer = load(args.model, dtype=torch.float32)
     print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
           f"perplexity of the same {args.target_tokens} target tokens x {args.windows} places of the King James "
           f"Bible at every length {args.lengths}, passkey {PASSKEY_TRIALS} keys x {len(PASSKEY_DEPTHS)} depths",
@@ -108,16 +108,16 @@ def main(args: argparse.Namespace) -> int:
         print(_row(record.runs[-1], args.lengths), flush=True)
     where["inspect figure (RoPE: rotation and logit by distance)"] = out / "inspect" / "rotary.png"
     text = tokenizer(DEFAULT_TEXT, return_tensors="pt")["input_ids"][:, : max_positions(model)]
-    status("drawing the inspect figure")
-    inspect_model(model, text, out / "inspect", name=display_name(args.model))
+    with waiting("drawing the inspect figure"):
+        inspect_model(model, text, out / "inspect", name=display_name(args.model))
     del model
     gc.collect()
 
     if args.steps:
         status(f"recovery: {args.steps} steps of {args.recipe}; loading the model and the data first")
         folder = _recover(args, out)
-        status(f"scoring {RECOVERED.format(steps=args.steps)}: reloading {folder}")
-        model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
+        with waiting(f"reloading the recovered model from {folder}"):
+            model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
         # the recovered model's own eval results: the card's model-index
         record.runs.append(_score(model, tokenizer, label, "alibi", {}, folder / "eval", args))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from ..models import display_name
-from ..progress import status
+from ..progress import status, waiting
 from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
 from .checks import at_least, layers_fit, model_folder
 from .launch import accelerate_config, launch, launch_settings
@@ -158,23 +158,22 @@ def main(args: argparse.Namespace) -> int:
     if args.accelerate_config is not None:  # checked here, run in each launched process
         clear_out(args.out, "eval", [args.model])
         return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
-    status("eval: importing torch and transformers")
-    import torch
+    with waiting("eval: importing torch and transformers"):
+        import torch
 
-    from .. import results
-    from ..evaluation import run_suites
-    from ..evaluation.processes import join
-    from ..loading import inference_device_map, load
+        from .. import results
+        from ..evaluation import run_suites
+        from ..evaluation.processes import join
+        from ..loading import inference_device_map, load
 
     state = join()  # one process, or this one's place in an `accelerate launch`
     torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
     distributed = state.num_processes > 1
     if not distributed:  # launched processes share the cores as the launcher set them
         status(limit_threads())
-    if state.is_main_process:
-        status(f"loading {display_name(args.model)}")
-    model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
-                            device_map=inference_device_map(state.device if distributed else None))
+    with waiting(f"loading {display_name(args.model)}", show=state.is_main_process):
+        model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
+                                device_map=inference_device_map(state.device if distributed else None))
     if args.config is not None:
         from ..patching import patch
 

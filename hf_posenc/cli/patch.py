@@ -6,7 +6,7 @@ import argparse
 
 from ..folders import check_out, clear_out
 from ..models import display_name
-from ..progress import status
+from ..progress import status, waiting
 from . import check_model_takes, layer_list, parse_options, scheme_config
 from .checks import layers_fit, model_folder
 
@@ -38,15 +38,14 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    status("patch: importing torch and transformers")
-    import torch
+    with waiting("patch: importing torch and transformers"):
+        import torch
 
-    from ..loading import load
-    from ..patching import describe, patch
+        from ..loading import load
+        from ..patching import describe, patch
 
-    status(f"loading {display_name(args.model)}")
-    # the class the checkpoint was saved as, so a BertModel stays a BertModel
-    model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
+    with waiting(f"loading {display_name(args.model)}"):  # the class it was saved as: a BertModel stays one
+        model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     patch(model, args.config)
     out = clear_out(args.out, "patch", [args.model])
     status(f"saving the patched model to {out}")

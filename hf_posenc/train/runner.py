@@ -20,7 +20,7 @@ from .. import folders, plots, results
 from ..errors import PosEncError
 from ..evaluation import processes
 from ..patching import describe
-from ..progress import bar, status
+from ..progress import bar, waiting
 from ..results import write_json
 from . import curve, inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
@@ -128,9 +128,9 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     set_seed(t.seed)
     if t.deterministic:
         scope.deterministic()
-    if accelerator.is_main_process:
-        status(f"loading {recipe.model.name_or_path} and preparing the data ({recipe.data.dataset})")
-    run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
+    with waiting(f"loading {recipe.model.name_or_path} and preparing the data ({recipe.data.dataset})",
+                 show=accelerator.is_main_process):
+        run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and run.task.original and latest is None:
         run.model.to(accelerator.device)
