@@ -387,4 +387,7 @@ def _plot(run: Session) -> None:
                 for label, step in (("before training", 0), ("after training", state.step)) if label in losses],
         curve=state.curve)
     if state.curve:
-        plots.recovery_curve(state.curve, run.out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len)
+        after = next((r.metrics.get("perplexity", {}) for r in run.record.runs if r.label == "after training"), {})
+        held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset).name}"
+        plots.recovery_curve(state.curve, run.out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len,
+                             held_out=held_out, final=(state.step, {n: c["perplexity"] for n, c in after.items()}))
