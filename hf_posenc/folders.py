@@ -116,7 +116,8 @@ def check_replace(folder: str | os.PathLike, command: str, flag: str = "--out") 
         return
     found, wanted = kind_of(folder) or "model", KINDS[command]
     raise PosEncError(
-        f"{flag} {folder} holds {KIND_NAMES.get(found, found)} written by `hf-posenc {record.get('command')}`; "
+        f"{flag} {folder} is not empty: it holds {KIND_NAMES.get(found, found)} written by `hf-posenc "
+        f"{record.get('command')}`; "
         f"`hf-posenc {command} --overwrite` replaces only {KIND_NAMES[wanted]} written by `hf-posenc {command}`, "
         f"so nothing was changed: choose a new folder (e.g. {Path(folder).name}-{command.split()[0]}), or delete "
         f"{folder} yourself if you no longer need it")
@@ -162,6 +163,8 @@ def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[
     if out.is_file():
         raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
     if out.is_dir() and any(out.iterdir()):
+        if is_marked(out) and not replaceable(out, command):  # another kind: --overwrite would not help
+            check_replace(path, command, flag)
         if not overwrite:
             raise PosEncError(f"{flag} {path} is not empty; choose a new folder, or pass --overwrite to replace "
                               f"earlier hf-posenc output")

@@ -175,3 +175,12 @@ def test_the_demo_replaces_its_own_folder_on_every_rerun(kinds, tmp_path):
     shutil.copytree(kinds["demo"], out)  # `make demo` runs `hf-posenc demo --out out/demo --overwrite`
     folders.check_out(str(out), True, command="demo")
     assert folders.clear_out(out, "demo") == out and folders.kind_of(out) == "demo"
+
+
+def test_without_overwrite_a_folder_of_another_kind_is_not_offered_to_overwrite(kinds, capsys, tmp_path):
+    out = tmp_path / "victim"
+    shutil.copytree(kinds["patch"], out)  # `patch ... --out out/victim`, then `eval ... --out out/victim`
+    capsys.readouterr()
+    assert cli.main(_argv("eval", out, kinds, tmp_path)[:-1]) == 2  # without --overwrite
+    err = capsys.readouterr().err
+    assert "it holds a model written by `hf-posenc patch`" in err and "pass --overwrite" not in err, err
