@@ -61,3 +61,9 @@ def waiting(message: str, every_s: float = 10.0, show: bool = True) -> Iterator[
         yield
     finally:
         done.set()
+
+
+def importing(message: str) -> contextlib.AbstractContextManager[None]:
+    """`waiting(message)` around code whose first run imports torch and transformers (5-10 s on a busy machine),
+    shown only while they are not imported yet."""
+    return waiting(message, show="torch" not in sys.modules)

@@ -60,5 +60,5 @@ def test_the_demo_never_stays_silent_for_15_s_in_its_first_minute(tmp_path):
         os.close(leader)
     shown = text.decode(errors="replace")
     print(f"seconds between lines: {gaps}")
-    assert "demo: importing torch" in shown and "loading SmolLM2-135M-Instruct" in shown, shown[-2000:]
+    assert shown.startswith("demo: checking") and "loading SmolLM2-135M-Instruct" in shown, shown[-2000:]
     assert max(gaps) <= MAX_SILENCE_S, f"silent for {max(gaps)} s (gaps {gaps}):\n{shown[-3000:]}"

@@ -162,10 +162,13 @@ def check_model_takes(model: str, scheme: Any) -> None:
     """The model exists and takes `scheme` (a name or a PosEncConfig) with its options resolved against the
     model's facts (`hf_posenc.patching.validate`: e.g. concat's d_pos below the hidden size): read from its
     config alone, the model built on the meta device, no weights."""
-    from ..loading import load_config
-    from ..patching import validate
-    from ..catalog import supported_schemes, why_not
-    from ..adapters.meta import meta_model
+    from ..progress import importing
+
+    with importing("checking the model's config (importing torch and transformers first)"):
+        from ..loading import load_config
+        from ..patching import validate
+        from ..catalog import supported_schemes, why_not
+        from ..adapters.meta import meta_model
 
     config = load_config(model)
     subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config

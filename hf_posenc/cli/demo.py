@@ -17,12 +17,12 @@ from typing import Any
 from .. import results
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
-from ..progress import status, waiting
+from ..progress import importing, status, waiting
 from ..train.shipped import recipe_path
 from . import check_model_takes, int_list
 from .checks import at_least, model_folder
 from .inspect import DEFAULT_TEXT
-from .threads import limit_threads
+from .threads import limited_threads
 
 # (label, scheme, options) scored without training; the original model first.
 RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
@@ -32,7 +32,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 ]
 RECOVERED = "alibi, {steps} recovery steps"
 # what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
-LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32 (about half a minute)"}
+LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32"}
 RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
@@ -69,22 +69,27 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--recipe {args.recipe} is neither a recipe file nor a shipped recipe (`hf-posenc recipes`); "
                           "give one, or pass --steps 0")
     if args.steps:  # minutes of scoring come before the recovery: its recipe is checked now
-        _recovery_recipe(args, Path(args.out))
+        with importing("demo: checking the recovery recipe (importing torch and transformers first)"):
+            _recovery_recipe(args, Path(args.out))
     model_folder(args.model, "--model")
     check_model_takes(args.model, "alibi")
 
 
 def main(args: argparse.Namespace) -> int:
+    """The demo, with torch's threads kept to the idle cores while it runs (`threads.limited_threads`)."""
     t0 = time.perf_counter()
-    with waiting("demo: importing torch and transformers"):
-        import torch
+    with limited_threads("demo: importing torch and transformers"):
+        return _flow(args, t0)
 
-        from .. import from_pretrained, hub, patch, plots, unpatch
-        from ..analysis import inspect_model, max_positions
-        from ..loading import load
-        from ..models import display_name
 
-    status(limit_threads())
+def _flow(args: argparse.Namespace, t0: float) -> int:
+    import torch
+
+    from .. import from_pretrained, hub, patch, plots, unpatch
+    from ..analysis import inspect_model, max_positions
+    from ..loading import load
+    from ..models import display_name
+
     out = clear_out(args.out, "demo", [args.model])
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),

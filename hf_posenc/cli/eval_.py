@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from ..models import display_name
-from ..progress import status, waiting
+from ..progress import waiting
 from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
 from .checks import at_least, layers_fit, model_folder
 from .launch import accelerate_config, launch, launch_settings
-from .threads import limit_threads
+from .threads import limited_threads
 
 if TYPE_CHECKING:
     from ..evaluation import SuiteSettings
@@ -158,19 +159,23 @@ def main(args: argparse.Namespace) -> int:
     if args.accelerate_config is not None:  # checked here, run in each launched process
         clear_out(args.out, "eval", [args.model])
         return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
-    with waiting("eval: importing torch and transformers"):
-        import torch
+    # a launched process (WORLD_SIZE > 1) keeps the threads its launcher gave it
+    with limited_threads("eval: importing torch and transformers", active=os.environ.get("WORLD_SIZE", "1") == "1"):
+        return _evaluate(args)
 
-        from .. import results
-        from ..evaluation import run_suites
-        from ..evaluation.processes import join
-        from ..loading import inference_device_map, load
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """One process's evaluation (alone, or its share under `accelerate launch`): load, patch, score, write."""
+    import torch
+
+    from .. import results
+    from ..evaluation import run_suites
+    from ..evaluation.processes import join
+    from ..loading import inference_device_map, load
 
     state = join()  # one process, or this one's place in an `accelerate launch`
     torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
     distributed = state.num_processes > 1
-    if not distributed:  # launched processes share the cores as the launcher set them
-        status(limit_threads())
     with waiting(f"loading {display_name(args.model)}", show=state.is_main_process):
         model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
                                 device_map=inference_device_map(state.device if distributed else None))

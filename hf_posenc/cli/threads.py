@@ -4,8 +4,12 @@ other, and one demo on a loaded 2-core machine took 3,332 CPU-s instead of 815. 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+
+from .. import progress
 
 SAMPLE_S = 0.25  # how long the machine's idle time is sampled
 
@@ -36,12 +40,22 @@ def free_cores() -> tuple[int, int]:
     return max(1, min(usable, round(idle * machine))), usable
 
 
-def limit_threads() -> str:
-    """Set torch's thread count to the free cores (unless OMP_NUM_THREADS is set); the status line saying so."""
-    import torch
+@contextlib.contextmanager
+def limited_threads(message: str, active: bool = True) -> Iterator[None]:
+    """Import torch and transformers under the status line `message` (seconds on a busy machine), then, where
+    `active` and OMP_NUM_THREADS is not set, hold torch's thread count to the idle cores for the block (never
+    above what it was: a test worker's one thread stays one), and say so."""
+    with progress.importing(message):  # the checks may have imported them already
+        import torch
+        import transformers  # noqa: F401 - its first import is slow too: under the same status line
 
-    if os.environ.get("OMP_NUM_THREADS"):
-        return f"torch threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-    free, usable = free_cores()
-    torch.set_num_threads(free)
-    return (f"torch threads: {free} of {usable} cores (the cores idle now; set OMP_NUM_THREADS to choose)")
+    before = torch.get_num_threads()
+    if active and not os.environ.get("OMP_NUM_THREADS"):
+        free, usable = free_cores()
+        torch.set_num_threads(min(before, free))
+        progress.status(f"torch threads: {torch.get_num_threads()} of {usable} cores (the cores idle now; "
+               "OMP_NUM_THREADS=N chooses)")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
