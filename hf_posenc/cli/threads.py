@@ -54,7 +54,7 @@ def limited_threads(message: str, active: bool = True) -> Iterator[None]:
         free, usable = free_cores()
         torch.set_num_threads(min(before, free))
         progress.status(f"torch threads: {torch.get_num_threads()} of {usable} cores (the cores idle now; "
-               "OMP_NUM_THREADS=N chooses)")
+                        "OMP_NUM_THREADS=N chooses)")
     try:
         yield
     finally:
