@@ -10,7 +10,7 @@ the scheme can use:
   against stock `sdpa`.
 
 The model is a Llama built from a config (random weights: time and memory do not depend on them), 8 layers of
-1024 on the GPU; `--tiny` runs 4 layers of 64 at 64-256 tokens on the CPU in a few seconds (the dry run of
+1024 on the GPU; `--tiny` runs 4 layers of 32 at 32 and 64 tokens on the CPU in seconds (the dry run of
 `scripts/gpu-check`). The logits of the last token only are computed (`logits_to_keep=1`), so the vocabulary's
 (L, V) logits do not drown the positions' cost. A cell that fails records its error; the JSON and Markdown are
 rewritten after every cell, and cells past `--budget` seconds are recorded as not run.
@@ -34,6 +34,7 @@ import transformers
 from transformers import DynamicCache
 
 import hf_posenc as hp
+from hf_posenc import compat
 from hf_posenc.attention import attention_backend
 
 SCHEMES: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -64,8 +65,7 @@ class Size:
 
 GPU = Size(layers=8, width=1024, heads=16, kv_heads=4, mlp=2816, vocab=32000, lengths=(2048, 8192, 32768),
            repeats=3, decode_steps=16)
-TINY = Size(layers=4, width=64, heads=4, kv_heads=2, mlp=128, vocab=256, lengths=(64, 128, 256), repeats=2,
-            decode_steps=4)
+TINY = Size(layers=4, width=32, heads=4, kv_heads=2, mlp=64, vocab=128, lengths=(32, 64), repeats=1, decode_steps=2)
 
 
 def layer_map(scheme: Any, layers: int) -> Any:
@@ -104,14 +104,14 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor) -> float:
 @torch.no_grad()
 def decode(model: torch.nn.Module, ids: torch.Tensor, steps: int) -> float:
     """Seconds per generated token after a prefill of `ids` into a dynamic cache (two steps of warm-up)."""
-    cache = DynamicCache(config=model.config)
-    token = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
+    cache = {compat.cache_kwarg(model): DynamicCache(config=model.config)}
+    token = model(ids, use_cache=True, logits_to_keep=1, **cache).logits[:, -1:].argmax(-1)
     for _ in range(2):
-        token = model(token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        token = model(token, use_cache=True, **cache).logits[:, -1:].argmax(-1)
     sync(ids.device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        token = model(token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        token = model(token, use_cache=True, **cache).logits[:, -1:].argmax(-1)
     sync(ids.device)
     return (time.perf_counter() - t0) / steps
 
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="benchmarks/results/gpu/bench.json")
     parser.add_argument("--md", default="benchmarks/results/gpu/bench.md")
     parser.add_argument("--budget", type=float, default=160.0, help="seconds; later cells are recorded as not run")
-    parser.add_argument("--tiny", action="store_true", help="4 layers of 64 at 64-256 tokens, on the CPU")
+    parser.add_argument("--tiny", action="store_true", help="4 layers of 32 at 32 and 64 tokens, on the CPU")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     for path in (args.json, args.md):

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import shutil
 import statistics
 import sys
@@ -33,9 +32,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from arms import Arm, arms  # noqa: E402
 from measure import checkpoint_model, encoding, geometry, held_out_ids, length_metrics  # noqa: E402
-from scale import Scale, autocast, scale, sized, tokens_per_second  # noqa: E402
+from scale import SMOKE_SCALE, TRAIN_SHARE, Scale, autocast, scale, sized, tokens_per_second, training_on  # noqa: E402
 from scale import device as pick_device  # noqa: E402
-from settings import FULL, SMOKE, Settings  # noqa: E402
+from settings import FULL, SMOKE, Settings  # noqa: E402,F401 (SMOKE: the smoke budget, read by tests/test_study.py)
 from tokenizer import train_bpe  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
@@ -45,7 +44,6 @@ from hf_posenc.results import write_json  # noqa: E402
 from hf_posenc.train import run_folder, runner  # noqa: E402
 from hf_posenc.train.reading import from_dict  # noqa: E402
 
-SMOKE_ARMS = ("learned", "rope")
 EVAL_BATCH = {"cpu": 1, "cuda": 16}  # perplexity windows scored at once (1 on the CPU, as the CPU scale was)
 
 
@@ -246,11 +244,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
                         help="cpu: the first study (results.json); gpu: the second scale (scale.py, results_gpu.json)")
-    parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_ARMS)}, 1 seed")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_SCALE.arms)}, 1 seed")
     parser.add_argument("--tiny", action="store_true", help="--scale gpu at the smoke size: its pipeline on a CPU")
     parser.add_argument("--arms", default=None, help="comma-separated subset of the arms")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the settings')")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where runs train and score")
+    parser.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+                        help="where runs train and score (default: cpu for --scale cpu, auto for gpu)")
     parser.add_argument("--budget", type=float, default=0.0,
                         help="seconds: sizes the gpu scale's steps, and no run starts that would end past it (0: none)")
     parser.add_argument("--out", default=str(HERE), help="results (STEM.json, STEM.md, plots) and scratch (work/, tokenizer)")
@@ -283,6 +282,7 @@ def plan(args: argparse.Namespace, sc: Scale, runs: int, done: dict[str, Any], w
 def report(runs: list[dict[str, Any]], s: Settings, sc: Scale, out: Path, plots_too: bool) -> None:
     """STEM.md from the runs so far (after every run: a study cut short keeps its table), and the plots."""
     if not runs:
+        (out / f"{sc.stem}.md").write_text(f"No run yet: {s.tokens:,} training tokens a run ({s.steps} steps).\n")
         return
     (out / f"{sc.stem}.md").write_text(summary(runs, s) + "\n" + geometry_summary(runs))
     if plots_too:
@@ -293,10 +293,8 @@ def report(runs: list[dict[str, Any]], s: Settings, sc: Scale, out: Path, plots_
 def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     args = parse(argv)
-    if args.device == "cpu":  # before anything asks CUDA: the runner's Accelerator takes whatever device it sees
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    where = pick_device(args.device)
     sc = scale(args.scale, smoke=args.smoke, tiny=args.tiny)
+    where = pick_device(args.device, sc)
     table = arms(sc.settings.width, sc.settings.layers)
     names = args.arms.split(",") if args.arms else list(sc.arms or table)
     unknown = [n for n in names if n not in table]
@@ -318,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     ids = held_out_ids(tokenizer, text, s.eval_fraction)
     todo = [(n, seed) for seed in s.seeds for n in names if  # seed-major: an early stop keeps whole seeds
             not any(r["arm"] == n and r["seed"] == seed for r in runs)]
-    longest = 0.0
+    write_json(path, {"runs": runs, **saved})  # the sizing is kept even if the first run is cut short
+    # a run that would end past the budget does not start: the first is judged by the throughput measured
+    longest = sizing["estimated_train_s_per_run"] / TRAIN_SHARE if sizing else 0.0
     try:
         for i, (name, seed) in enumerate(tqdm(todo, desc="study", unit="run")):
             if args.budget and time.monotonic() - start + longest > args.budget:
@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"same --out continues them", flush=True)
                 break
             t0 = time.monotonic()
-            runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / sc.work, where))
+            with training_on(where):
+                runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / sc.work, where))
             longest = max(longest, time.monotonic() - t0)
             write_json(path, {"runs": runs, **saved})
             report(runs, s, sc, out, plots_too=False)
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     add_encoding(runs, table, s, out / sc.work)
     write_json(path, {"runs": runs, **saved})
     report(runs, s, sc, out, plots_too=True)
-    print((out / f"{sc.stem}.md").read_text() if runs else "no runs")
+    print((out / f"{sc.stem}.md").read_text())
     return 0
 
 

@@ -9,10 +9,12 @@ goes on in the next."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import transformers
@@ -45,7 +47,7 @@ class Scale:
 
 
 CPU = Scale("cpu", FULL, None, "results", ("study.png", "geometry.png"), "work")
-SMOKE_SCALE = Scale("cpu", SMOKE, ("learned", "rope"), "results", ("study.png", "geometry.png"), "work")
+SMOKE_SCALE = Scale("cpu", SMOKE, ("learned", "rope"), "results", ("study.png", "geometry.png"), "work")  # --smoke
 GPU_BASE = Settings(layers=6, width=512, heads=8, vocab=8192, seq_len=256, steps=STEP_GRID, batch_size=64, lr=1e-3,
                     seeds=(0, 1), checkpoints=4, windows=32, target=128, passkey_trials=8)
 GPU = Scale("gpu", GPU_BASE, GPU_ARMS, "results_gpu", ("study_gpu.png", "geometry_gpu.png"), "work_gpu", sized=True,
@@ -71,13 +73,31 @@ def sized(s: Settings, tokens_per_s: float, budget_s: float, runs: int, sc: Scal
     return dataclasses.replace(s, steps=grid * math.ceil(tokens / (s.batch_size * s.seq_len) / grid))
 
 
-def device(name: str) -> torch.device:
-    """`--device`: auto takes CUDA where there is one."""
+def device(name: str | None, sc: Scale) -> torch.device:
+    """`--device`: auto takes CUDA where there is one; the default is the scale's (the CPU scale stays on the CPU,
+    so its runs on a GPU machine remain comparable with those measured in fp32 on 2 cores)."""
+    name = name or ("auto" if sc.name == "gpu" else "cpu")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def training_on(where: torch.device) -> Iterator[None]:
+    """The recipe runner's Accelerator trains on the accelerator it sees; on the CPU while this holds
+    (`ACCELERATE_USE_CPU`, as hf_posenc.evaluation.processes reads it), restored after."""
+    before = os.environ.get("ACCELERATE_USE_CPU")
+    if where.type == "cpu" and torch.cuda.is_available():
+        os.environ["ACCELERATE_USE_CPU"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ACCELERATE_USE_CPU", None)
+        else:
+            os.environ["ACCELERATE_USE_CPU"] = before
 
 
 def autocast(where: torch.device) -> Any:
