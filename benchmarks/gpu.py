@@ -12,8 +12,9 @@ the scheme can use:
 The model is a Llama built from a config (random weights: time and memory do not depend on them), 8 layers of
 1024 on the GPU; `--tiny` runs 4 layers of 32 at 32 and 64 tokens on the CPU in seconds (the dry run of
 `scripts/gpu-check`). The logits of the last token only are computed (`logits_to_keep=1`), so the vocabulary's
-(L, V) logits do not drown the positions' cost. A cell that fails records its error; the JSON and Markdown are
-rewritten after every cell, and cells past `--budget` seconds are recorded as not run.
+(L, V) logits do not drown the positions' cost. Each scheme's default path runs at every length before the other
+backends. A cell that fails records its error; the JSON and Markdown are rewritten after every cell, and cells
+past `--budget` seconds are recorded as not run.
 
     python benchmarks/gpu.py --json out/gpu/2-bench.json --md out/gpu/2-bench.md --budget 160
 """
@@ -208,13 +209,16 @@ class Bench:
             return {**row, "error": f"{type(err).__name__}: {str(err)[:400]}"}
 
     def run(self) -> None:
-        for length in self.size.lengths:  # every scheme at 2k first: a run cut short keeps whole lengths
-            for label in SCHEMES:
-                for attn, backend, skip in backends(label, length, self.device):
-                    row = self.cell(label, length, attn, backend, skip)
-                    self.data["cells"].append(row)
-                    print(line(row), flush=True)
-                    self.write()
+        """Each scheme's default path (stock sdpa's kernels, posenc_sdpa's `auto`) at every length first, shortest
+        first, then the other backends, whose compiles (FlexAttention) may take what is left of the budget."""
+        cells = [(label, length, *b) for length in self.size.lengths for label in SCHEMES
+                 for b in backends(label, length, self.device)]
+        default = [c for c in cells if c[2] == "sdpa" and c[3] in ("", "auto")]
+        for label, length, attn, backend, skip in default + [c for c in cells if c not in default]:
+            row = self.cell(label, length, attn, backend, skip)
+            self.data["cells"].append(row)
+            print(line(row), flush=True)
+            self.write()
 
     def write(self) -> None:
         self.data["seconds"] = round(time.monotonic() - self.start, 1)
@@ -235,7 +239,7 @@ def markdown(data: dict[str, Any]) -> str:
              f"bf16, Llama {m['layers']} x {m['width']} ({m['heads']} heads, {m['kv_heads']} kv)\n",
              "| tokens | scheme | backend | prefill | decode | peak memory | patched prefill ms | note |",
              "|---|---|---|---|---|---|---|---|"]
-    for row in data["cells"]:
+    for row in sorted(data["cells"], key=lambda r: (r["length"], list(SCHEMES).index(r["scheme"]))):
         note = row.get("skipped") or row.get("error") or ""
         cells = [str(row["length"]), row["scheme"], row["backend"]]
         if "prefill" in row:

@@ -27,6 +27,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from gpu_source import digest
+
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_LIST = REPO / "scripts" / "gpu_machine_packages.txt"
 # Not a requirement of the package, imported by the GPU run: the study's KJV text (hf_posenc.data, Makefile ASSETS).
@@ -161,7 +163,7 @@ def manifest(into: Path, wheels: list[dict], on_machine: dict[str, str], pythons
         rows.append({"file": row["file"], "name": str(name), "version": str(version),
                      "python": sorted({t.interpreter for t in tags}), "sha256": sha256(path),
                      "bytes": path.stat().st_size, "requires": row["requires"]})
-    return {"built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pythons": pythons,
+    return {"built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source_sha256": digest(REPO), "pythons": pythons,
             "machine_packages": str(MACHINE_LIST.relative_to(REPO)), "wheels": rows,
             "on_machine": dict(sorted(on_machine.items())), "total_bytes": sum(r["bytes"] for r in rows)}
 

