@@ -130,9 +130,11 @@ def peak_memory(model: torch.nn.Module, ids: torch.Tensor) -> int | None:
 
 
 def measure(model: torch.nn.Module, size: Size, length: int) -> dict[str, Any]:
-    """Median prefill seconds (after one warm-up), decode seconds per token and peak prefill bytes."""
+    """Median prefill seconds (after two warm-ups: compiled kernels, FlexAttention's, may compile again on the second
+    call of a shape), decode seconds per token and peak prefill bytes."""
     device = next(model.parameters()).device
     ids = torch.randint(0, size.vocab, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+    prefill(model, ids)
     prefill(model, ids)
     times = [prefill(model, ids) for _ in range(size.repeats)]
     return {"prefill_s": statistics.median(times), "decode_s": decode(model, ids, size.decode_steps),
