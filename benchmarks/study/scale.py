@@ -26,7 +26,8 @@ MIN_FACTOR = 30  # tokens per run, at least this many times the CPU scale's
 # rope, alibi, nope, p_rope: the seeds' add-vs-concat-vs-rotate question and the biases around it
 GPU_ARMS = ("learned", "sinusoidal", "concat_d8", "untied", "rope", "alibi", "nope", "p_rope")
 TINY_ARMS = ("learned", "rope")  # the dry run: one added arm (geometry traced) and one rotated
-TRAIN_SHARE = 0.7  # of a run's time: the rest builds, scores and traces it (measured on the CPU scale: ~0.75)
+# of a run's time: the rest builds, scores and traces it (the CPU scale: 160 steps of ~0.73 s in ~2.5 minutes)
+TRAIN_SHARE = 0.7
 STEP_GRID = 50  # steps rounded up to a multiple of this
 
 
@@ -48,6 +49,7 @@ class Scale:
 
 CPU = Scale("cpu", FULL, None, "results", ("study.png", "geometry.png"), "work")
 SMOKE_SCALE = Scale("cpu", SMOKE, ("learned", "rope"), "results", ("study.png", "geometry.png"), "work")  # --smoke
+# 6 x 512 (vs 4 x 256), 256-token windows of 64 a step; steps are sized at start-up (`sized`), never from here
 GPU_BASE = Settings(layers=6, width=512, heads=8, vocab=8192, seq_len=256, steps=STEP_GRID, batch_size=64, lr=1e-3,
                     seeds=(0, 1), checkpoints=4, windows=32, target=128, passkey_trials=8)
 GPU = Scale("gpu", GPU_BASE, GPU_ARMS, "results_gpu", ("study_gpu.png", "geometry_gpu.png"), "work_gpu", sized=True,
