@@ -97,5 +97,18 @@ test-fast: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu.py
 
+# The GPU run on a machine with no package registry (issue 40, docs/benchmarks/gpu.md): `make gpu-kit` builds
+# gpu-kit/ here (hf-posenc's wheel + what the GPU machine lacks, manifest.json); there, `python3 scripts/gpu-check`
+# (or `make gpu-check`, which needs nothing but python3) installs from it alone and runs the three stages.
+# `make gpu-rehearsal` runs it with --dry-run in a venv of the GPU machine's packages, offline (tests/test_gpu_kit.py).
+GPU_KIT ?= gpu-kit
+.PHONY: gpu-kit gpu-check gpu-rehearsal
+gpu-kit: $(STAMP)
+	$(BIN)/python scripts/gpu_kit.py --out $(GPU_KIT)
+gpu-check:
+	python3 scripts/gpu-check --kit $(GPU_KIT)
+gpu-rehearsal: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kit.py
+
 clean:
 	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out
