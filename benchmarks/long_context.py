@@ -2,7 +2,7 @@
 each configuration in a fresh process, through `hp.patch` as a user runs it.
 
 - `forward`: the tiny Llama (2 layers, d=256, 4 heads, vocab 1024, base model: no LM head) at 2k-32k
-  tokens (every score- and attention-site scheme, default options) and SmolLM2-135M (base model; ALiBi
+  tokens (every score- and attention-site scheme, default options) and SmolLM2-135M-Instruct (base model; ALiBi
   and T5) at 2k; stock (RoPE, sdpa) against the patched model on the default backend (`auto`)
   and, for the tiny Llama up to 8k, ALiBi and T5 on the materialised reference (`HF_POSENC_ATTENTION=dense`, what every patch ran before issue 12).
 - `throughput`: ALiBi prefill tokens/s of a 2k prompt and decode tokens/s of 32 tokens after it (KV

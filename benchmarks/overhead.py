@@ -3,7 +3,7 @@
 - prefill at 512 and 2048 tokens, per-token decode at 512 context (KV cache):
   GPT-2 (4 layers x 768) stock vs patched to `rope`; a Llama of the same size stock vs `alibi`
 - peak memory of a 2048-token prefill (fresh process each, sampled RSS above the loaded model)
-- `patch()` wall time on SmolLM2-135M and whether any existing weight was copied
+- `patch()` wall time on SmolLM2-135M-Instruct and whether any existing weight was copied
 
 Timings interleave stock and patched runs and keep the median of repeats. Results go to
 benchmarks/results/overhead.json. Run: `.venv/bin/python benchmarks/overhead.py`.
@@ -136,7 +136,7 @@ def patch_time() -> dict:
         copied = [n for n, p in model.named_parameters() if n in pointers and p.data_ptr() != pointers[n]]
         hp.unpatch(model)
         assert not copied, f"{scheme} copied {copied[:3]}"
-    print(f"patch() on SmolLM2-135M: {times} s, no existing weight copied", flush=True)
+    print(f"patch() on SmolLM2-135M-Instruct: {times} s, no existing weight copied", flush=True)
     return {"smollm2_patch_seconds": times, "existing_weights_copied": 0}
 
 

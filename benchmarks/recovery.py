@@ -1,6 +1,6 @@
-"""Recovery you can measure: which objective brings a swapped SmolLM2-135M back fastest per CPU-second.
+"""Recovery you can measure: which objective brings a swapped SmolLM2-135M-Instruct back fastest per CPU-second.
 
-Arms (each a run of the recipe runner, `hf_posenc.train`, from the smoke recipe): SmolLM2-135M ->
+Arms (each a run of the recipe runner, `hf_posenc.train`, from the smoke recipe): SmolLM2-135M-Instruct ->
 alibi / nope, objectives lm / distill / lm+distill, LoRA r16 + norms or full fine-tuning; yarn x4
 trained on 128-token PoSE windows covering 512 positions against plain 512-token training at the
 same tokens per step. Every arm logs its held-out KJV perplexity every `--every` steps (the runner's
@@ -188,7 +188,7 @@ def plot(found: dict[str, Any], path: Path) -> None:
         key = str(arm["seq_len"])
         curves.plot([r["cpu_s"] for r in arm["curve"]], [r["perplexity"][key] for r in arm["curve"]], marker="o",
                     ms=3, label=f"{arm['name']} ({arm['steps']} steps)")
-    curves.set(title="Recovery curve: SmolLM2-135M after the swap", xlabel="training CPU seconds",
+    curves.set(title="Recovery curve: SmolLM2-135M-Instruct after the swap", xlabel="training CPU seconds",
                ylabel="held-out KJV perplexity (training-length blocks)", yscale="log")
     curves.legend(fontsize=7)
     rows = {**found["baselines"], **{name: arm["final"] for name, arm in found["arms"].items()}}

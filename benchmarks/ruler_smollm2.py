@@ -1,4 +1,4 @@
-"""RULER (Hsieh et al. 2024) on SmolLM2-135M under position swaps without training (issue 20): original
+"""RULER (Hsieh et al. 2024) on SmolLM2-135M-Instruct under position swaps without training (issue 20): original
 RoPE, YaRN x2 and x4, ALiBi and NoPE, through `hf-posenc eval --suite ruler`'s code (lm-eval's RULER
 generators and scorer, offline, essay haystack = the KJV), each task x length with its n and 95%
 Wilson interval.

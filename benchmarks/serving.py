@@ -1,6 +1,6 @@
 """Generation speed of a patched folder served by vLLM against transformers `generate` with hf-posenc.
 
-SmolLM2-135M (from its package) patched with `yarn` x2 and `alibi` and saved by hf-posenc; greedy, 512-token
+SmolLM2-135M-Instruct (from its package) patched with `yarn` x2 and `alibi` and saved by hf-posenc; greedy, 512-token
 prompts (Genesis onwards, one offset per prompt), 64 new tokens (EOS ignored by both), fp32, at batch 1 and 8.
 tokens/s = batch x 64 / wall seconds of one whole generation (prefill included). Each cell runs once to warm up,
 then `--repeats` times; the table gives the median and the spread (min-max). Both engines run in one invocation,
@@ -121,7 +121,7 @@ def summary(seconds: list[float], batch: int) -> dict[str, float]:
 
 def table(result: dict[str, Any]) -> str:
     """The Markdown page of benchmarks/results/serving.md."""
-    lines = ["## Speed: vLLM against transformers `generate` (hf-posenc), SmolLM2-135M", "",
+    lines = ["## Speed: vLLM against transformers `generate` (hf-posenc), SmolLM2-135M-Instruct", "",
              f"Machine: {result['machine']}. {result['settings']}", "",
              "| folder | batch | vLLM tokens/s | transformers tokens/s | vLLM / transformers | same greedy tokens |",
              "|---|---|---|---|---|---|"]
@@ -175,7 +175,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs; transformers on "
                    f"{torch.get_num_threads()} torch thread(s), vLLM's engine on cores "
                    + (f"{binding[1]} (reserved {binding[2]})" if binding else "as vLLM bound them (not logged)"),
-        "settings": f"SmolLM2-135M fp32, greedy, {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens (EOS "
+        "settings": f"SmolLM2-135M-Instruct fp32, greedy, {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens (EOS "
                     f"ignored), one warm-up then n={args.repeats} timed runs per cell; vLLM with enforce_eager, "
                     "its CPU backend; transformers `generate` with the KV cache.",
         "repeats": args.repeats, "versions": {**results.versions(), **vllm_out["versions"]}, "cells": cells,

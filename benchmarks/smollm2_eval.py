@@ -1,4 +1,4 @@
-"""SmolLM2-135M (trained context 8192) past its length: original RoPE vs YaRN factor 2 and 4, no training.
+"""SmolLM2-135M-Instruct (trained context 8192) past its length: original RoPE vs YaRN factor 2 and 4, no training.
 
 Perplexity of the first 512 / 2k / 8k / 16k tokens of the King James Bible, and passkey retrieval
 by length. CPU budget (2 cores): a 16k-token forward of this model takes ~3-5 minutes, so
@@ -115,7 +115,7 @@ def _plot(report: dict, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.legend(fontsize=8)
-    left.set(yscale="log", ylabel="perplexity (KJV)", title="SmolLM2-135M perplexity by length")
+    left.set(yscale="log", ylabel="perplexity (KJV)", title="SmolLM2-135M-Instruct perplexity by length")
     right.set(ylabel="passkey accuracy", ylim=(-0.05, 1.05), title="Passkey retrieval")
     plots.save(fig, path)
 

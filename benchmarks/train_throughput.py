@@ -8,7 +8,7 @@ measures the neighbours as much as the loop, so the ratio is taken per adjacent 
 (runner and Trainer back to back, order alternating) and on CPU time; run it with
 OMP_NUM_THREADS=1 for the same reason.
 
-    python benchmarks/train_throughput.py                        # SmolLM2-135M + alibi, seq 256
+    python benchmarks/train_throughput.py                        # SmolLM2-135M-Instruct + alibi, seq 256
     python benchmarks/train_throughput.py --model tiny --steps 30 # a random 4-layer llama, quick
 
 Writes benchmarks/results/train_throughput.json.

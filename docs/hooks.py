@@ -2,8 +2,8 @@
 
 - `<!-- posenc:support-matrix -->`: the support matrix, schemes with identical columns grouped, from
   `hf-posenc list --json` (the registry's snapshot, which tests/test_cli.py keeps equal to the registry);
-- `<!-- posenc:support-matrix-full -->`: one column per scheme, as `hf-posenc list` prints it;
-- `<!-- posenc:schemes -->`: every scheme with its site and source (`hf-posenc list`);
+- `<!-- posenc:support-matrix-full -->`: one column per scheme, as `hf-posenc list --wide` prints it;
+- `<!-- posenc:schemes -->`: every scheme with its site and source (`hf-posenc list --wide`);
 - `<!-- posenc:scheme-options NAME -->`: the options of NAME (`hf-posenc list --scheme NAME`);
 - `<!-- posenc:model-types -->`: the causal-LM model types (`hf-posenc list --model-types`).
 
@@ -62,12 +62,12 @@ def grouped_matrix() -> str:
 
 
 def full_matrix() -> str:
-    text = cli()
+    text = cli("--wide")
     return text[:text.index("\n\n")] + "\n"
 
 
 def scheme_table() -> str:
-    text = cli()
+    text = cli("--wide")
     schemes = sorted(next(iter(listing()["matrix"].values())))
     lines = ["| scheme | site | source |", "|---|---|---|"]
     for line in text.splitlines():

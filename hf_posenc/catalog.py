@@ -11,7 +11,7 @@ from . import adapters, schemes  # noqa: F401  (import registers them)
 from . import seq2seq
 from .adapters.base import Adapter
 from .adapters.generic import generic_adapter
-from .errors import PosEncError
+from .errors import PosEncError, did_you_mean
 from .registry import ADAPTERS, SCHEMES, SNAPSHOT
 from .schemes.base import Scheme
 
@@ -26,7 +26,8 @@ def list_architectures() -> list[str]:
 
 def get_scheme(name: str) -> Scheme:
     if name not in SCHEMES:
-        raise PosEncError(f"unknown scheme {name!r}; available schemes: {', '.join(sorted(SCHEMES))}")
+        raise PosEncError(f"unknown scheme {name!r}{did_you_mean(name, SCHEMES)}; available schemes: "
+                          f"{', '.join(sorted(SCHEMES))}")
     return SCHEMES[name]
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal, Union
 
 from .domains import domain_of, finite
 from .domains import option as option  # re-exported: schemes declare options with it
-from .errors import PosEncError
+from .errors import PosEncError, did_you_mean
 from .options import OPTIONS
 from .registry import SCHEMES
 from .typecheck import matches
@@ -189,7 +189,8 @@ def scheme_name(scheme: Any) -> str:
         raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
                           f"available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
     if scheme not in OPTIONS and scheme not in SCHEMES:
-        raise PosEncError(f"unknown scheme {scheme!r}; available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
+        raise PosEncError(f"unknown scheme {scheme!r}{did_you_mean(scheme, {*OPTIONS, *SCHEMES})}; available schemes: "
+                          f"{', '.join(sorted({*OPTIONS, *SCHEMES}))}")
     return scheme
 
 
@@ -227,7 +228,8 @@ def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) ->
     unknown = sorted(set(options) - set(fields), key=str)
     if unknown:
         allowed = ", ".join(fields) or "no options"
-        raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}; it takes: {allowed}")
+        hint = did_you_mean(unknown[0], fields) if len(unknown) == 1 else ""
+        raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}{hint}; it takes: {allowed}")
     hints = typing.get_type_hints(options_cls)
     for name, field in fields.items():
         value = options.get(name, field.default)

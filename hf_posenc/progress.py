@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -28,3 +32,38 @@ def bar(iterable: Any = None, *, show: bool = True, **kwargs: Any) -> tqdm:
     else:
         kwargs.setdefault("dynamic_ncols", True)
     return tqdm(iterable, **kwargs)
+
+
+def status(message: str) -> None:
+    """One line on stderr saying what a long step without a bar is doing (importing torch, loading a model,
+    setting up a run), so no stretch of a command passes in silence. Like the bars, only in a terminal: in logs
+    and pipes stdout keeps the results and stderr only a failure's one line."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def waiting(message: str, every_s: float = 10.0, show: bool = True) -> Iterator[None]:
+    """`status(message)`, then a line every `every_s` seconds until the block ends (where `show`): loading a model
+    or importing torch takes half a minute on a busy machine and shows no bar of its own."""
+    if show:
+        status(message)
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            status(f"  ... still {message} ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, daemon=True) if show and sys.stderr.isatty() else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def importing(message: str) -> contextlib.AbstractContextManager[None]:
+    """`waiting(message)` around code whose first run imports torch and transformers (5-10 s on a busy machine),
+    shown only while they are not imported yet."""
+    return waiting(message, show="torch" not in sys.modules)

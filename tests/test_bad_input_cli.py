@@ -468,7 +468,7 @@ def test_every_folder_hf_posenc_writes_is_marked_and_only_those_are_replaced(wor
 def test_rerunning_into_a_marked_folder_is_allowed_and_a_changed_folder_is_not(tmp_path):
     demo = folders.clear_out(tmp_path / "demo", "demo", ["smollm2"])  # what `make demo` does each run
     (demo / "results.json").write_text("{}")
-    assert folders.check_out(str(demo), overwrite=True) == demo  # the next `make demo` may replace it
+    assert folders.check_out(str(demo), overwrite=True, command="demo") == demo  # the next `make demo` may replace it
     assert folders.clear_out(demo, "demo") == demo and sorted(p.name for p in demo.iterdir()) == [folders.MARKER]
     (demo / folders.MARKER).unlink()  # the marker went away between the check and the work: still refused
     (demo / "mine.txt").write_text("keep")

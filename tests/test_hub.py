@@ -208,7 +208,7 @@ def test_cards_name_base_model_license_datasets_and_the_baseline(tmp_path, saved
     card = hub.model_card(folder)
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.license == "apache-2.0"
     assert card.data.datasets == ["glue", "wikitext"] and card.data.library_name == "transformers"
-    assert "`SmolLM2-135M` from [`HuggingFaceTB/SmolLM2-135M-Instruct`]" in card.text  # names its model
+    assert "`SmolLM2-135M-Instruct` from [`HuggingFaceTB/SmolLM2-135M-Instruct`]" in card.text  # names its model
     assert "swapped from **`rope`** to **`alibi`**" in card.text and "How to load" not in card.text
     assert "| metric | setting | smollm2 alibi() | smollm2 (unpatched) |" in card.text
     assert "| perplexity | 64 tokens | 12.5 | 4 |" in card.text  # the baseline row beside the patched one

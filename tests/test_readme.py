@@ -33,6 +33,9 @@ BIN = Path(sys.executable).parent  # hf-posenc and python of this environment
 SKIPPED = {
     "make demo": "the demo on the real SmolLM2 takes minutes; its code path is tests/test_results.py's demo test",
     "make test": "is this test suite",
+    "make gpu-kit": "tests/test_gpu_kit.py builds the kit (scripts/gpu_kit.py) for its rehearsal",
+    "make gpu-rehearsal": "runs tests/test_gpu_kit.py, which is part of this suite",
+    "python3 scripts/gpu-check": "tests/test_gpu_kit.py runs it with --dry-run in a venv of the GPU machine's packages",
 }
 
 

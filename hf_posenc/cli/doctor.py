@@ -2,7 +2,7 @@
 
 What a user runs after `pip install -U transformers`, and what a bug report should paste: the versions of
 torch, transformers, peft and accelerate against the range hf-posenc was tested on, then one row per model
-type and scheme with the checks it passed. Exit 1 when any check fails.
+type and scheme with the checks it passed, then a one-line verdict. Exit 1 when any check fails.
 """
 
 from __future__ import annotations
@@ -100,6 +100,21 @@ def table(found: dict[str, dict[str, Any]], checked: list[dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
+def verdict(found: dict[str, dict[str, Any]], checked: list[dict[str, Any]]) -> str:
+    """The one line a reader of dozens of rows needs: whether this stack is fine, and if not, what to do."""
+    failed = [f"{row['model_type']}/{row['scheme'] or '-'}" for row in checked if row["status"] == "FAIL"]
+    skipped = sum(row["status"] == "skipped" for row in checked)
+    outside = [name for name, row in found.items() if "tested" in row and not row["within"]]
+    counts = f"{len(checked) - len(failed) - skipped} of {len(checked)} rows passed, {skipped} skipped (not applicable)"
+    range_note = (f"; {', '.join(outside)} outside the tested range (the rows above are what counts)" if outside
+                  else "; every library within the tested range")
+    if failed:
+        return (f"verdict: NOT OK: {len(failed)} failed ({', '.join(failed[:6])}{', ...' if len(failed) > 6 else ''}); "
+                f"hf-posenc refuses those patches on this stack: pin the tested versions or report this output ({counts}"
+                f"{range_note})")
+    return f"verdict: OK: {counts}{range_note}"
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -110,5 +125,7 @@ def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(min(torch.get_num_threads(), 4))
     found = versions()
     checked = rows(args.model_types or self_check.families(), args.schemes)
-    print(json.dumps({"versions": found, "rows": checked}, indent=1) if args.json else table(found, checked))
+    summary = verdict(found, checked)
+    print(json.dumps({"versions": found, "rows": checked, "verdict": summary}, indent=1) if args.json
+          else f"{table(found, checked)}\n\n{summary}")
     return 1 if any(row["status"] == "FAIL" for row in checked) else 0

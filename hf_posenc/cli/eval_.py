@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
 from ..folders import check_out, clear_out
-from . import check_model_takes, float_list, int_list, parse_options, scheme_config
-from .checks import at_least, model_folder
+from ..models import display_name
+from ..progress import waiting
+from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
+from .checks import at_least, layers_fit, model_folder
 from .launch import accelerate_config, launch, launch_settings
+from .threads import limited_threads
 
 if TYPE_CHECKING:
     from ..evaluation import SuiteSettings
@@ -101,7 +105,7 @@ def check(args: argparse.Namespace) -> None:
     """Torch-free first (folders, every flag's domain, the scheme and its options, the accelerate
     config), then the suite names, the model's files and what its config.json says it takes."""
     sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
-    check_out(args.out, args.overwrite, sources=sources)
+    check_out(args.out, args.overwrite, sources=sources, command="eval --compare" if args.compare else "eval")
     if args.compare:
         from .. import results
         from ..evaluation.suites import differing_settings
@@ -122,6 +126,8 @@ def check(args: argparse.Namespace) -> None:
                           f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options, args.layers)  # torch-free: a scheme mistake is refused at once
+    if args.layers is not None:
+        layers_fit(args.model, layer_list(args.layers), "--layers")
     if args.accelerate_config is not None:
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites
@@ -153,6 +159,13 @@ def main(args: argparse.Namespace) -> int:
     if args.accelerate_config is not None:  # checked here, run in each launched process
         clear_out(args.out, "eval", [args.model])
         return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
+    # a launched process (WORLD_SIZE > 1) keeps the threads its launcher gave it
+    with limited_threads("eval: importing torch and transformers", active=os.environ.get("WORLD_SIZE", "1") == "1"):
+        return _evaluate(args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """One process's evaluation (alone, or its share under `accelerate launch`): load, patch, score, write."""
     import torch
 
     from .. import results
@@ -163,8 +176,9 @@ def main(args: argparse.Namespace) -> int:
     state = join()  # one process, or this one's place in an `accelerate launch`
     torch.manual_seed(args.seed)  # a patch initialised at random (t5 init_std) is the same in every process and run
     distributed = state.num_processes > 1
-    model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
-                            device_map=inference_device_map(state.device if distributed else None))
+    with waiting(f"loading {display_name(args.model)}", show=state.is_main_process):
+        model, tokenizer = load(args.model, task=args.task, dtype=getattr(torch, args.dtype),
+                                device_map=inference_device_map(state.device if distributed else None))
     if args.config is not None:
         from ..patching import patch
 

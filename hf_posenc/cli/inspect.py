@@ -40,7 +40,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    check_out(args.out, args.overwrite, sources={"MODEL": args.model})
+    check_out(args.out, args.overwrite, sources={"MODEL": args.model}, command="inspect")
     at_least(args, top_k=1, pos_dim=1, seeds=2)  # the random baseline reports a std: two subspaces at least
     if not args.text.strip():
         raise PosEncError("--text is empty; give a sentence or more for the attention analyses")

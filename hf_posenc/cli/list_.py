@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 SITES = ("input", "qk", "score", "none")
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = "Schemes, architectures and which cells of the matrix work."
-    parser.epilog = ("examples:\n  hf-posenc list\n  hf-posenc list --model-types\n  hf-posenc list --json\n"
-                     "  hf-posenc list --scheme yarn")
+    parser.epilog = ("examples:\n  hf-posenc list\n  hf-posenc list --wide\n  hf-posenc list --model-types\n"
+                     "  hf-posenc list --json\n  hf-posenc list --scheme yarn")
     parser.add_argument("--json", action="store_true", help="print the matrix and the model types as JSON")
+    parser.add_argument("--wide", action="store_true",
+                        help="print the full matrix, one column per scheme (wider than most terminals)")
     parser.add_argument("--model-types", action="store_true",
                         help="print every causal-LM and encoder-decoder model type: supported sites, or why not")
     parser.add_argument("--scheme", metavar="NAME",
@@ -59,7 +62,24 @@ def main(args: argparse.Namespace) -> int:
             marks = " | ".join("yes" if row["sites"].get(s) else "-" for s in SITES)
             print(f"| {name} | {row['status']} | {'+'.join(row['stacks'])} | {row['native']} | {marks} | {row['why']} |")
         return 0
-    schemes = sorted(snapshot["schemes"])
+    (print_wide if args.wide else print_compact)(snapshot)
+    counts: dict[str, int] = {}
+    for row in model_types["types"].values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    print(f"\ncausal-LM types (transformers {model_types['transformers']}, zoo sweep): "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    counts = {}
+    for row in seq2seq_types["types"].values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    print(f"encoder-decoder types (transformers {seq2seq_types['transformers']}, seq2seq sweep): "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print("`hf-posenc list --model-types` shows each model type")
+    return 0
+
+
+def print_wide(snapshot: dict) -> None:
+    """The matrix with one column per scheme, then each scheme's site and source (what docs/hooks.py reads)."""
+    schemes, matrix = sorted(snapshot["schemes"]), snapshot["matrix"]
     print("| adapter | " + " | ".join(schemes) + " |")
     print("|---" * (len(schemes) + 1) + "|")
     for adapter, row in matrix.items():
@@ -68,17 +88,19 @@ def main(args: argparse.Namespace) -> int:
     for name in schemes:
         site, citation = snapshot["schemes"][name]
         print(f"{name:11s} {site:6s} {citation}")
-    counts: dict[str, int] = {}
-    for row in model_types["types"].values():
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    print(f"\ncausal-LM model types (zoo sweep, transformers {model_types['transformers']}): "
-          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "; `hf-posenc list --model-types` shows each")
-    counts = {}
-    for row in seq2seq_types["types"].values():
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    print(f"encoder-decoder model types (seq2seq sweep, transformers {seq2seq_types['transformers']}): "
-          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    return 0
+
+
+def print_compact(snapshot: dict) -> None:
+    """One line per scheme, narrow enough for a terminal: its site, which hand-written families take it, its
+    source (authors and year); `--wide` prints the matrix itself."""
+    matrix = snapshot["matrix"]
+    print(f"{'scheme':11s} {'site':9s} {'families (of ' + str(len(matrix)) + ')':36s} source")
+    for name in sorted(snapshot["schemes"]):
+        site, citation = snapshot["schemes"][name]
+        refused = [adapter for adapter, row in matrix.items() if not row[name]]
+        families = "all" if not refused else f"all but {', '.join(refused)}" if len(refused) < len(matrix) else "none"
+        print(f"{name:11s} {site:9s} {families:36s} {re.split(', |; ', citation)[0]}")
+    print("\n`hf-posenc list --wide`: the matrix, one column per scheme; `--scheme NAME`: its options")
 
 
 def print_options(scheme: str, as_json: bool) -> int:

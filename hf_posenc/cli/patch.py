@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from ..folders import check_out, clear_out
-from . import check_model_takes, parse_options, scheme_config
-from .checks import model_folder
+from ..models import display_name
+from ..progress import status, waiting
+from . import check_model_takes, layer_list, parse_options, scheme_config
+from .checks import layers_fit, model_folder
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -25,24 +27,28 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    """The folders, the scheme and its options (both torch-free), then the model's files and what its
-    config.json says the architecture takes."""
-    check_out(args.out, args.overwrite, sources={"MODEL": args.model})
+    """The folders, the scheme and its options, --layers against the config's depth (all torch-free), then
+    the model's files and what its config.json says the architecture takes."""
+    check_out(args.out, args.overwrite, sources={"MODEL": args.model}, command="patch")
     args.config = scheme_config(args.scheme, parse_options(args.opt), args.layers)
+    if args.layers is not None:
+        layers_fit(args.model, layer_list(args.layers), "--layers")
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
+    with waiting("patch: importing torch and transformers"):
+        import torch
 
-    from ..loading import load
-    from ..patching import describe, patch
+        from ..loading import load
+        from ..patching import describe, patch
 
-    # the class the checkpoint was saved as, so a BertModel stays a BertModel
-    model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
+    with waiting(f"loading {display_name(args.model)}"):  # the class it was saved as: a BertModel stays one
+        model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     patch(model, args.config)
     out = clear_out(args.out, "patch", [args.model])
+    status(f"saving the patched model to {out}")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     from ..hub import model_card

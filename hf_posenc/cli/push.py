@@ -14,7 +14,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Upload DIR to the Hub as REPO_ID with a model card and the remote code that makes "
                           "`trust_remote_code=True` reload the patch. DIR itself is never modified.")
     parser.epilog = ("examples:\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
                      "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
                      "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
     parser.add_argument("dir", metavar="DIR",
@@ -40,7 +40,7 @@ def check(args: argparse.Namespace) -> None:
     if args.dry_run:
         if Path(args.dry_run).exists():
             raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
-        check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir})
+        check_out(args.dry_run, overwrite=False, flag="--dry-run", sources={"DIR": args.dir}, command="push --dry-run")
         return
     from huggingface_hub import get_token
 

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..progress import waiting
 from .checks import model_folder
 from .launch import accelerate_config, launch, launch_settings
 
@@ -60,11 +61,12 @@ def check(args: argparse.Namespace) -> None:
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)
         args.launch = launch_settings(args.config_path)
-    from ..train import preflight  # torch: after every torch-free check
-
     # under a launcher of the user's own (`accelerate launch -m hf_posenc.cli train`) torchrun says how many
     world = args.launch.get("num_processes", 1) if args.config_path else int(os.environ.get("WORLD_SIZE", "1"))
-    args.preflight = preflight(recipe, args.resume, args.overwrite, world)
+    with waiting("train: checking the output folder, the model's config and the data"):
+        from ..train import preflight  # torch: after every torch-free check
+
+        args.preflight = preflight(recipe, args.resume, args.overwrite, world)
 
 
 def main(args: argparse.Namespace) -> int:

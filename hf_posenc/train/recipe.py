@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import typing
 from typing import Any, Callable, Literal
 
 import yaml
 
-from ..errors import PosEncError
+from ..errors import PosEncError, did_you_mean
 from ..typecheck import matches
 
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
@@ -55,7 +54,7 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 
 @dataclasses.dataclass
 class ModelArgs:
-    name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M), 'minilm-l6'")
+    name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M-Instruct), 'minilm-l6'")
     task: Literal["causal_lm", "classification", "seq2seq"] = field(
         "causal_lm", help="head to train: next-token LM, sequence classifier, or an encoder-decoder "
         "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder")
@@ -204,9 +203,7 @@ SECTIONS.pop("source")
 
 def unknown_field(name: str, allowed: list[str], where: str) -> PosEncError:
     """The error for a field name not in `allowed`, with the closest one as a hint."""
-    close = difflib.get_close_matches(name, allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return PosEncError(f"{where}: unknown field {name!r}{hint}; allowed: {', '.join(allowed)}")
+    return PosEncError(f"{where}: unknown field {name!r}{did_you_mean(name, allowed)}; allowed: {', '.join(allowed)}")
 
 
 def _check(ok: bool, source: str, where: str, message: str) -> None:

@@ -77,13 +77,15 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
         if checkpoints(out):
             resume = True
         else:  # start over: allowed over this same run, which saved nothing to continue from
-            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.is_marked(out)
+            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.replaceable(out, "train")
                                         and not _recipe_changes(out, recipe))
     elif resume and not checkpoints(out):
         raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
                           "--resume to start, or pass --resume auto to start when there is none")
     if not out.exists() or not any(out.iterdir()):
         return bool(resume), overwrite
+    if folders.is_marked(out) and not folders.replaceable(out, "train"):  # another command's folder
+        folders.check_replace(out, "train", flag=where)
     if not (out / RUN_FILE).is_file():
         raise PosEncError(f"{where}: {str(out)!r} is not empty and holds no hf-posenc run; choose a new or empty folder")
     if overwrite:

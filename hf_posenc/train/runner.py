@@ -20,7 +20,7 @@ from .. import folders, plots, results
 from ..errors import PosEncError
 from ..evaluation import processes
 from ..patching import describe
-from ..progress import bar
+from ..progress import bar, waiting
 from ..results import write_json
 from . import curve, inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
@@ -128,7 +128,9 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     set_seed(t.seed)
     if t.deterministic:
         scope.deterministic()
-    run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
+    with waiting(f"loading {recipe.model.name_or_path} and preparing the data ({recipe.data.dataset})",
+                 show=accelerator.is_main_process):
+        run = _model_and_data(recipe, accelerator, record, inputs.load_raw(recipe) if raw is None else raw)
     original = None  # a classifier's head is untrained before the run: nothing to compare with
     if recipe.evaluation.original and recipe.posenc.scheme and run.task.original and latest is None:
         run.model.to(accelerator.device)
@@ -385,4 +387,7 @@ def _plot(run: Session) -> None:
                 for label, step in (("before training", 0), ("after training", state.step)) if label in losses],
         curve=state.curve)
     if state.curve:
-        plots.recovery_curve(state.curve, run.out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len)
+        after = next((r.metrics.get("perplexity", {}) for r in run.record.runs if r.label == "after training"), {})
+        held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset).name}"
+        plots.recovery_curve(state.curve, run.out / "curve.png", reference=state.original, seq_len=recipe.data.seq_len,
+                             held_out=held_out, final=(state.step, {n: c["perplexity"] for n, c in after.items()}))

@@ -8,6 +8,8 @@ A recipe `recipes/<model>/<goal>/config_<variant>.yaml` is named `<model>/<goal>
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,16 @@ from ..folders import mark
 
 SHIPPED = Path(__file__).resolve().parents[1] / "recipes"
 PREFIX = "config_"
+# a sentence ends at a full stop before a space or the end, but not at the "al." of "et al."
+SENTENCE_END = re.compile(r"(?<!\bal)\.(?=\s|$)")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a recipe's opening comment, across its lines: what `hf-posenc recipes` shows, whole."""
+    header = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(lambda l: l.startswith("#"),
+                                                                               text.splitlines()))
+    end = SENTENCE_END.search(header)
+    return header[: end.end()] if end else header
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +48,7 @@ class ShippedRecipe:
         options = posenc.get("options") or {}
         scheme = posenc.get("scheme") or "its own scheme"
         tokens = (training.get("max_steps") or 0) * (training.get("batch_size") or 1) * (d.get("seq_len") or 0)
-        goal = next((line.lstrip("# ").strip() for line in self.path.read_text(encoding="utf-8").splitlines()
-                     if line.startswith("#")), "")
+        goal = first_sentence(self.path.read_text(encoding="utf-8"))
         return {"name": self.name, "model": data.get("model", {}).get("name_or_path", ""),
                 "scheme": scheme + "".join(f" {k}={v}" for k, v in options.items()),
                 "steps": training.get("max_steps"), "tokens": tokens, "goal": goal}
