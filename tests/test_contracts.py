@@ -143,9 +143,11 @@ def test_cross_attention_on_encoder_states_stays_stock(arch, label):
     x, states = ids(length=8), torch.randn(2, 5, TINY["hidden"], generator=torch.Generator().manual_seed(2))
     calls = []
     crosses = [m for name, m in model.named_modules() if name.endswith(("crossattention", "crossattention.self"))]
-    for cross in crosses:
-        cross.register_forward_hook(lambda m, a, k, out: calls.append((m, a, k, out[0])) and None, with_kwargs=True)
+    handles = [cross.register_forward_hook(lambda m, a, k, out: calls.append((m, a, k, out[0])) and None,
+                                           with_kwargs=True) for cross in crosses]
     full = model(x, encoder_hidden_states=states).logits
+    for handle in handles:
+        handle.remove()
     assert crosses and len(calls) == len(crosses)
     for module, args, kwargs, out in calls:  # the module alone, with none of the patch's kwargs: the stock result
         public = {k: v for k, v in kwargs.items() if not k.startswith("posenc_")}
@@ -161,10 +163,13 @@ def test_patching_a_peft_wrapped_model_patches_the_model_inside(arch, label):
     equals the patched model wrapped; unpatch through the wrapper gives the stock logits back."""
     peft = pytest.importorskip("peft")
     x = ids()
-    expected = patched(arch, label)(x).logits
+    model = tiny_model(arch)
+    torch.manual_seed(7)  # the scheme's own modules draw their init
+    expected = hp.patch(model, scheme_of(label), **SCHEMES[label])(x).logits
     stock = tiny_model(arch)
     before = stock(x).logits
     wrapped = peft.get_peft_model(stock, peft.LoraConfig(target_modules=["q_proj", "c_attn"]))
+    torch.manual_seed(7)
     assert hp.patch(wrapped, scheme_of(label), **SCHEMES[label]) is wrapped
     assert hp.describe(wrapped).scheme == scheme_of(label) if "layers" not in SCHEMES[label] else hp.describe(wrapped)
     torch.testing.assert_close(wrapped(x).logits, expected, atol=ATOL, rtol=1e-4)
