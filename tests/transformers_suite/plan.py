@@ -1,0 +1,98 @@
+"""The sampling plan: which cells (family x patch) run which of transformers' own tests (issue 37).
+
+Every scheme `supports` accepts on a family's test configs is a cell of that family (test_transformers_suites.py
+checks it against the probe), plus YaRN x2 and a per-layer map. A few heavy-hitting cells (ALiBi, the score site
+where issue 37 found most breakage; on Llama also ALiBi on layer 0 only; on T5 its own relative bias) run the
+whole file; the others a selection that runs every property the issue names, one to four tests each: generation,
+cache, padding, save/load, eager vs SDPA, compile, init, training, and the family's own heads and input shapes.
+Only the two torch.compile tests that take 35-40 s each stock are left out of every cell
+(test_generate_compile_model_forward_fullgraph keeps compile in). The stock run of a family is the union of its
+cells' selections, run in the same session, never a stored baseline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FILES = {
+    "llama": "tests/models/llama/test_modeling_llama.py",
+    "gpt2": "tests/models/gpt2/test_modeling_gpt2.py",
+    "bert": "tests/models/bert/test_modeling_bert.py",
+    "t5": "tests/models/t5/test_modeling_t5.py",
+}
+
+# 35-40 s each on 2 cores stock, and compile is kept by test_generate_compile_model_forward_fullgraph
+SLOW = r"test_generate_compilation_all_outputs|test_static_cache_no_recompile_with_smaller_length"
+ALL = rf"^(?!{SLOW})"
+
+PROPERTIES = {  # one or two tests per property, chosen for the contracts each checks
+    "generation": r"test_greedy_generate_dict_outputs_use_cache$|test_beam_search_generate$",
+    "cache": r"test_generate_with_static_cache$|test_generate_continue_from_past_key_values$",
+    "padding": r"test_left_padding_compatibility$|test_sdpa_padding_matches_padding_free_with_position_ids$",
+    "save_load": r"test_save_load$|test_base_model_prefix_loads_base_weights$",
+    "eager_sdpa": r"test_eager_matches_sdpa_inference_09_fp32_pad_left$|test_can_set_attention_dynamically$"
+                  r"|test_config_attn_implementation_setter$|test_attention_outputs$",
+    "compile": r"test_generate_compile_model_forward_fullgraph$",
+    "init": r"test_can_be_initialized_on_meta$|test_init_weights_can_init_buffers$",
+    "training": r"test_training_gradient_checkpointing_use_reentrant_false$",
+}
+HEADS = {  # each family's own heads and input shapes (multiple choice, double heads, cross-attention, ...)
+    "llama": r"test_sequence_classification_model$",
+    "gpt2": r"test_gpt2_double_lm_head_model$|test_cross_attention_respects_encoder_padding_mask$",
+    "bert": r"test_for_multiple_choice$|test_model_as_decoder$",
+    "t5": r"test_with_sequence_classification_head$|test_decoder_model_past$",
+}
+
+YARN_X2 = {"scheme": "yarn", "factor": 2.0}
+MAP_NOPE_ROPE = {"nope": [0], "rope": [1]}
+# label -> patch; labels are test-id safe. Heavy cells run the whole file.
+HEAVY = {
+    "llama": {"alibi": "alibi", "alibi@0": {"alibi": [0]}},
+    "gpt2": {"alibi": "alibi"},
+    "bert": {"alibi": "alibi"},
+    "t5": {"t5": "t5"},
+}
+EXTRA = {  # cells beyond one per scheme: options and per-layer maps
+    "llama": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
+    "gpt2": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
+    "bert": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
+    "t5": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
+}
+# every scheme `supports` accepts on the family's own test configs (tree.probe; checked by the suite's test)
+SCHEMES = {
+    "llama": "alibi concat cope dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope "
+             "rope self_extend sinusoidal t5 untied xpos yarn",
+    "gpt2": "alibi concat cope dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope "
+            "rope self_extend sinusoidal t5 untied xpos yarn",
+    "bert": "alibi concat dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope rope "
+            "sinusoidal t5 untied yarn",
+    "t5": "alibi concat dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope rope "
+          "sinusoidal t5 untied yarn",
+}
+
+
+def selection(family: str) -> str:
+    """The property selection of a family: every property's tests and the family's own."""
+    return "|".join([*PROPERTIES.values(), HEADS[family]])
+
+
+def cells(family: str) -> list[dict[str, Any]]:
+    """The family's cells as the plugin takes them: {"label", "patch", "select"}."""
+    light = {name: name for name in SCHEMES[family].split() if name not in HEAVY[family]}
+    found = [{"label": label, "patch": patch, "select": ALL} for label, patch in HEAVY[family].items()]
+    found += [{"label": label, "patch": patch, "select": selection(family)}
+              for label, patch in {**light, **EXTRA[family]}.items()]
+    return found
+
+
+def stock_cell(chosen: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stock run of some cells of one family: the union of their selections, unpatched."""
+    selects = {cell["select"] for cell in chosen}
+    return {"label": "stock", "patch": None, "select": ALL if ALL in selects else "|".join(sorted(selects))}
+
+
+def schemes_in(patch: Any) -> list[str]:
+    """The scheme names a cell's patch installs."""
+    if isinstance(patch, str):
+        return [patch]
+    return [patch["scheme"]] if "scheme" in patch else list(patch)
