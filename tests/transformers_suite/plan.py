@@ -58,7 +58,7 @@ EXTRA = {  # cells beyond one per scheme: options and per-layer maps
     "bert": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
     "t5": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
 }
-# every scheme `supports` accepts on the family's own test configs (tree.probe; checked by the suite's test)
+# every scheme `supports` accepts on a model class of the family's own tests (tree.probe; the suite checks it)
 SCHEMES = {
     "llama": "alibi concat cope dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope "
              "rope self_extend sinusoidal t5 untied xpos yarn",
@@ -66,8 +66,8 @@ SCHEMES = {
             "rope self_extend sinusoidal t5 untied xpos yarn",
     "bert": "alibi concat dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope rope "
             "sinusoidal t5 untied yarn",
-    "t5": "alibi concat dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope rope "
-          "sinusoidal t5 untied yarn",
+    "t5": "alibi concat cope dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope "
+          "rope self_extend sinusoidal t5 untied xpos yarn",  # cope, self_extend, xpos: T5EncoderModel only
 }
 
 

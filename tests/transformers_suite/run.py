@@ -52,6 +52,12 @@ def run_family(family: str, labels: list[str] | None = None, jobs: int = 2, out:
                                    **junit.compare(stock_cases, patched_cases, c["label"])} for c in cells}}
 
 
+def causes(cell: dict[str, Any], width: int = 140) -> list[str]:
+    """A cell's findings grouped by cause: count, first error line, two example tests."""
+    return [f"{len(group['tests']):>3} x {group['first_line'][:width]}  "
+            f"[{', '.join(t['test'].partition('::')[2] for t in group['tests'][:2])}]" for group in cell["causes"]]
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """One line per cell: findings, documented departures, patched passes, and the causes' first lines."""
     lines = ["family  cell            tests findings departures passed(patched/unpatched) skipped"]
@@ -60,9 +66,7 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(f"{result['family']:<7} {label:<15} {cell['ran']:>5} {cell['findings']:>8} "
                          f"{cell['departures']:>10} {cell['passed_patched']:>8}/{cell['passed_unpatched']:<8} "
                          f"{cell['skipped']:>12}")
-            for group in cell["causes"]:
-                example = ", ".join(t["test"].partition("::")[2] for t in group["tests"][:2])
-                lines.append(f"        {len(group['tests']):>3} x {group['first_line'][:140]}  [{example}]")
+            lines += [f"        {line}" for line in causes(cell)]
     return "\n".join(lines)
 
 
