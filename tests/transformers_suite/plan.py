@@ -1,13 +1,13 @@
 """The sampling plan: which cells (family x patch) run which of transformers' own tests (issue 37).
 
 Every scheme `supports` accepts on a family's test configs is a cell of that family (test_transformers_suites.py
-checks it against the probe), plus YaRN x2 and a per-layer map. A few heavy-hitting cells (ALiBi, the score site
-where issue 37 found most breakage; on Llama also ALiBi on layer 0 only; on T5 its own relative bias) run the
-whole file; the others a selection that runs every property the issue names, one to four tests each: generation,
-cache, padding, save/load, eager vs SDPA, compile, init, training, and the family's own heads and input shapes.
-Only the two torch.compile tests that take 35-40 s each stock are left out of every cell
-(test_generate_compile_model_forward_fullgraph keeps compile in). The stock run of a family is the union of its
-cells' selections, run in the same session, never a stored baseline.
+checks it against the probe), plus a per-layer map (NoPE in layer 0, RoPE in 1). A few heavy-hitting cells run the
+whole file: ALiBi, the score site where issue 37 found most breakage (on Llama also ALiBi on layer 0 only), and
+T5's own relative bias on T5. The others run a selection with every property the issue names, one to four tests
+each: generation, cache, padding, save/load, eager vs SDPA, init, training, and the family's own heads and input
+shapes; compile for every scheme on Llama (COMPILE_EVERY_SCHEME) and in the whole-file cells elsewhere. Only the
+two torch.compile tests that take 35-40 s each stock are left out of every cell. The stock run of a family is the
+union of its cells' selections, run in the same session, never a stored baseline.
 """
 
 from __future__ import annotations
@@ -32,10 +32,13 @@ PROPERTIES = {  # one or two tests per property, chosen for the contracts each c
     "save_load": r"test_save_load$|test_base_model_prefix_loads_base_weights$",
     "eager_sdpa": r"test_eager_matches_sdpa_inference_09_fp32_pad_left$|test_can_set_attention_dynamically$"
                   r"|test_config_attn_implementation_setter$|test_attention_outputs$",
-    "compile": r"test_generate_compile_model_forward_fullgraph$",
     "init": r"test_can_be_initialized_on_meta$|test_init_weights_can_init_buffers$",
     "training": r"test_training_gradient_checkpointing_use_reentrant_false$",
 }
+# torch.compile(fullgraph) of generate: 3-8 s a cell, the costliest property; every scheme on Llama, where a static
+# cache and compiled decoding are what users run, and in the whole-file cells of the other families
+COMPILE = r"test_generate_compile_model_forward_fullgraph$"
+COMPILE_EVERY_SCHEME = {"llama"}
 HEADS = {  # each family's own heads and input shapes (multiple choice, double heads, cross-attention, ...)
     "llama": r"test_sequence_classification_model$",
     "gpt2": r"test_gpt2_double_lm_head_model$|test_cross_attention_respects_encoder_padding_mask$",
@@ -43,8 +46,6 @@ HEADS = {  # each family's own heads and input shapes (multiple choice, double h
     "t5": r"test_with_sequence_classification_head$|test_decoder_model_past$",
 }
 
-YARN_X2 = {"scheme": "yarn", "factor": 2.0}
-MAP_NOPE_ROPE = {"nope": [0], "rope": [1]}
 # label -> patch; labels are test-id safe. Heavy cells run the whole file.
 HEAVY = {
     "llama": {"alibi": "alibi", "alibi@0": {"alibi": [0]}},
@@ -52,12 +53,7 @@ HEAVY = {
     "bert": {"alibi": "alibi"},
     "t5": {"t5": "t5"},
 }
-EXTRA = {  # cells beyond one per scheme: options and per-layer maps
-    "llama": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
-    "gpt2": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
-    "bert": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
-    "t5": {"yarn-x2": YARN_X2, "nope@0+rope@1": MAP_NOPE_ROPE},
-}
+EXTRA = {family: {"nope@0+rope@1": {"nope": [0], "rope": [1]}} for family in FILES}  # a per-layer map
 # every scheme `supports` accepts on a model class of the family's own tests (tree.probe; the suite checks it)
 SCHEMES = {
     "llama": "alibi concat cope dynamic fire fope hope kerple learned linear llama3 longrope nope ntk p_rope pope "
@@ -71,14 +67,30 @@ SCHEMES = {
 }
 
 
+# schemes whose options have no default: label and a small value that fits the tests' tiny models (hidden size 32)
+REQUIRED_OPTIONS = {"concat": ("concat-d8", {"d_pos": 8}), "dynamic": ("dynamic-x2", {"factor": 2.0}),
+                    "linear": ("linear-x2", {"factor": 2.0}), "llama3": ("llama3-x2", {"factor": 2.0}),
+                    "longrope": ("longrope-x2", {"factor": 2.0}), "ntk": ("ntk-x2", {"factor": 2.0}),
+                    "yarn": ("yarn-x2", {"factor": 2.0})}
+
+
+def one_scheme(scheme: str) -> tuple[str, Any]:
+    """(label, patch) of a one-scheme cell: its name, or options where it has no defaults."""
+    if scheme in REQUIRED_OPTIONS:
+        label, options = REQUIRED_OPTIONS[scheme]
+        return label, {"scheme": scheme, **options}
+    return scheme, scheme
+
+
 def selection(family: str) -> str:
     """The property selection of a family: every property's tests and the family's own."""
-    return "|".join([*PROPERTIES.values(), HEADS[family]])
+    compile_ = [COMPILE] if family in COMPILE_EVERY_SCHEME else []
+    return "|".join([*PROPERTIES.values(), *compile_, HEADS[family]])
 
 
 def cells(family: str) -> list[dict[str, Any]]:
     """The family's cells as the plugin takes them: {"label", "patch", "select"}."""
-    light = {name: name for name in SCHEMES[family].split() if name not in HEAVY[family]}
+    light = dict(one_scheme(name) for name in SCHEMES[family].split() if name not in HEAVY[family])
     found = [{"label": label, "patch": patch, "select": ALL} for label, patch in HEAVY[family].items()]
     found += [{"label": label, "patch": patch, "select": selection(family)}
               for label, patch in {**light, **EXTRA[family]}.items()]

@@ -196,8 +196,15 @@ def install() -> None:
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
     PreTrainedModel.post_init = wrap_post_init(PreTrainedModel.post_init)
-    for owner in (PreTrainedModel, _BaseAutoModelClass):
-        owner.from_pretrained = classmethod(wrap_from_pretrained(owner.from_pretrained.__func__))
+    # each Auto class holds its own copy of from_pretrained (transformers' auto_class_update)
+    for owner in (PreTrainedModel, *subclasses(_BaseAutoModelClass)):
+        if "from_pretrained" in vars(owner):
+            owner.from_pretrained = classmethod(wrap_from_pretrained(owner.from_pretrained.__func__))
+
+
+def subclasses(cls: type) -> list[type]:
+    """`cls` and every class below it."""
+    return [cls, *(sub for child in cls.__subclasses__() for sub in subclasses(child))]
 
 
 def relabelled(item: pytest.Item, label: str) -> pytest.Item:
