@@ -28,12 +28,44 @@ class Case:
     outcome: str
     message: str = ""
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    where: str = ""  # the source line the error came from ("2 != 3" says little without it)
 
 
 def first_line(element: ET.Element) -> str:
     """The first line of a failure: its message, else its text."""
     text = (element.get("message") or element.text or "").strip()
     return text.splitlines()[0][:300] if text else element.get("type", "")
+
+
+FRAME = re.compile(r"^(?P<path>[^\s:]+\.py):(?P<line>\d+): ")
+
+
+def frames_of(text: str) -> list[tuple[str, str]]:
+    """(path:line, source line) of each traceback entry: long entries mark the line with `>` above their
+    location, short ones (pytest's middle entries) print it indented below."""
+    frames: list[tuple[str, str]] = []
+    lines = text.splitlines()
+    marked = ""
+    for index, line in enumerate(lines):
+        if line.startswith(">"):
+            marked = line[1:].strip()
+        elif found := FRAME.match(line):
+            path = re.sub(r"^(\.\./)+|^.*site-packages/", "", found["path"])
+            below = lines[index + 1].strip() if index + 1 < len(lines) and not marked else ""
+            frames.append((f"{path}:{found['line']}", (marked or below)[:160]))
+            marked = ""
+    return frames
+
+
+def failing_line(element: ET.Element) -> str:
+    """Where a failure happened: the source line of the last frame in the test tree (`tests/...`, what the
+    test checked) and the file and line the error was raised at."""
+    frames = frames_of(element.text or "")
+    if not frames:
+        return ""
+    tested = [f for f in frames if f[0].startswith("tests/") and not f[0].startswith("tests/transformers_suite/")]
+    where = f"{tested[-1][1]} ({tested[-1][0]})" if tested else ""
+    return where if tested and frames[-1] == tested[-1] else f"{where}; raised at {frames[-1][0]}".lstrip("; ")
 
 
 def case_of(element: ET.Element) -> Case:
@@ -43,7 +75,7 @@ def case_of(element: ET.Element) -> Case:
     properties = {p.get("name", ""): p.get("value", "") for p in element.iter("property")}
     problem = element.find("failure") if element.find("failure") is not None else element.find("error")
     if problem is not None:
-        return Case(test, match and match["label"], "failed", first_line(problem), properties)
+        return Case(test, match and match["label"], "failed", first_line(problem), properties, failing_line(problem))
     outcome = "skipped" if element.find("skipped") is not None else "passed"
     return Case(test, match and match["label"], outcome, "", properties)
 
@@ -102,6 +134,7 @@ def compare(stock: dict[tuple[str, str | None], Case], patched: dict[tuple[str, 
         else:
             counts["findings"] += 1
             group = causes.setdefault(cause(case.message), {"first_line": case.message, "tests": []})
-            group["tests"].append({"test": test, **{k: v for k, v in case.properties.items() if k != "posenc_patched"}})
+            group["tests"].append({"test": test, "where": case.where,
+                                   **{k: v for k, v in case.properties.items() if k != "posenc_patched"}})
     groups = sorted(causes.values(), key=lambda g: -len(g["tests"]))
     return {"cell": label, **counts, "causes": groups}

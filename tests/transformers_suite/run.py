@@ -41,11 +41,16 @@ def run_family(family: str, labels: list[str] | None = None, jobs: int = 2, out:
     cells = chosen(family, labels)
     stock = tree.pytest_run(where, plan.FILES[family], [plan.stock_cell(cells)], out / f"{family}-stock.xml", jobs)
     patched = tree.pytest_run(where, plan.FILES[family], cells, out / f"{family}-patched.xml", jobs)
-    stock_cases, patched_cases = junit.read(stock.junit), junit.read(patched.junit)
-    return {"family": family, "seconds": {"stock": round(stock.seconds, 1), "stock_cpu": round(stock.cpu_seconds, 1),
-                                          "patched": round(patched.seconds, 1),
-                                          "patched_cpu": round(patched.cpu_seconds, 1)},
-            "stock": {"ran": len(stock_cases),
+    seconds = {"stock": round(stock.seconds, 1), "stock_cpu": round(stock.cpu_seconds, 1),
+               "patched": round(patched.seconds, 1), "patched_cpu": round(patched.cpu_seconds, 1)}
+    return {"family": family, "seconds": seconds, **compared(family, cells, out)}
+
+
+def compared(family: str, cells: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """The stock summary and each cell's comparison, from the family's two junit files in `out`."""
+    stock_cases = junit.read(out / f"{family}-stock.xml")
+    patched_cases = junit.read(out / f"{family}-patched.xml")
+    return {"stock": {"ran": len(stock_cases),
                       "passed": sum(c.outcome == "passed" for c in stock_cases.values()),
                       "failed": sorted(t for (t, _), c in stock_cases.items() if c.outcome == "failed")},
             "cells": {c["label"]: {"patch": c["patch"], "whole_file": c["select"] == plan.ALL,
@@ -53,9 +58,10 @@ def run_family(family: str, labels: list[str] | None = None, jobs: int = 2, out:
 
 
 def causes(cell: dict[str, Any], width: int = 140) -> list[str]:
-    """A cell's findings grouped by cause: count, first error line, two example tests."""
+    """A cell's findings grouped by cause: count, first error line, two example tests, where the first failed."""
     return [f"{len(group['tests']):>3} x {group['first_line'][:width]}  "
-            f"[{', '.join(t['test'].partition('::')[2] for t in group['tests'][:2])}]" for group in cell["causes"]]
+            f"[{', '.join(t['test'].partition('::')[2] for t in group['tests'][:2])}]\n"
+            f"        at {group['tests'][0]['where'][:width + 60]}" for group in cell["causes"]]
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -76,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", action="append", help="a cell label of the family (default: all its cells)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest-xdist workers per run (0: in-process)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--reread", action="store_true", help="compare the junit files already in --out, run nothing")
     args = parser.parse_args(argv)
+    if args.reread:
+        return reread(args.family or list(plan.FILES), args.cell, args.out)
     start = time.monotonic()
     _, setup_seconds = tree.build()
     results = [run_family(family, args.cell, args.jobs, args.out) for family in args.family or list(plan.FILES)]
@@ -87,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print(f"setup {setup_seconds:.1f} s, total {report['total_seconds']:.1f} s; {args.out / 'findings.json'}")
     return 1 if any(cell["findings"] for r in results for cell in r["cells"].values()) else 0
+
+
+def reread(families: list[str], labels: list[str] | None, out: Path) -> int:
+    """The table and findings.json again from the junit files of an earlier run (its times kept)."""
+    saved = out / "findings.json"
+    report = json.loads(saved.read_text(encoding="utf-8")) if saved.is_file() else {"results": []}
+    seconds = {result["family"]: result.get("seconds") for result in report["results"]}
+    report["results"] = [{"family": f, "seconds": seconds.get(f), **compared(f, chosen(f, labels), out)}
+                         for f in families if (out / f"{f}-patched.xml").is_file()]
+    (out / "findings.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(table(report["results"]))
+    return 1 if any(cell["findings"] for r in report["results"] for cell in r["cells"].values()) else 0
 
 
 if __name__ == "__main__":

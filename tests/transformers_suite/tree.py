@@ -40,8 +40,8 @@ def tree_dir() -> Path:
 
 def stamp() -> str:
     """What the built tree depends on: the transformers version and the kit's setup script."""
-    script = (kit() / "setup.sh").read_bytes()
-    return f"transformers {importlib.metadata.version('transformers')} setup.sh {hashlib.sha256(script).hexdigest()[:16]}"
+    script = hashlib.sha256((kit() / "setup.sh").read_bytes()).hexdigest()[:16]
+    return f"transformers {importlib.metadata.version('transformers')} setup.sh {script}"
 
 
 @contextlib.contextmanager

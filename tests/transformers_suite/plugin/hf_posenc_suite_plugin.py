@@ -37,7 +37,8 @@ ENV = "HF_POSENC_SUITE_CELLS"
 RECORDS: list[dict[str, str]] = []  # what happened to each model of the running test
 ROUTING = {"depth": 0}  # > 0 inside a load the plugin routes: transformers' own calls underneath pass through
 CURRENT: dict[str, Any] = {"patch": None}  # the patch of the running test; None: stock
-CELL = pytest.StashKey[dict]()
+CELLS = pytest.StashKey[list]()  # on the config: the run's cells
+CELL = pytest.StashKey[dict]()  # on an item: its cell
 
 
 def cells_from_env() -> list[dict[str, Any]] | None:
@@ -220,7 +221,7 @@ def relabelled(item: pytest.Item, label: str) -> pytest.Item:
 
 def pytest_configure(config: pytest.Config) -> None:
     cells = cells_from_env()
-    config.stash[CELL] = cells
+    config.stash[CELLS] = cells
     if cells and any(cell["patch"] is not None for cell in cells):
         install()
 
@@ -228,7 +229,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each cell's selection, as a copy of each selected test labelled with the cell (a stock cell: the tests
     themselves); tests no cell selects are deselected."""
-    cells = config.stash[CELL]
+    cells = config.stash[CELLS]
     if not cells:
         return
     kept: list[pytest.Item] = []
@@ -244,7 +245,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    cells = config.stash[CELL] or []
+    cells = config.stash[CELLS] or []
     return f"hf-posenc suite plugin: {len(cells)} cell(s): {', '.join(cell['label'] for cell in cells)}"
 
 
