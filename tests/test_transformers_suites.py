@@ -60,3 +60,30 @@ def test_expected_failures_name_only_documented_departures() -> None:
     for entry in junit.departures():
         documented = " ".join((tree.ROOT / entry["documented_in"]).read_text(encoding="utf-8").split())
         assert entry["departure"] in documented, entry["name"]  # word for word, wherever the lines break
+
+
+def test_the_comparison_counts_only_stock_passes_that_fail_patched(tmp_path: Any) -> None:
+    """junit.compare on hand-written junit files: a finding, a documented departure, a pass with nothing
+    patched, a test that fails stock too, a skip."""
+    def testcase(name: str, body: str = "", patched: bool = True) -> str:
+        prop = '<property name="posenc_patched" value="LlamaModel (built)"/>' if patched else ""
+        return (f'<testcase classname="tests.models.llama.test_modeling_llama.LlamaModelTest" name="{name}">'
+                f'<properties>{prop}</properties>{body}</testcase>')
+
+    failure = '<failure message="{}">tests/test_modeling_common.py:10: in test_x\n    self.assertEqual(2, 3)</failure>'
+    stock = "".join(testcase(name, patched=False) for name in ("test_a", "test_b", "test_c", "test_e"))
+    stock += testcase("test_d", failure.format("AssertionError: stock"), patched=False)
+    patched = "".join([
+        testcase("test_a[posenc=alibi]", failure.format("AssertionError: 2 != 3")),
+        testcase("test_b[posenc=alibi]", failure.format("PosEncError: '/x' lacks the weights of its 'alibi' patch: k")),
+        testcase("test_c[posenc=alibi]", patched=False),
+        testcase("test_d[posenc=alibi]", failure.format("AssertionError: patched")),
+        testcase("test_e[posenc=alibi]", '<skipped message="no"/>'),
+    ])
+    for name, body in (("stock.xml", stock), ("patched.xml", patched)):
+        (tmp_path / name).write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>", encoding="utf-8")
+    cell = junit.compare(junit.read(tmp_path / "stock.xml"), junit.read(tmp_path / "patched.xml"), "alibi")
+    assert {k: cell[k] for k in ("ran", "findings", "departures", "passed_unpatched", "failed_stock_too", "skipped")} \
+        == {"ran": 5, "findings": 1, "departures": 1, "passed_unpatched": 1, "failed_stock_too": 1, "skipped": 1}
+    assert cell["causes"] == [{"first_line": "AssertionError: 2 != 3", "tests": [
+        {"test": "LlamaModelTest::test_a", "where": "self.assertEqual(2, 3) (tests/test_modeling_common.py:10)"}]}]
