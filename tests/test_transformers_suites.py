@@ -54,6 +54,10 @@ def test_the_plan_holds_every_scheme_each_family_supports() -> None:
         assert plan.SCHEMES[family].split() == anywhere, family
         covered = {name for cell in plan.cells(family) for name in plan.schemes_in(cell["patch"])}
         assert covered == set(anywhere), family
+        if family in plan.ENCODER_ONLY:  # schemes only the encoder-only test class's models take
+            seq2seq = {name for key, names in classes.items() if key.startswith(f"{plan.TEST_CLASSES[family][0]}::")
+                       for name in names}
+            assert plan.ENCODER_ONLY[family] == set(anywhere) - seq2seq, family
 
 
 def test_expected_failures_name_only_documented_departures() -> None:

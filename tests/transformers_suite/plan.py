@@ -23,7 +23,7 @@ FILES = {
 
 # 35-40 s each on 2 cores stock, and compile is kept by test_generate_compile_model_forward_fullgraph
 SLOW = r"test_generate_compilation_all_outputs|test_static_cache_no_recompile_with_smaller_length"
-ALL = rf"^(?!{SLOW})"
+ALL = rf"::(?!{SLOW})"  # searched in "TestClass::test_method"
 
 PROPERTIES = {  # one or two tests per property, chosen for the contracts each checks
     "generation": r"test_greedy_generate_dict_outputs_use_cache$|test_beam_search_generate$",
@@ -82,17 +82,28 @@ def one_scheme(scheme: str) -> tuple[str, Any]:
     return scheme, scheme
 
 
-def selection(family: str) -> str:
-    """The property selection of a family: every property's tests and the family's own."""
+# T5's file tests T5Model & co (T5ModelTest) and T5EncoderModel (T5EncoderOnlyModelTest); a selection runs in the
+# class whose models the scheme applies to: these three apply to the encoder alone (the plan test checks it)
+ENCODER_ONLY = {"t5": {"cope", "self_extend", "xpos"}}
+TEST_CLASSES = {"t5": ("T5ModelTest", "T5EncoderOnlyModelTest")}
+
+
+def selection(family: str, schemes: list[str]) -> str:
+    """The property selection of a family for a cell of `schemes`: every property's tests and the family's own,
+    in the test class whose models the schemes apply to."""
     compile_ = [COMPILE] if family in COMPILE_EVERY_SCHEME else []
-    return "|".join([*PROPERTIES.values(), *compile_, HEADS[family]])
+    tests = "|".join([*PROPERTIES.values(), *compile_, HEADS[family]])
+    if family not in TEST_CLASSES:
+        return f"::(?:{tests})"
+    seq2seq, encoder = TEST_CLASSES[family]
+    return f"^{encoder if set(schemes) <= ENCODER_ONLY[family] else seq2seq}::(?:{tests})"
 
 
 def cells(family: str) -> list[dict[str, Any]]:
     """The family's cells as the plugin takes them: {"label", "patch", "select"}."""
     light = dict(one_scheme(name) for name in SCHEMES[family].split() if name not in HEAVY[family])
     found = [{"label": label, "patch": patch, "select": ALL} for label, patch in HEAVY[family].items()]
-    found += [{"label": label, "patch": patch, "select": selection(family)}
+    found += [{"label": label, "patch": patch, "select": selection(family, schemes_in(patch))}
               for label, patch in {**light, **EXTRA[family]}.items()]
     return found
 

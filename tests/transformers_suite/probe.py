@@ -1,7 +1,7 @@
 """Which registered schemes apply to each model class of transformers' own tests, on those tests' own tiny configs.
 
 Run inside the built tree (its `tests` package is transformers', not ours), as `tree.probe` does:
-`python probe.py FAMILY=tests/models/...py ...` prints {family: {class: [schemes]}} as JSON. A test case is
+`python probe.py FAMILY=tests/models/...py ...` prints {family: {"TestClass::ModelClass": [schemes]}} as JSON. A test case is
 set up as unittest would (`setUp` builds the model tester), and each class of `all_model_classes` is built from
 the config the tests use; `hf_posenc.supports` answers on that model.
 """
@@ -24,7 +24,7 @@ def test_cases(module: Any) -> list[type]:
 
 
 def supported(path: str) -> dict[str, list[str]]:
-    """{model class: schemes `supports` accepts} for every class a test file builds."""
+    """{"TestClass::ModelClass": schemes `supports` accepts} for every model class a test file builds."""
     import hf_posenc
 
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
@@ -35,7 +35,8 @@ def supported(path: str) -> dict[str, list[str]]:
         config = case.model_tester.prepare_config_and_inputs_for_common()[0]
         for model_class in case.all_model_classes:
             model = model_class(config)
-            found[model_class.__name__] = [name for name in hf_posenc.list_schemes() if hf_posenc.supports(model, name)]
+            found[f"{case_class.__name__}::{model_class.__name__}"] = [
+                name for name in hf_posenc.list_schemes() if hf_posenc.supports(model, name)]
     return found
 
 

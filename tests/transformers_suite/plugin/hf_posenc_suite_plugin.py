@@ -2,8 +2,8 @@
 
 Loaded into a run of transformers' test files (`-p hf_posenc_suite_plugin`, this folder on PYTHONPATH: it sits
 outside any package named `tests`, which transformers' tree has). `HF_POSENC_SUITE_CELLS` says what to patch: a JSON
-list of cells `{"label": "alibi", "patch": ..., "select": regex or null}`, each a copy of the tests whose name
-the regex finds, run on models patched with `patch`: a scheme name (`"alibi"`), an object with `scheme` and
+list of cells `{"label": "alibi", "patch": ..., "select": regex or null}`, each a copy of the tests whose
+`TestClass::test_method` the regex finds, run on models patched with `patch`: a scheme name (`"alibi"`), an object with `scheme` and
 options (`{"scheme": "yarn", "factor": 2.0}`) or a layer map (`{"nope": [0], "rope": [1]}`); `null` is the
 stock cell (the tests themselves, unpatched). A bare scheme name is one cell over every test. Without it the
 plugin does nothing. Cells in one process share its start-up (~10 s of imports and collection per process).
@@ -226,6 +226,11 @@ def pytest_configure(config: pytest.Config) -> None:
         install()
 
 
+def case_name(item: pytest.Item) -> str:
+    """What a cell's `select` regex is searched in: `TestClass::test_method`."""
+    return f"{item.parent.name}::{item.name}" if item.parent is not None else item.name
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each cell's selection, as a copy of each selected test labelled with the cell (a stock cell: the tests
     themselves); tests no cell selects are deselected."""
@@ -234,7 +239,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     kept: list[pytest.Item] = []
     for cell in cells:
-        chosen = [item for item in items if not cell.get("select") or re.search(cell["select"], item.name)]
+        chosen = [item for item in items if not cell.get("select") or re.search(cell["select"], case_name(item))]
         for item in chosen:
             copy = item if cell["patch"] is None else relabelled(item, cell["label"])
             copy.stash[CELL] = cell
