@@ -1,9 +1,9 @@
 """Which registered schemes apply to each model class of transformers' own tests, on those tests' own tiny configs.
 
 Run inside the built tree (its `tests` package is transformers', not ours), as `tree.probe` does:
-`python probe.py FAMILY=tests/models/...py ...` prints {family: {"TestClass::ModelClass": [schemes]}} as JSON. A test case is
-set up as unittest would (`setUp` builds the model tester), and each class of `all_model_classes` is built from
-the config the tests use; `hf_posenc.supports` answers on that model.
+`python probe.py FAMILY=tests/models/...py ...` prints {family: {"TestClass::ModelClass": [schemes]}} as JSON.
+A test case is set up as unittest would (`setUp` builds the model tester), and each class of `all_model_classes`
+is built from the config the tests use; `hf_posenc.supports` answers on that model.
 """
 
 from __future__ import annotations

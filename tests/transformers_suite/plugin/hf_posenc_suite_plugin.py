@@ -1,11 +1,11 @@
 """pytest plugin: every model transformers' own tests build is patched with hf-posenc (issue 37).
 
 Loaded into a run of transformers' test files (`-p hf_posenc_suite_plugin`, this folder on PYTHONPATH: it sits
-outside any package named `tests`, which transformers' tree has). `HF_POSENC_SUITE_CELLS` says what to patch: a JSON
-list of cells `{"label": "alibi", "patch": ..., "select": regex or null}`, each a copy of the tests whose
-`TestClass::test_method` the regex finds, run on models patched with `patch`: a scheme name (`"alibi"`), an object with `scheme` and
-options (`{"scheme": "yarn", "factor": 2.0}`) or a layer map (`{"nope": [0], "rope": [1]}`); `null` is the
-stock cell (the tests themselves, unpatched). A bare scheme name is one cell over every test. Without it the
+outside any package named `tests`, which transformers' tree has). `HF_POSENC_SUITE_CELLS` says what to patch: a
+JSON list of cells `{"label": "alibi", "patch": ..., "select": regex or null}`, each a copy of the tests whose
+`TestClass::test_method` the regex finds, run on models patched with `patch`: a scheme name (`"alibi"`), an
+object with `scheme` and options (`{"scheme": "yarn", "factor": 2.0}`) or a layer map (`{"nope": [0], "rope":
+[1]}`); `null` is the stock cell (the tests themselves, unpatched). A bare scheme name is one cell over every test. Without it the
 plugin does nothing. Cells in one process share its start-up (~10 s of imports and collection per process).
 
 Where models are caught, as a user would patch them:
