@@ -126,7 +126,7 @@ def pytest_run(tree: Path, test_file: str, cells: list[dict[str, Any]], junit: P
 
 
 def probe(tree: Path, files: dict[str, str]) -> dict[str, dict[str, list[str]]]:
-    """{family: {"TestClass::ModelClass": schemes}}: supports() on the tests' own tiny configs (probe.py, in the tree)."""
+    """{family: {"TestClass::ModelClass": schemes}}: supports() on the tests' own tiny configs (probe.py)."""
     args = [f"{family}={path}" for family, path in files.items()]
     done = subprocess.run([sys.executable, str(PROBE), *args], cwd=tree, env=child_env(tree, None), check=True,
                           capture_output=True, text=True, preexec_fn=capped)

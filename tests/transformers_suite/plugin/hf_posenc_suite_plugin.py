@@ -5,8 +5,9 @@ outside any package named `tests`, which transformers' tree has). `HF_POSENC_SUI
 JSON list of cells `{"label": "alibi", "patch": ..., "select": regex or null}`, each a copy of the tests whose
 `TestClass::test_method` the regex finds, run on models patched with `patch`: a scheme name (`"alibi"`), an
 object with `scheme` and options (`{"scheme": "yarn", "factor": 2.0}`) or a layer map (`{"nope": [0], "rope":
-[1]}`); `null` is the stock cell (the tests themselves, unpatched). A bare scheme name is one cell over every test. Without it the
-plugin does nothing. Cells in one process share its start-up (~10 s of imports and collection per process).
+[1]}`); `null` is the stock cell (the tests themselves, unpatched). A bare scheme name is one cell over every
+test. Without it the plugin does nothing. Cells in one process share its start-up (~10 s of imports and
+collection per process).
 
 Where models are caught, as a user would patch them:
 - built (`Model(config)`, `from_config`): `PreTrainedModel.post_init` ends every model's `__init__`; the
