@@ -15,7 +15,8 @@ Where models are caught, as a user would patch them:
   `LlamaForCausalLM` is the same model);
 - loaded from a folder a patched model saved (config.json has `posenc`): through `hf_posenc.from_pretrained`,
   the documented way back;
-- loaded from anything else (a stock folder, `state_dict=`): plain `from_pretrained`, then `hf_posenc.patch`.
+- loaded from anything else (a stock folder): plain `from_pretrained`, then `hf_posenc.patch`; a bare
+  `state_dict=` (no folder) loads into a model patched as it is built, so the patch's own keys land.
 A model the scheme does not apply to (`hf_posenc.supports` says no) stays stock. What happened is recorded per
 test as junit properties (`posenc_patched`, `posenc_stock`, `posenc_error`), so a test in which nothing was
 patched is not counted as a pass on a patched model. Wrapping transformers' classes is fine here: this is the
@@ -175,6 +176,10 @@ def wrap_from_pretrained(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(cls, path, *args, **kwargs)
         import hf_posenc
 
+        if path is None and kwargs.get("state_dict") is not None:
+            # a patched model's own state dict (test_from_pretrained_no_checkpoint): loaded, keys and all, into a
+            # model patched as it is built; no folder for hf_posenc.from_pretrained to read
+            return original(cls, path, *args, **kwargs)
         reload = saved_patched(path) and not args
         with routed():
             if reload:
