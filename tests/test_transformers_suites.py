@@ -1,0 +1,93 @@
+"""transformers' own model tests (Llama, GPT-2, BERT, T5) pass on hf-posenc-patched models wherever they pass
+stock (issue 37; docs/testing.md). Each family's cells run in two processes, stock and patched, in this session
+(tests/transformers_suite/run.py); a cell fails with its findings grouped by cause: the first error line and
+example test ids. Only documented departures (tests/transformers_suite/expected_failures.json) are allowed.
+
+Needs the package index once (setup.sh downloads the transformers sdist of the installed version into
+out/hf-tests). All cells stay on one xdist worker: each run is itself a 2-process pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from transformers_suite import junit, plan, run, tree
+
+pytestmark = pytest.mark.xdist_group("transformers_suites")
+
+JOBS = int(os.environ.get("HF_POSENC_SUITE_JOBS", "2"))  # workers of each inner run (0: in-process)
+RESULTS: dict[str, dict[str, Any]] = {}  # family -> its stock and patched runs, compared (once per session)
+CELLS = [(family, cell["label"]) for family in plan.FILES for cell in plan.cells(family)]
+
+
+def family_result(family: str) -> dict[str, Any]:
+    """The family's runs, made by the first of its cells to ask; saved as out/transformers-suite/<family>.json."""
+    if family not in RESULTS:
+        RESULTS[family] = run.run_family(family, jobs=JOBS)
+        (run.OUT / f"{family}.json").write_text(json.dumps(RESULTS[family], indent=1), encoding="utf-8")
+    return RESULTS[family]
+
+
+@pytest.mark.parametrize(("family", "label"), CELLS, ids=[f"{f}-{label}" for f, label in CELLS])
+def test_patched_model_passes_what_the_stock_model_passes(family: str, label: str) -> None:
+    result = family_result(family)
+    assert result["stock"]["passed"] > 0, f"the stock {family} run passed nothing: the tree is broken"
+    cell = result["cells"][label]
+    assert cell["passed_patched"] + cell["findings"] + cell["departures"] > 0, \
+        f"{family} {label}: no test ran on a patched model ({cell['passed_unpatched']} passed unpatched)"
+    assert cell["findings"] == 0, (
+        f"{family} patched with {cell['patch']!r}: {cell['findings']} of transformers' own tests pass stock and "
+        f"fail patched (junit: {run.OUT}/{family}-*.xml):\n" + "\n".join(run.causes(cell, width=300)))
+
+
+def test_the_plan_holds_every_scheme_each_family_supports() -> None:
+    """The cells of a family are the schemes `supports` accepts on the main model class of its own tests' configs;
+    a new scheme is a new cell, not a gap."""
+    where, _ = tree.build()
+    supported = tree.probe(where, plan.FILES)
+    for family, classes in supported.items():
+        anywhere = sorted({name for names in classes.values() for name in names})
+        assert plan.SCHEMES[family].split() == anywhere, family
+        covered = {name for cell in plan.cells(family) for name in plan.schemes_in(cell["patch"])}
+        assert covered == set(anywhere), family
+        if family in plan.ENCODER_ONLY:  # schemes only the encoder-only test class's models take
+            seq2seq = {name for key, names in classes.items() if key.startswith(f"{plan.TEST_CLASSES[family][0]}::")
+                       for name in names}
+            assert plan.ENCODER_ONLY[family] == set(anywhere) - seq2seq, family
+
+
+def test_expected_failures_name_only_documented_departures() -> None:
+    for entry in junit.departures():
+        documented = " ".join((tree.ROOT / entry["documented_in"]).read_text(encoding="utf-8").split())
+        assert entry["departure"] in documented, entry["name"]  # word for word, wherever the lines break
+
+
+def test_the_comparison_counts_only_stock_passes_that_fail_patched(tmp_path: Any) -> None:
+    """junit.compare on hand-written junit files: a finding, a documented departure, a pass with nothing
+    patched, a test that fails stock too, a skip."""
+    def testcase(name: str, body: str = "", patched: bool = True) -> str:
+        prop = '<property name="posenc_patched" value="LlamaModel (built)"/>' if patched else ""
+        return (f'<testcase classname="tests.models.llama.test_modeling_llama.LlamaModelTest" name="{name}">'
+                f'<properties>{prop}</properties>{body}</testcase>')
+
+    failure = '<failure message="{}">tests/test_modeling_common.py:10: in test_x\n    self.assertEqual(2, 3)</failure>'
+    stock = "".join(testcase(name, patched=False) for name in ("test_a", "test_b", "test_c", "test_e"))
+    stock += testcase("test_d", failure.format("AssertionError: stock"), patched=False)
+    patched = "".join([
+        testcase("test_a[posenc=alibi]", failure.format("AssertionError: 2 != 3")),
+        testcase("test_b[posenc=alibi]", failure.format("PosEncError: '/x' lacks the weights of its 'alibi' patch: k")),
+        testcase("test_c[posenc=alibi]", patched=False),
+        testcase("test_d[posenc=alibi]", failure.format("AssertionError: patched")),
+        testcase("test_e[posenc=alibi]", '<skipped message="no"/>'),
+    ])
+    for name, body in (("stock.xml", stock), ("patched.xml", patched)):
+        (tmp_path / name).write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>", encoding="utf-8")
+    cell = junit.compare(junit.read(tmp_path / "stock.xml"), junit.read(tmp_path / "patched.xml"), "alibi")
+    assert {k: cell[k] for k in ("ran", "findings", "departures", "passed_unpatched", "failed_stock_too", "skipped")} \
+        == {"ran": 5, "findings": 1, "departures": 1, "passed_unpatched": 1, "failed_stock_too": 1, "skipped": 1}
+    assert cell["causes"] == [{"first_line": "AssertionError: 2 != 3", "tests": [
+        {"test": "LlamaModelTest::test_a", "where": "self.assertEqual(2, 3) (tests/test_modeling_common.py:10)"}]}]
