@@ -58,6 +58,7 @@ __all__ = [
     "RECORD_ATTR",
     "attn_implementation",
     "base_attention_function",
+    "known_attention",
     "base_mask_function",
     "cache_length",
     "checkpoint_key_renamer",
@@ -126,6 +127,11 @@ def with_head_dim(config: PretrainedConfig) -> PretrainedConfig:
 
 def attn_implementation(config: PretrainedConfig) -> str:
     return config._attn_implementation
+
+
+def known_attention(name: str) -> bool:
+    """Whether transformers knows `name` as an attention implementation (eager is each model's own)."""
+    return name == "eager" or name in ALL_ATTENTION_FUNCTIONS
 
 
 def base_attention_function(name: str) -> Callable | None:

@@ -318,7 +318,8 @@ def _load_the_patch(model: nn.Module, path: str, info: dict[str, Any], **kwargs:
         # would otherwise point at a file its folder does not have.
         del model.config.auto_map
     stock = set(model.state_dict())
-    patch(model, PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc"))
+    patched = PosEncConfig.from_dict(posenc, where=f"{path}: config.json's posenc")
+    patch(model, patched)
     names = {id(m): n for n, m in model.named_modules()}
     wanted = {
         f"{names[id(m)]}.{key}": tensor
@@ -335,12 +336,12 @@ def _load_the_patch(model: nn.Module, path: str, info: dict[str, Any], **kwargs:
                     if (key := renamed(stored)) in wanted:
                         found[key] = handle.get_tensor(stored)
         if missing := sorted(set(wanted) - set(found)):
-            raise PosEncError(f"{path!r} lacks the weights of its {posenc['scheme']!r} patch: {', '.join(missing)}")
+            raise PosEncError(f"{path!r} lacks the weights of its {patched.scheme!r} patch: {', '.join(missing)}")
         with torch.no_grad():
             for key, tensor in found.items():
                 wanted[key].copy_(tensor)
     taken = (stock - set(model.state_dict())) | set(wanted)
     info = {**info, "missing_keys": {k for k in info["missing_keys"] if k not in taken},
             "unexpected_keys": {k for k in info["unexpected_keys"] if renamed(k) not in wanted}}
-    compat.log_load_report(model, str(path), info, f"keys of its {posenc['scheme']!r} patch left out")
+    compat.log_load_report(model, str(path), info, f"keys of its {patched.scheme!r} patch left out")
     return info

@@ -329,7 +329,9 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: A
 def set_attn_implementation(model: nn.Module, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
     """`model.set_attn_implementation` once the patch runs in the posenc attention function: transformers' own,
     for the implementations that function stands in for; any other is refused at the call, the model unchanged."""
-    if isinstance(attn_implementation, str) and attn_implementation not in BASES:
+    # a name transformers does not know is refused by transformers, in its own words
+    if isinstance(attn_implementation, str) and compat.known_attention(attn_implementation) \
+            and attn_implementation not in BASES:
         raise PosEncError(f"attn_implementation {attn_implementation!r} cannot take the patched scheme's attention "
                           f"term; choose one of {', '.join(map(repr, BASES))}")
     type(model).set_attn_implementation(model, attn_implementation, *args, **kwargs)
