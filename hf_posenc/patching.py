@@ -213,8 +213,9 @@ def _span(indices: list[int]) -> str:
 def resolve_options(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> PosEncConfig:
     """`config` with its defaults resolved against a model's facts, checked again (PosEncError if not valid)."""
     try:
-        resolved = PosEncConfig(spec.name, stacks=config.stacks, layers=config.layers,
-                                **spec.resolve(config.options, facts))
+        with torch.device("cpu"):  # what a scheme reads off a model made on the meta device: stand-ins on the CPU
+            options = spec.resolve(config.options, facts)
+        resolved = PosEncConfig(spec.name, stacks=config.stacks, layers=config.layers, **options)
     except PosEncError as err:  # an option against the model's facts (d_pos, LongRoPE list lengths, ...)
         raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
     if (length := spec.max_positions(resolved.options)) is not None and length < 1:

@@ -150,11 +150,11 @@ class Adapter:
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.alibi_scale,
-            position_table=table.detach() if table is not None else None,
+            position_table=_values(table) if table is not None else None,
             position_offset=self.position_offset(config),
-            bias_table=buckets.detach() if buckets is not None else None,
+            bias_table=_values(buckets) if buckets is not None else None,
             bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias_table else None,
-            token_embeddings=embeddings.detach(),
+            token_embeddings=_values(embeddings),
             dtype=embeddings.dtype,
             device=embeddings.device,
         )
@@ -184,6 +184,13 @@ class Adapter:
 
     def attention_modules(self, model: nn.Module) -> list[nn.Module]:
         return [get_module(block, self.attention) for block in self.attention_blocks(model)]
+
+
+def _values(tensor: torch.Tensor) -> torch.Tensor:
+    """A model tensor as a scheme reads it to build its own modules. On the meta device (big models, FSDP2) it has
+    no values yet: ones of its shape stand in (scales read off them are 1), and the modules built from them go onto
+    the meta device too, where loading or `init_weights` gives them theirs."""
+    return torch.ones(tensor.shape, dtype=tensor.dtype, device="cpu") if tensor.is_meta else tensor.detach()
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:

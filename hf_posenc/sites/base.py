@@ -299,6 +299,15 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
         state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
 
 
+def built(spec: Scheme, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+    """`spec`'s module for this model, placed. Built on the CPU whatever the default device: on a model made on the
+    meta device its init reads stand-ins of the model's tables, and the module then joins the model on meta, where
+    loading or `init_weights` gives it its values."""
+    with torch.device("cpu"):
+        module = spec.module(options, facts)
+    return place(module, facts)
+
+
 def place(module: nn.Module, facts: ModelFacts) -> nn.Module:
     """A scheme's module as every site installs it: on the model's device, its parameters in the model's dtype
     (the model stays one dtype: FSDP, `model.dtype`), its buffers in the dtype the scheme built them in. Those
@@ -341,7 +350,7 @@ def add_scheme_module(name: str, kwarg: str, model: nn.Module, adapter: Adapter,
                       state: PatchState, loop: LayerLoop) -> None:
     """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
     of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
-    module = place(spec.module(state.config.options, facts), facts)
+    module = built(spec, state.config.options, facts)
     state.add_module(model.base_model, adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..attention import Positions
 from ..schemes.base import ModelFacts, Scheme
-from .base import LayerLoop, PatchHook, place, remove_native_positions
+from .base import LayerLoop, PatchHook, built, remove_native_positions
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -53,7 +53,7 @@ class ProjectTokens(PatchHook):
 def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
             loop: LayerLoop) -> None:
     base = model.base_model
-    code = place(spec.module(state.config.options, facts), facts)
+    code = built(spec, state.config.options, facts)
     if adapter.position_slot:
         state.replace(base, adapter.position_slot, code)
     else:
