@@ -1,7 +1,9 @@
 """transformers' own model tests (Llama, GPT-2, BERT, T5) pass on hf-posenc-patched models wherever they pass
 stock (issue 37; docs/testing.md). Each family's cells run in two processes, stock and patched, in this session
 (tests/transformers_suite/run.py); a cell fails with its findings grouped by cause: the first error line and
-example test ids. Only documented departures (tests/transformers_suite/expected_failures.json) are allowed.
+example test ids. Only documented departures (tests/transformers_suite/expected_failures.json) are allowed, and the
+findings measured and not fixed yet (tests/transformers_suite/open_findings.json, written by `run.py --reread
+--write-open`): a cell fails on any other, and the list only shrinks.
 
 Needs the package index once (setup.sh downloads the transformers sdist of the installed version into
 out/hf-tests). All cells stay on one xdist worker: each run is itself a 2-process pytest.
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def _open_findings() -> dict[str, set[str]]:
     """Findings measured and not fixed yet (open_findings.json): tests that pass stock and fail patched, per cell.
     Not departures: the list only shrinks (a cell that fails a test not on it fails here), and the suite is done
     when it is empty."""
-    listed = json.loads((Path(plan.__file__).parent / "open_findings.json").read_text(encoding="utf-8"))
+    listed = json.loads(run.OPEN_FINDINGS.read_text(encoding="utf-8"))
     return {cell: set(tests) for cell, tests in listed["cells"].items()}
 
 
