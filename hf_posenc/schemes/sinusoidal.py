@@ -9,7 +9,7 @@ from torch import nn
 
 from ..options.input import LAYOUTS, SinusoidalOptions
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts
+from .base import DerivedBuffers, InputScheme, ModelFacts
 
 
 def sinusoidal_code(positions: torch.Tensor, dim: int, base: float, layout: str = "interleaved") -> torch.Tensor:
@@ -39,12 +39,16 @@ def own_layout(table: torch.Tensor, offset: int) -> tuple[str, int] | None:
     return None
 
 
-class SinusoidalPositions(nn.Module):
+class SinusoidalPositions(DerivedBuffers):
     def __init__(self, dim: int, base: float, scale: float, dtype: torch.dtype, offset: int = 0,
                  layout: str = "interleaved", origin: int = 0) -> None:
         super().__init__()
         self.dim, self.base, self.scale, self.offset, self.layout, self.origin = dim, base, scale, offset, layout, origin
-        self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
+        self.code_dtype = dtype
+        self.register_derived()
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        return {"dtype_ref": torch.zeros((), dtype=self.code_dtype)}  # names the dtype the code leaves in
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         code = sinusoidal_code(position_ids - self.offset + self.origin, self.dim, self.base, self.layout)
