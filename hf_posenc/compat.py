@@ -69,6 +69,7 @@ __all__ = [
     "register_attention",
     "rope_parameters",
     "rotary_config",
+    "rederive_rotary",
     "rotary_module_class",
     "dense_gguf_kwargs",
     "encoder_module",
@@ -81,6 +82,17 @@ def rotary_module_class() -> type[torch.nn.Module]:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     return LlamaRotaryEmbedding
+
+
+@torch.no_grad()
+def rederive_rotary(module: torch.nn.Module) -> None:
+    """Compute a transformers rotary module's frequencies again from its config, in place (its init does it; the
+    model's `init_weights` does not on transformers 5.0, so a model built on the meta device had them empty)."""
+    init = ROPE_INIT_FUNCTIONS.get(module.rope_type, module.compute_default_rope_parameters)
+    inv_freq, _ = init(module.config)
+    for name in ("inv_freq", "original_inv_freq"):
+        if isinstance(getattr(module, name, None), torch.Tensor):
+            getattr(module, name).copy_(inv_freq)
 
 
 # The rope_parameters keys of transformers' common RoPE types; any other key is a model's own (GPT-OSS's

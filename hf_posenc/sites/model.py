@@ -63,6 +63,9 @@ def initialize_weights(model: nn.Module) -> None:
     device has them empty after `to_empty`)."""
     type(model).initialize_weights(model)
     rederive_buffers(model)
+    for module in model.modules():  # the rotary modules the patch put in, as transformers' own
+        if isinstance(module, compat.rotary_module_class()):
+            compat.rederive_rotary(module)
 
 
 def own_init(model: nn.Module, state: PatchState) -> None:
