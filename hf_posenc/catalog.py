@@ -11,6 +11,7 @@ from . import adapters, schemes  # noqa: F401  (import registers them)
 from . import seq2seq
 from .adapters.base import Adapter
 from .adapters.generic import generic_adapter
+from .config import options_snapshot
 from .errors import PosEncError, did_you_mean
 from .registry import ADAPTERS, SCHEMES, SNAPSHOT
 from .schemes.base import Scheme
@@ -112,9 +113,11 @@ def support_matrix() -> dict[str, dict[str, bool]]:
 
 
 def snapshot() -> dict[str, Any]:
-    """The registry as data: architectures, {scheme: [site, citation]} and the support matrix."""
+    """The registry as data: architectures, {scheme: [site, citation]}, each scheme's options (what `PosEncConfig`
+    checks without torch) and the support matrix."""
     return {"architectures": list_architectures(),
             "schemes": {name: [scheme.site, scheme.citation] for name, scheme in sorted(SCHEMES.items())},
+            "options": {name: options_snapshot(scheme.Options) for name, scheme in sorted(SCHEMES.items())},
             "matrix": support_matrix()}
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import operator
 import types
 import typing
 from typing import Any, Literal, Union
 
-from .domains import domain_of, finite
+from .domains import Domain, Relation, domain_of, finite, relations_of
 from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError, did_you_mean
-from .options import OPTIONS
-from .registry import SCHEMES
+from .registry import SCHEMES, SNAPSHOT
 from .typecheck import matches
 
 FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
@@ -185,18 +187,77 @@ def _check_stacks(stacks: Any) -> tuple[str, ...] | None:
 
 def scheme_name(scheme: Any) -> str:
     """`scheme` if it names a built-in or registered scheme (decided without importing torch), else PosEncError."""
+    known = {*builtin_options(), *SCHEMES}
     if not isinstance(scheme, str):
         raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
-                          f"available schemes: {', '.join(sorted({*OPTIONS, *SCHEMES}))}")
-    if scheme not in OPTIONS and scheme not in SCHEMES:
-        raise PosEncError(f"unknown scheme {scheme!r}{did_you_mean(scheme, {*OPTIONS, *SCHEMES})}; available schemes: "
-                          f"{', '.join(sorted({*OPTIONS, *SCHEMES}))}")
+                          f"available schemes: {', '.join(sorted(known))}")
+    if scheme not in known:
+        raise PosEncError(f"unknown scheme {scheme!r}{did_you_mean(scheme, known)}; available schemes: "
+                          f"{', '.join(sorted(known))}")
     return scheme
 
 
 def options_class(scheme: str) -> type:
-    """The options dataclass of a scheme: built-ins from the torch-free table, user schemes from the registry."""
-    return SCHEMES[scheme].Options if scheme in SCHEMES else OPTIONS[scheme]
+    """The options dataclass of a scheme: the registered scheme's own once the schemes are imported (they import
+    torch), else a built-in's rebuilt from the snapshot of its declaration (`options_snapshot`)."""
+    return SCHEMES[scheme].Options if scheme in SCHEMES else snapshot_options(scheme)
+
+
+# The built-in schemes' options as data, so that a user's options are checked before torch is imported: written
+# with the rest of the registry's snapshot (`catalog.write_snapshot`, support.json; a test keeps it current), read
+# back into a dataclass with the same fields, domains and relations. Types are those option annotations use.
+TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "None": type(None),
+                         "list[float]": list[float], "list[int]": list[int], "list[str]": list[str]}
+KINDS = {kind.__name__: kind for kind in (int, float, str, list)}  # a Domain's kind
+
+
+def options_snapshot(options_cls: type) -> dict[str, Any]:
+    """An options dataclass as JSON data: each field's type, default, help and domain, and its relations."""
+    hints = typing.get_type_hints(options_cls)
+    fields = []
+    for field in dataclasses.fields(options_cls):
+        domain = domain_of(field)
+        fields.append({"name": field.name, "type": _type_name(hints[field.name]), "default": field.default,
+                       "help": field.metadata.get("help", ""),
+                       "domain": None if domain is None else {**dataclasses.asdict(domain), "kind": domain.kind.__name__}})
+    return {"class": options_cls.__name__, "fields": fields,
+            "relations": [dataclasses.asdict(relation) for relation in relations_of(options_cls)]}
+
+
+@functools.cache
+def builtin_options() -> dict[str, dict[str, Any]]:
+    """{scheme: `options_snapshot` of its options} for every built-in scheme, read from the registry's snapshot."""
+    return json.loads(SNAPSHOT.read_text(encoding="utf-8"))["options"]
+
+
+@functools.cache
+def snapshot_options(scheme: str) -> type:
+    """A built-in scheme's options dataclass, rebuilt from its snapshot (no torch: its module is not imported)."""
+    data = builtin_options()[scheme]
+    fields = [(f["name"], _type_of(f["type"]),
+               option(f["default"], f["help"], None if f["domain"] is None else _domain(f["domain"])))
+              for f in data["fields"]]
+    relations = tuple(Relation(**{**r, "when": tuple(r["when"]) if r["when"] is not None else None})
+                      for r in data["relations"])
+    return dataclasses.make_dataclass(data["class"], fields, frozen=True, namespace={"relations": relations})
+
+
+def _type_name(hint: Any) -> str:
+    """An option's annotation as the snapshot writes it: 'float | None', 'list[float]'."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in typing.get_args(hint))
+    name = "None" if hint is type(None) else str(hint) if typing.get_origin(hint) else hint.__name__
+    if name not in TYPES:
+        raise TypeError(f"an option of type {name} cannot go in the options snapshot: use one of {list(TYPES)}")
+    return name
+
+
+def _type_of(name: str) -> Any:
+    return functools.reduce(operator.or_, (TYPES[part] for part in name.split(" | ")))
+
+
+def _domain(data: dict[str, Any]) -> Domain:
+    return Domain(**{**data, "kind": KINDS[data["kind"]], "choices": tuple(data["choices"])})
 
 
 def option_table(scheme: str) -> list[dict[str, Any]]:
@@ -242,9 +303,13 @@ def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) ->
             raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r}")
         if value is not None and domain is not None and (problem := domain.problem(value)) is not None:
             raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r} ({problem})")
+    values = {name: options.get(name, field.default) for name, field in fields.items()}
+    for relation in relations_of(options_cls):
+        if (problem := relation.problem(values)) is not None:
+            raise PosEncError(f"scheme {scheme!r}: {problem}")
     try:
         return dataclasses.asdict(options_cls(**options))
-    except (TypeError, ValueError) as err:  # the cross-option checks of __post_init__
+    except (TypeError, ValueError) as err:  # a user scheme's own checks in __post_init__
         raise PosEncError(f"scheme {scheme!r}: {err}") from err
 
 

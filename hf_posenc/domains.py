@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -147,3 +148,39 @@ def check(condition: bool, message: str) -> None:
     (`__post_init__`), beside the domains of the single options."""
     if not condition:
         raise PosEncError(message)
+
+
+OPERATORS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A bound one option puts on another (YaRN's beta_slow < beta_fast), declared beside the options as their
+    domains are, so that it is data: the torch-free snapshot of the built-in schemes' options carries it too.
+
+    `left op right * times` must hold whenever both sides are set (not None) and `when` = (option, value)
+    holds; `right` is another option's name or a number. `message` says what must hold; it is formatted with
+    the options and `bound` (right * times, as a number reads)."""
+
+    left: str
+    op: str  # one of OPERATORS
+    right: str | float
+    message: str
+    times: float = 1.0
+    when: tuple[str, Any] | None = None
+
+    def problem(self, options: dict[str, Any]) -> str | None:
+        """None if the relation holds for `options` (every option's value, defaults filled), else the message."""
+        if self.when is not None and options.get(self.when[0]) != self.when[1]:
+            return None
+        left = options.get(self.left)
+        right = options.get(self.right) if isinstance(self.right, str) else self.right
+        if left is None or right is None:
+            return None
+        bound = right * self.times
+        return None if OPERATORS[self.op](left, bound) else self.message.format(**options, bound=_num(bound))
+
+
+def relations_of(options_cls: type) -> tuple[Relation, ...]:
+    """The cross-option bounds an options dataclass declares (a class attribute `relations`, not a field)."""
+    return tuple(getattr(options_cls, "relations", ()))

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from .adapters.base import Adapter
     from .schemes.base import Scheme
 
-# What `hf-posenc list` prints, written by `catalog.write_snapshot()`: the catalog imports torch, the list must not.
+# What `hf-posenc list` prints and the built-in schemes' options `PosEncConfig` checks, written by
+# `catalog.write_snapshot()`: the catalog imports torch, the list and the option checks must not.
 SNAPSHOT = Path(__file__).with_name("support.json")
 # The generic adapter's verdict per causal-LM model type, checked by the zoo sweep (benchmarks/zoo_catalog.py).
 MODEL_TYPES = Path(__file__).with_name("model_types.json")

@@ -1,6 +1,7 @@
 """Every option of every built-in scheme has a domain, and a non-finite value, a wrong type and an
 out-of-range value are each refused by name, before torch is imported. The cases come from the
-declarations (hf_posenc/options/), so a new option is covered without touching this file."""
+declarations (each scheme module's `Options`), so a new option is covered without touching this file; torch-free
+code reads them from the registry's snapshot (support.json), which must say the same."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import typing
 import pytest
 
 import hf_posenc as hp
-from hf_posenc.config import option_table
+from hf_posenc.config import builtin_options, option_table, options_snapshot, snapshot_options
 from hf_posenc.domains import domain_of
-from hf_posenc.options import OPTIONS
 from hf_posenc.catalog import list_schemes
 from hf_posenc.registry import SCHEMES
+
+# the built-in schemes torch-free code knows (the snapshot's), by the options their modules declare
+OPTIONS = {name: getattr(SCHEMES.get(name), "Options", None) for name in builtin_options()}
+REFRESH = "refresh the snapshot with python -c 'import hf_posenc.catalog as c; c.write_snapshot()'"
 
 # the smallest valid options of each scheme (the required ones); the bad value replaces one of them
 REQUIRED = {"linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"factor": 2.0}, "yarn": {"factor": 2.0},
@@ -25,7 +29,8 @@ REQUIRED = {"linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"fact
 
 
 def _fields() -> list[tuple[str, dataclasses.Field]]:
-    return [(scheme, field) for scheme, options in sorted(OPTIONS.items()) for field in dataclasses.fields(options)]
+    return [(scheme, field) for scheme, options in sorted(OPTIONS.items()) if options is not None
+            for field in dataclasses.fields(options)]
 
 
 def _wrong_type(hint: typing.Any) -> typing.Any:
@@ -73,16 +78,56 @@ def test_a_bad_value_is_refused_by_name(scheme, name, value):
     assert domain_of(next(f for f in dataclasses.fields(OPTIONS[scheme]) if f.name == name)).text() in message
 
 
-@pytest.mark.parametrize("scheme,options,message", [
+BOUNDS = [
     ("yarn", {"factor": 2.0, "beta_fast": 1.0, "beta_slow": 2.0}, "beta_slow must be < beta_fast"),
     ("llama3", {"factor": 2.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}, "low_freq_factor must be < high"),
     ("t5", {"num_buckets": 32, "max_distance": 16}, "max_distance must be an int > num_buckets/2 = 16"),
     ("kerple", {"variant": "power", "r2": 2.5}, "power variant needs r2 <= 2"),
     ("yarn", {"factor": 10 ** 400}, "factor must be a number >= 1"),  # an int no float holds
-])
+]
+
+
+@pytest.mark.parametrize("scheme,options,message", BOUNDS)
 def test_options_that_bound_each_other(scheme, options, message):
     with pytest.raises(hp.PosEncError, match=message):
         hp.PosEncConfig(scheme, **options)
+
+
+def test_the_snapshot_rebuilds_every_declaration():
+    """What torch-free code checks (the dataclass rebuilt from support.json) is what each scheme module declares:
+    fields, types, defaults, help, domains and relations."""
+    for name, options in OPTIONS.items():
+        assert options is not None, f"{name} is in the snapshot but no built-in scheme: {REFRESH}"
+        declared = json.loads(json.dumps(options_snapshot(options)))
+        assert builtin_options()[name] == declared, f"{name}'s options changed: {REFRESH}"
+        assert options_snapshot(snapshot_options(name)) == options_snapshot(options), name
+
+
+def _refusals() -> list[tuple[str, dict]]:
+    """Every bad value above, and the bounds options put on each other."""
+    cases = [(scheme, {**REQUIRED.get(scheme, {}), name: value}) for scheme, name, value in
+             (param.values for param in _bad_values())]
+    return cases + [(scheme, options) for scheme, options, _ in BOUNDS]
+
+
+def test_the_torch_free_checks_refuse_as_the_schemes_do():
+    """The same options, checked against the snapshot in a process without torch and against the registered
+    schemes here, are refused with the same message."""
+    cases = _refusals()
+    code = ("import json, sys\nfrom hf_posenc.config import PosEncConfig\nfrom hf_posenc.errors import PosEncError\n"
+            "out = []\nfor scheme, options in json.loads(sys.stdin.read()):\n"
+            "    try:\n        PosEncConfig(scheme, **options)\n        out.append(None)\n"
+            "    except PosEncError as err:\n        out.append(str(err))\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nprint(json.dumps(out))\n")
+    run = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    here = []
+    for scheme, options in cases:
+        with pytest.raises(hp.PosEncError) as err:
+            hp.PosEncConfig(scheme, **options)
+        here.append(str(err.value))
+    assert json.loads(run.stdout) == here
 
 
 def test_options_are_checked_without_torch():

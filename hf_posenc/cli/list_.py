@@ -104,7 +104,7 @@ def print_compact(snapshot: dict) -> None:
 
 
 def print_options(scheme: str, as_json: bool) -> int:
-    """One row per option of `scheme`, from its declaration (torch-free: `hf_posenc.options`)."""
+    """One row per option of `scheme`, from its declaration (torch-free: the snapshot in support.json)."""
     from ..config import option_table
 
     rows = option_table(scheme)

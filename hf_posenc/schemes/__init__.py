@@ -1,5 +1,8 @@
-"""One module per scheme; importing this package registers them all."""
+"""One module per scheme, each registering itself on import (`register_scheme` on its last line); importing this
+package imports every module in it, so a new scheme is one new file here."""
 
-from . import alibi, concat, fire, kerple, learned, nope, rope, scaling, self_extend, sinusoidal, t5  # noqa: F401
-from . import untied, xpos  # noqa: F401
-from . import cope, fope, hope, p_rope, pope  # noqa: F401  (issue 30)
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -7,13 +7,21 @@ makes it usable in bidirectional encoders too, as in Press et al.'s follow-ups a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..options.bias import AlibiOptions
+from ..domains import option, positive
 from ..registry import register_scheme
 from .base import BiasScheme, DerivedBuffers, ModelFacts, RelativeBias
+
+
+@dataclass(frozen=True)
+class AlibiOptions:
+    max_bias: float = option(8.0, "slopes are 2^(-max_bias*h/H); 8 in Press et al. 2022", positive("Press et al. 2022"))
+    scale: float | None = option(None, "multiplies every slope; default: the model's own ALiBi's (Falcon divides "
+                                       "by sqrt(head_dim)), else 1", positive())
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:

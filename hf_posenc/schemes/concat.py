@@ -10,17 +10,32 @@ orthogonality holds up to the embedding LayerNorm.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.input import ConcatOptions
+from ..domains import Domain, at_least, one_of, option, positive
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows
-from .sinusoidal import sinusoidal_code
+from .sinusoidal import BASE, sinusoidal_code
 
+
+CODES = ("sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class ConcatOptions:
+    d_pos: int = option(None, "dims given to positions, < hidden size (0 is NoPE); required",
+                        Domain(int, low=0, below="hidden_size"))
+    code: str = option("sinusoidal", "position code in the complement", one_of(*CODES))
+    max_positions: int | None = option(None, "table length for code='learned'; default: the model's own",
+                                       at_least(1, int))
+    base: float = option(10_000.0, "wavelength base for code='sinusoidal'", BASE)
+    scale: float | None = option(None, "code multiplier; default: position vectors as long as the model's own",
+                                 positive())
 
 
 class ConcatPositions(nn.Module):

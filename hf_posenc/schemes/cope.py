@@ -20,14 +20,23 @@ as T5's bias is, by layers. Fused attention paths cannot express the counting: e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.contextual import CopeOptions
+from ..domains import at_least, option
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
+
+
+@dataclass(frozen=True)
+class CopeOptions:
+    npos_max: int = option(64, "number of position embeddings; contextual positions past the last share it",
+                           at_least(1, int, "Golovneva et al. 2024: p_max"))
+    init_std: float = option(0.0, "std of the initial position embeddings; 0 (the paper's init) starts as NoPE",
+                             at_least(0))
 
 
 class ContextualPositions(nn.Module):

@@ -4,15 +4,24 @@ The output layer starts at zero unless asked otherwise: a fresh patch is NoPE.""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.bias import FireOptions
+from ..domains import at_least, one_of, option, positive
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts, RelativeBias
+
+
+@dataclass(frozen=True)
+class FireOptions:
+    hidden: int = option(32, "width of the MLP f (32 in Li et al. 2023)", at_least(1, int))
+    c: float = option(0.1, "initial c in psi(x) = log(c x + 1)", positive("Li et al. 2023"))
+    threshold: float = option(512.0, "initial L: distances are normalised by psi(max(L, i))", positive())
+    init: str = option("zeros", "'zeros' (output layer starts at 0: NoPE) or 'random'", one_of("zeros", "random"))
 
 
 class FireBias(RelativeBias):

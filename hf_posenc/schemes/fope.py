@@ -16,15 +16,27 @@ a little (the paper's trade: robustness to spectral damage for exact relativity)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.frequency import FopeOptions
+from ..domains import at_least, option
 from ..registry import register_scheme
 from .base import DerivedBuffers, ModelFacts
-from .rope import Rope
+from .hope import TRAINED
+from .rope import PARTIAL, THETA, Rope
+
+
+@dataclass(frozen=True)
+class FopeOptions:
+    original_max_position_embeddings: int | None = option(
+        None, "training length L: frequencies whose period exceeds it are zeroed; default: the model's own", TRAINED)
+    sigma: float = option(0.3, "std of the initial off-diagonal Fourier coefficients (0: RoPE with the clipping)",
+                          at_least(0, source="Hua et al. 2025"))
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 
 
 class FourierRotary(DerivedBuffers):

@@ -12,15 +12,27 @@ frequencies, so HoPE is p-RoPE with p fixed by L (`hf_posenc.schemes.p_rope`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ..options.frequency import HopeOptions
+from ..domains import at_least, option
 from ..registry import register_scheme
 from .base import ModelFacts
 from .p_rope import KeptFrequencies
-from .rope import Rope
+from .rope import PARTIAL, THETA, Rope
+
+
+TRAINED = at_least(1, int, "Chen et al. 2025 (HoPE), Hua et al. 2025 (FoPE): the training length L")
+
+
+@dataclass(frozen=True)
+class HopeOptions:
+    original_max_position_embeddings: int | None = option(
+        None, "training length L: frequencies whose period exceeds it stop rotating; default: the model's own", TRAINED)
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 
 
 def full_periods(pairs: int, theta: float, trained: int) -> int:

@@ -4,14 +4,25 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.bias import KerpleOptions
+from ..domains import Relation, one_of, option, positive
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts, RelativeBias
+
+
+@dataclass(frozen=True)
+class KerpleOptions:
+    variant: str = option("log", "'log': -r1 log(1 + r2 d) or 'power': -r1 d^r2", one_of("log", "power"))
+    r1: float = option(1.0, "initial r1 for every head", positive("Chi et al. 2022"))
+    r2: float = option(1.0, "initial r2 for every head (power variant: <= 2)", positive("Chi et al. 2022"))
+
+    relations = (Relation("r2", "<=", 2, "power variant needs r2 <= 2 (Chi et al. 2022), got {r2!r}",
+                          when=("variant", "power")),)
 
 
 class KerpleBias(RelativeBias):

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.input import LearnedOptions
+from ..domains import at_least, one_of, option
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows
 from .sinusoidal import sinusoidal_code
 
+
+INITS = ("copy", "interpolate", "sinusoidal", "normal", "zeros")
+
+
+@dataclass(frozen=True)
+class LearnedOptions:
+    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings",
+                                       at_least(1, int))
+    init: str | None = option(None, "initial table; default: copy the model's table if it has one, else normal",
+                              one_of(*INITS))
 
 
 class LearnedPositions(nn.Module):

@@ -3,10 +3,15 @@ Encoding on Length Generalization in Transformers"). On a RoPE model this drops 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
-from ..options.input import NopeOptions
 from ..registry import register_scheme
 from .base import Scheme
+
+
+@dataclass(frozen=True)
+class NopeOptions:
+    """NoPE takes no options."""
 
 
 class Nope(Scheme):

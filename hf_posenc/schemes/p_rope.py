@@ -13,15 +13,24 @@ of the pairs it rotates.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.frequency import PRopeOptions
+from ..domains import between, option
 from ..registry import register_scheme
 from .base import DerivedBuffers, ModelFacts
-from .rope import Rope
+from .rope import PARTIAL, THETA, Rope
+
+
+@dataclass(frozen=True)
+class PRopeOptions:
+    p: float = option(0.75, "fraction of RoPE's frequencies kept, highest first (0: NoPE, 1: RoPE); "
+                            "0.75 is the setting Barbero et al. 2025 recommend", between(0, 1, source="Barbero et al. 2025"))
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 
 
 class KeptFrequencies(DerivedBuffers):

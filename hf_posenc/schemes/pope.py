@@ -18,16 +18,26 @@ Fused backends run q' and k' directly (`transformed`). The paper keeps delta in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.frequency import PopeOptions
+from ..domains import one_of, option
 from ..registry import register_scheme
 from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
-from .rope import native_theta
+from .rope import THETA, native_theta
+
+
+@dataclass(frozen=True)
+class PopeOptions:
+    theta: float | None = option(None, "base of the frequencies theta^(-c/d), one per head dimension; default: the "
+                                       "model's own rotary base, else 10000", THETA)
+    phase_bias: str = option("learned", "'learned': a trainable phase offset per head and component, starting at 0 "
+                                        "(Gopalakrishnan et al. 2025); 'none': phases from positions alone",
+                             one_of("learned", "none"))
 
 
 class PolarAttention(TransformedQK, DerivedBuffers):

@@ -7,12 +7,23 @@ which is GPT-NeoX-style partial rotation up to a fixed permutation of the head d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ..options.rotary import RopeOptions
+from ..domains import between, option, positive
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
 from .rotary import Rotary
+
+
+THETA = positive("RoFormer: frequencies theta^(-2i/d)")
+PARTIAL = between(0, 1, low_open=True, source="GPT-NeoX rotary_pct")
+
+
+@dataclass(frozen=True)
+class RopeOptions:
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 
 
 def native_theta(facts: ModelFacts) -> float:

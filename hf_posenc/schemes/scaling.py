@@ -11,13 +11,55 @@ On a model that already rotates they only change `config.rope_parameters`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ..domains import rotary_pairs
-from ..options.rotary import Llama3Options, LongRopeOptions, ScalingOptions, YarnOptions
+from ..domains import Domain, Relation, at_least, option, positive, rotary_pairs
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
-from .rope import resolve_rotation
+from .rope import PARTIAL, THETA, resolve_rotation
+
+
+@dataclass(frozen=True)
+class ScalingOptions:
+    factor: float = option(None, "context extension factor; required", at_least(1, source="Chen et al. 2023: s >= 1"))
+    original_max_position_embeddings: int | None = option(None, "trained length; default: the model's own",
+                                                          at_least(1, int))
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "rotating fraction of head dims; default: model's own or 1", PARTIAL)
+
+
+@dataclass(frozen=True)
+class YarnOptions(ScalingOptions):
+    beta_fast: float = option(32.0, "YaRN ramp: wavelengths shorter than L/beta_fast are extrapolated",
+                              positive("Peng et al. 2023, sec. 3.2: alpha < beta"))
+    beta_slow: float = option(1.0, "YaRN ramp: wavelengths longer than L/beta_slow are interpolated; < beta_fast",
+                              positive("Peng et al. 2023, sec. 3.2"))
+    attention_factor: float | None = option(None, "logit temperature; default 0.1*ln(factor)+1 (YaRN eq. 22)",
+                                            positive())
+
+    relations = (Relation("beta_slow", "<", "beta_fast", "beta_slow must be < beta_fast (YaRN's ramp), got "
+                          "beta_slow={beta_slow!r}, beta_fast={beta_fast!r}"),)
+
+
+@dataclass(frozen=True)
+class Llama3Options(ScalingOptions):
+    low_freq_factor: float = option(1.0, "Llama 3.1 low-frequency factor; < high_freq_factor", positive())
+    high_freq_factor: float = option(4.0, "Llama 3.1 high-frequency factor", positive())
+
+    relations = (Relation("low_freq_factor", "<", "high_freq_factor", "low_freq_factor must be < high_freq_factor "
+                          "(Llama 3.1's smoothing divides by their difference), got {low_freq_factor!r} and "
+                          "{high_freq_factor!r}"),)
+
+
+@dataclass(frozen=True)
+class LongRopeOptions(ScalingOptions):
+    short_factor: list[float] | None = option(
+        None, "per-frequency factors within the trained length, head_dim*partial/2 of them; default 1s",
+        Domain(list, low=0, low_open=True, source="Ding et al. 2024", entries="rotary_pairs"))
+    long_factor: list[float] | None = option(
+        None, "per-frequency factors beyond it, head_dim*partial/2 of them; default `factor` for all",
+        Domain(list, low=0, low_open=True, source="Ding et al. 2024", entries="rotary_pairs"))
 
 
 class Scaling(RotaryScheme):

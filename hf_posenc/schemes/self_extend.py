@@ -10,16 +10,26 @@ the positions the keys were written at.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.rotary import SelfExtendOptions
+from ..domains import at_least, option
 from ..registry import register_scheme
 from .base import AttentionScheme, ModelFacts
-from .rope import plain_rotary, resolve_rotation
+from .rope import PARTIAL, THETA, plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
+
+
+@dataclass(frozen=True)
+class SelfExtendOptions:
+    group: int = option(4, "G: positions beyond the window are floor-divided by G (extends context ~G x)",
+                        at_least(1, int, "Jin et al. 2024"))
+    window: int = option(512, "W: neighbour window kept at exact relative positions", at_least(1, int))
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "rotating fraction of head dims; default: model's own or 1", PARTIAL)
 
 
 def grouped_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, group: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.input import LAYOUTS, SinusoidalOptions
+from ..domains import Domain, at_least, one_of, option, positive
 from ..registry import register_scheme
 from .base import DerivedBuffers, InputScheme, ModelFacts
+
+
+# Where sin and cos go and how the frequencies are spaced, by layout name: (sin | cos in halves, frequency
+# exponents i / (d/2 - 1) instead of 2i / d). Vaswani et al. interleave; Marian and Pegasus put the cos
+# features in the second half; fairseq / tensor2tensor (M2M100, XGLM) also space the frequencies to reach
+# 1/base exactly. Data here (torch-free) so the `layout` option's domain and the code read one table.
+LAYOUTS: dict[str, tuple[bool, bool]] = {"interleaved": (False, False), "halves": (True, False),
+                                         "fairseq": (True, True)}
+
+
+BASE = Domain(float, low=1, low_open=True, source="Vaswani et al. 2017: wavelengths base^(2i/d)")
+
+
+@dataclass(frozen=True)
+class SinusoidalOptions:
+    base: float = option(10_000.0, "wavelength base (10000 in Vaswani et al.)", BASE)
+    scale: float | None = option(None, "multiplier; default: sized like the model's own table (else its tokens)",
+                                 positive())
+    layout: str | None = option(None, "where sin and cos go; default: the model's own fixed table's, else "
+                                      "interleaved", one_of(*LAYOUTS))
+    origin: int | None = option(None, "position whose code the first token gets; default: the model's own "
+                                      "(M2M100: 2), else 0", at_least(0, int))
 
 
 def sinusoidal_code(positions: torch.Tensor, dim: int, base: float, layout: str = "interleaved") -> torch.Tensor:

@@ -4,14 +4,33 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.bias import T5Options
+from ..domains import Relation, at_least, one_of, option
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts, RelativeBias
+
+
+T5_INITS = ("copy", "normal", "zeros")
+
+
+@dataclass(frozen=True)
+class T5Options:
+    num_buckets: int | None = option(None, "relative-position buckets; default: the model's own (T5), else 32",
+                                     at_least(4, int, "half exact, half log"))
+    max_distance: int | None = option(None, "distance at which buckets stop growing; default: the model's own, "
+                                            "else 128; > num_buckets/2", at_least(1, int))
+    init_std: float = option(0.0, "std of the initial table (init 'normal'); 0 starts as NoPE", at_least(0))
+    init: str | None = option(None, f"one of {T5_INITS}; default: copy the model's own table if it has one of "
+                                     "this shape, else normal if init_std > 0, else zeros", one_of(*T5_INITS))
+
+    # a default (None) is the model's own, checked once resolved against it (patching.validate)
+    relations = (Relation("max_distance", ">", "num_buckets", "max_distance must be an int > num_buckets/2 = {bound}, "
+                          "got {max_distance!r}", times=0.5),)
 
 
 def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distance: int) -> torch.Tensor:

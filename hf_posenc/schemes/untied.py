@@ -13,15 +13,23 @@ the bias zero (NoPE) until training moves it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..options.bias import UntiedOptions
+from ..domains import at_least, option
 from ..registry import register_scheme
 from .base import BiasScheme, ModelFacts, check_positions, table_rows
+
+
+@dataclass(frozen=True)
+class UntiedOptions:
+    max_positions: int | None = option(None, "table length; default: the model's own max_position_embeddings",
+                                       at_least(1, int))
+    init_std: float = option(0.02, "std of the projections (and of the table when the model has none)", at_least(0))
 
 
 class UntiedBias(nn.Module):

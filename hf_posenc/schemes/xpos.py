@@ -11,16 +11,25 @@ The decay assumes keys precede queries: causal models only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..options.rotary import XposOptions
+from ..domains import option, positive
 from ..registry import register_scheme
 from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
-from .rope import plain_rotary, resolve_rotation
+from .rope import PARTIAL, THETA, plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
+
+
+@dataclass(frozen=True)
+class XposOptions:
+    theta: float | None = option(None, "rotary base; default: the model's own, else 10000", THETA)
+    partial: float | None = option(None, "rotating fraction of head dims; default: model's own or 1", PARTIAL)
+    gamma: float = option(0.4, "zeta offset (0.4 in Sun et al.)", positive("Sun et al. 2022"))
+    scale_base: float = option(512.0, "B: distance over which the decay acts (512 in Sun et al.)", positive())
 
 
 class XposAttention(TransformedQK, DerivedBuffers):
