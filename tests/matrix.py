@@ -17,40 +17,28 @@ import hf_posenc as hp
 from conftest import CAUSAL, TINY, TINY_CONFIGS, tiny_model
 from hf_posenc.catalog import adapter_for, get_scheme
 
-SCHEMES = {
-    "learned": {},
-    "sinusoidal": {},
-    "nope": {},
-    "rope": {"theta": 500.0},
-    "rope-partial": {"partial": 0.5},
-    "linear": {"factor": 2.0},
-    "ntk": {"factor": 2.0},
-    "dynamic": {"factor": 2.0},
-    "yarn": {"factor": 4.0},
-    "llama3": {"factor": 4.0},
-    "longrope": {"factor": 2.0},
-    "alibi": {},
-    "concat": {"d_pos": 16},
-    "concat-learned": {"d_pos": 16, "code": "learned"},
-    "untied": {"init_std": 0.05},
-    "t5": {"init_std": 0.5},
-    "fire": {"init": "random"},
-    "kerple": {},
-    "xpos": {"scale_base": 16.0},
-    "self_extend": {"group": 2, "window": 4},
-    "p_rope": {"p": 0.5},
-    "hope": {},
-    "fope": {},
-    "pope": {},
-    "cope": {"init_std": 0.5},
-    # per-layer patches (issue 30): the scheme in one layer of the tiny models' two, the model's own in the other
-    "nope-l1": {"layers": [1]},
-    "rope-l0": {"theta": 500.0, "layers": [0]},  # on a rotating model: two thetas, one per layer
-    "alibi-l1": {"layers": [1]},
-    "xpos-l0": {"scale_base": 16.0, "layers": [0]},
-}
-SCHEME_NAME = {"rope-partial": "rope", "concat-learned": "concat", "nope-l1": "nope", "rope-l0": "rope",
-               "alibi-l1": "alibi", "xpos-l0": "xpos"}
+
+# The order of the labels before the settings moved into the schemes (issue 39): `sample` rotates architectures
+# through the labels in order, so keeping it keeps every sampled row on the cells it ran before. Labels added
+# since follow, by scheme name, whole-model settings before per-layer ones.
+EARLIER_LABELS = ("learned", "sinusoidal", "nope", "rope", "rope-partial", "linear", "ntk", "dynamic", "yarn", "llama3",
+                  "longrope", "alibi", "concat", "concat-learned", "untied", "t5", "fire", "kerple", "xpos",
+                  "self_extend", "p_rope", "hope", "fope", "pope", "cope", "nope-l1", "rope-l0", "alibi-l1", "xpos-l0")
+
+
+def settings() -> tuple[dict[str, dict], dict[str, str]]:
+    """(label -> options, label -> scheme) of every registered scheme's `test_settings` (the scheme with its
+    defaults where it names none), in the matrix's order (`EARLIER_LABELS`)."""
+    labelled = [(label, name, options) for name in hp.list_schemes()
+                for label, options in (get_scheme(name).test_settings or {name: {}}).items()]
+    labelled.sort(key=lambda item: (0, EARLIER_LABELS.index(item[0]), False) if item[0] in EARLIER_LABELS
+                  else (1, 0, "layers" in item[2]))  # stable: by scheme name within each group
+    twice = sorted({label for label, _, _ in labelled if [item[0] for item in labelled].count(label) > 1})
+    assert not twice, f"labels taken by two schemes' test_settings: {twice}"
+    return {label: options for label, _, options in labelled}, {label: name for label, name, _ in labelled}
+
+
+SCHEMES, SCHEME_NAME = settings()
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
 # schemes whose patch reads the model's own weights (a table to copy, the token embeddings' scale): none on meta
 FROM_WEIGHTS = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}
@@ -94,7 +82,12 @@ def supported(arch: str, label: str) -> bool:
     return hp.supports(config, scheme_of(label)) and layers_validate(config, label)
 
 
-CELLS = [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if supported(arch, label)]
+def cells() -> list[tuple[str, str]]:
+    """Every supported (architecture, label) cell of the settings."""
+    return [(arch, label) for arch in TINY_CONFIGS for label in SCHEMES if supported(arch, label)]
+
+
+CELLS = cells()
 ATOL = 1e-5
 
 # row name -> (the cells in its scope, the cells it runs)

@@ -1,14 +1,21 @@
 """The spine of the package stays drawable (docs/layout.md): the import-linter layers contract in pyproject.toml
 holds, no import cycle (function-local imports counted: a local import that dodges a cycle is a cycle), no module
-over 400 lines, no function over 80, and no module imports another's private name."""
+over 400 lines, no function over 80, no module imports another's private name, and no function outside a
+scheme's module branches on a scheme's name; a scheme is one file, which the test matrix picks up."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+import hf_posenc as hp
+from hf_posenc.registry import SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_posenc"
@@ -159,3 +166,135 @@ def test_no_module_imports_a_private_name_of_another():
     private = [f"{name}: {imported} from {source}" for name in MODULES for source, imported in imports(name)
                if imported.startswith("_") and not imported.startswith("__")]
     assert private == []
+
+
+def literal_strings(node: ast.AST) -> list[str]:
+    """The strings of a literal: a str constant, or the str constants of a tuple, list or set display."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+
+
+def case_strings(pattern: ast.AST) -> list[str]:
+    if isinstance(pattern, ast.MatchValue):
+        return literal_strings(pattern.value)
+    if isinstance(pattern, ast.MatchOr):
+        return [s for inner in pattern.patterns for s in case_strings(inner)]
+    return case_strings(pattern.pattern) if isinstance(pattern, ast.MatchAs) and pattern.pattern else []
+
+
+def compared_strings(node: ast.AST) -> list[str]:
+    """The literal strings `node` compares with: either side of `==` / `!=`, the right of `in` / `not in` when it is
+    a literal tuple, list or set (a string on the right is a substring test), and the literals of a `case`."""
+    if isinstance(node, ast.match_case):
+        return case_strings(node.pattern)
+    if not isinstance(node, ast.Compare):
+        return []
+    found = []
+    for op, left, right in zip(node.ops, [node.left, *node.comparators], node.comparators):
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            found += [s for side in (left, right) if isinstance(side, ast.Constant) for s in literal_strings(side)]
+        elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            found += literal_strings(right)
+    return found
+
+
+def name_comparisons(names: set[str], allowed: str, exempt: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """Where a function outside the package folder `allowed` ("schemes", "sites") compares a string with one of
+    `names` ("module.function:line 'name'"): the property the name stands for belongs in that folder. `exempt`
+    maps (module, function) to why it may (the same word naming something else, e.g. a transformers argument).
+
+    Args:
+        names: the registered names (scheme names, site names).
+        allowed: the folder, relative to the package, whose modules own those names.
+        exempt: (module, innermost function or "<module>") -> the reason it is not a branch on one of `names`.
+    """
+    exempt = exempt or {}
+    found = []
+    for module, path in MODULES.items():
+        if module == f"hf_posenc.{allowed}" or module.startswith(f"hf_posenc.{allowed}."):
+            continue
+        tree = parse(module)
+        enclosing = {}  # node id -> innermost function around it
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                for inner in ast.walk(function):  # inner functions come later in the walk and win
+                    enclosing[id(inner)] = getattr(function, "name", "<lambda>")
+        for node in ast.walk(tree):
+            where = enclosing.get(id(node), "<module>")
+            for name in sorted(set(compared_strings(node)) & names):
+                if (module, where) not in exempt:
+                    found.append(f"{module}.{where}:{node.lineno} {name!r}")
+    return found
+
+
+# The same words as scheme names, meaning something else: transformers' own names for a model's positions.
+SCHEME_WORDS_ELSEWHERE = {
+    ("hf_posenc.adapters.generic", "adapter_from"): "native_bias_kind: the kind of bias the model has",
+    ("hf_posenc.adapters.generic", "native_scheme"): "native_bias_kind: the kind of bias the model has",
+    ("hf_posenc.adapters.probes", "native_bias_kind"): "the block argument transformers passes the bias as",
+    ("hf_posenc.adapters.probes", "unexplained"): "config.position_embedding_type, transformers' values",
+}
+
+
+def test_no_function_outside_a_scheme_module_compares_with_a_scheme_name():
+    """A function that needs to know what a scheme does asks the scheme (a property in its module), not its name."""
+    assert name_comparisons(set(hp.list_schemes()), "schemes", SCHEME_WORDS_ELSEWHERE) == []
+
+
+THROWAWAY = """
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+import hf_posenc
+from hf_posenc.domains import option, positive
+from hf_posenc.schemes.alibi import AlibiBias
+from hf_posenc.schemes.base import BiasScheme, ModelFacts
+
+
+@dataclass(frozen=True)
+class ThrowawayOptions:
+    slope: float = option(1.0, "every head's slope", positive())
+
+
+class Throwaway(BiasScheme):
+    name = "throwaway"
+    Options = ThrowawayOptions
+    test_settings = {"throwaway": {}, "throwaway-l1": {"slope": 2.0, "layers": [1]}}
+
+    def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
+        return AlibiBias(facts.num_heads, 8.0, options["slope"])
+
+
+hf_posenc.register_scheme(Throwaway())
+"""
+
+
+def test_a_scheme_in_one_new_file_is_in_the_matrix(tmp_path, monkeypatch):
+    """Registering a scheme from a module of its own puts its settings in the matrix and its cells in every row's
+    scope and sample; nothing else is edited. The scheme is unregistered afterwards."""
+    import matrix
+
+    (tmp_path / "throwaway_scheme.py").write_text(THROWAWAY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module("throwaway_scheme")
+        labels, names = matrix.settings()
+        assert {label: names[label] for label in labels if label.startswith("throwaway")} == \
+            {"throwaway": "throwaway", "throwaway-l1": "throwaway"}
+        assert list(labels)[:len(matrix.SCHEMES)] == list(matrix.SCHEMES)  # earlier labels keep their order
+        with pytest.raises(hp.PosEncError, match="scheme 'throwaway': slope must be a number > 0"):
+            hp.PosEncConfig("throwaway", slope=-1.0)  # its own options, checked as a built-in's are
+        monkeypatch.setattr(matrix, "SCHEMES", labels)
+        monkeypatch.setattr(matrix, "SCHEME_NAME", names)
+        monkeypatch.setattr(matrix, "CELLS", matrix.cells())
+        new = {cell for cell in matrix.CELLS if cell[1].startswith("throwaway")}
+        assert {label for _, label in new} == {"throwaway", "throwaway-l1"}
+        assert {"llama", "gpt2"} <= {arch for arch, _ in new}
+        for cells in (matrix.scope(), matrix.sample(matrix.scope(causal=True)), matrix.focus(matrix.scope())):
+            assert {"throwaway", "throwaway-l1"} <= {label for _, label in cells}
+    finally:
+        SCHEMES.pop("throwaway", None)
+        sys.modules.pop("throwaway_scheme", None)
+    assert "throwaway" not in hp.list_schemes()

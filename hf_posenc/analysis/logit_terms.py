@@ -10,10 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters.base import get_module
-from ..catalog import adapter_for
+from ..catalog import adapter_for, get_scheme
+from ..config import PosEncConfig
 from ..errors import PosEncError
 from ..patching import describe
-from ..schemes import alibi as alibi_scheme
 from ..schemes.rotary import rotate
 from .positions import Stop, check_length, head_shape, kinds_allowed, position_kind, qk_modules, rotary_module, run_until_stop
 
@@ -237,14 +237,22 @@ def rotary_profile(model: nn.Module, input_ids: Tensor, max_distance: int = 256)
 
 
 
+def distance_slopes(model: nn.Module) -> list[float] | None:
+    """The per-head slopes m_h of a patch whose score bias is -m_h * distance (ALiBi, Press et al. 2022), else None."""
+    patched = describe(model)
+    if not isinstance(patched, PosEncConfig):
+        return None
+    slopes = get_scheme(patched.scheme).distance_slopes(patched.options, head_shape(model)[0])
+    return None if slopes is None else slopes.tolist()
+
+
 def alibi_slopes(model: nn.Module) -> list[float]:
     """ALiBi's per-head slopes m_h: the score bias is -m_h * distance (Press et al. 2022)."""
-    patched = describe(model)
-    if patched is None or patched.scheme != "alibi":
+    slopes = distance_slopes(model)
+    if slopes is None:
         raise PosEncError(f"{model.config.model_type} has no ALiBi bias (positions: {position_kind(model)}); "
                           f"allowed: a model patched with hf_posenc.patch(model, 'alibi')")
-    scale = patched.options.get("scale") or 1.0  # configs saved before the option existed
-    return (alibi_scheme.alibi_slopes(head_shape(model)[0], patched.options["max_bias"]) * scale).tolist()
+    return slopes
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .. import plots
 from ..patching import describe
 from ..schemes.sinusoidal import sinusoidal_code
-from .logit_terms import BIAS_TERMS, TERMS, alibi_slopes, four_terms, rotary_cos, rotary_profile
+from .logit_terms import BIAS_TERMS, TERMS, distance_slopes, four_terms, rotary_cos, rotary_profile
 from .encoding import energy_by_direction, format_encoding, shift_fit
 from .geometry import encoding_by_distance, exact, format_geometry, principal_basis, subspace_geometry
 from .positions import check_length, max_positions, position_kind, position_vectors, token_vectors
@@ -79,16 +79,15 @@ def inspect_model(
             f"the layer-0 and last-layer logit as a function of distance"))
         plots.rotary(profile, rotary_cos(model, distance), out / "rotary.png", name)
         result["plots"].append("rotary.png")
-    elif kind == "alibi":
-        slopes = alibi_slopes(model)
+    elif kind == "per-layer":
+        result["summary"] = (f"{name} has a per-layer patch ({patched!r}): its layers position differently, so no "
+                             f"one view of positions describes the model; inspect each scheme on its own patch")
+    elif (slopes := distance_slopes(model)) is not None:
         result.update(alibi_slopes=slopes, summary=(
             f"{name} adds no position vectors: ALiBi biases each head's scores by -slope * distance; "
             f"slopes {', '.join(f'{s:.4g}' for s in slopes)}; alibi.png shows the bias by distance"))
         plots.alibi_bias(slopes, min(max_distance, max_positions(model)), out / "alibi.png", name)
         result["plots"].append("alibi.png")
-    elif kind == "per-layer":
-        result["summary"] = (f"{name} has a per-layer patch ({patched!r}): its layers position differently, so no "
-                             f"one view of positions describes the model; inspect each scheme on its own patch")
     elif kind == "none":
         result["summary"] = (f"{name} has no positional encoding (NoPE): position information can only come from "
                              f"the causal mask, so there is nothing to decompose or plot")

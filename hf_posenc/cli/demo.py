@@ -30,6 +30,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("yarn x2", "yarn", {"factor": 2.0}),  # 8k -> 16k, training-free
     ("alibi, no training", "alibi", {}),
 ]
+RECOVERS = "alibi"  # the scheme the demo recovers: the smoke recipe's (RECIPE), scored before and after
 RECOVERED = "alibi, {steps} recovery steps"
 # what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
 LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32"}
@@ -72,7 +73,7 @@ def check(args: argparse.Namespace) -> None:
         with importing("demo: checking the recovery recipe (importing torch and transformers first)"):
             _recovery_recipe(args, Path(args.out))
     model_folder(args.model, "--model")
-    check_model_takes(args.model, "alibi")
+    check_model_takes(args.model, RECOVERS)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -125,7 +126,7 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
             model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
         # the recovered model's own eval results: the card's model-index
-        record.runs.append(_score(model, tokenizer, label, "alibi", {}, folder / "eval", args))
+        record.runs.append(_score(model, tokenizer, label, RECOVERS, {}, folder / "eval", args))
         print(_row(record.runs[-1], args.lengths), flush=True)
         staged = hub.export(folder, out / "hub-staged", repo_id=REPO_ID, link=True)  # = push --dry-run
         where.update({"recovered model (reload: hf_posenc.from_pretrained)": folder,
@@ -187,8 +188,8 @@ def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
         "--training.warmup_steps", str(min(5, args.steps)), "--output.dir", str(folder),
         # the demo scores the model before the swap and right after it itself: only "after" is left to the runner
         "--evaluation.original", "false", "--evaluation.before", "false"])
-    if recipe.posenc.scheme != "alibi":
-        raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers alibi")
+    if recipe.posenc.scheme != RECOVERS:
+        raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers {RECOVERS}")
     return recipe
 
 

@@ -56,10 +56,16 @@ class Alibi(BiasScheme):
     name = "alibi"
     Options = AlibiOptions
     citation = "Press et al. 2022, Train Short, Test Long: Attention with Linear Biases"
+    test_settings = {"alibi": {}, "alibi-l1": {"layers": [1]}}
+    served = True
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """`scale` left as None takes the model's own, so patching a model's own ALiBi leaves it as it was."""
         return {**options, "scale": float(options["scale"] if options["scale"] is not None else facts.alibi_scale)}
+
+    def distance_slopes(self, options: dict[str, Any], num_heads: int) -> torch.Tensor:
+        scale = options.get("scale") or 1.0  # configs saved before the option existed
+        return alibi_slopes(num_heads, options["max_bias"]) * scale
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> AlibiBias:
         """The bias as a module, as the learned schemes give theirs: what fused attention paths evaluate."""

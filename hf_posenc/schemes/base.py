@@ -83,6 +83,20 @@ class Scheme:
     Options: ClassVar[type]
     citation: ClassVar[str] = ""
     causal_only: ClassVar[bool] = False  # e.g. xPos decay assumes keys precede queries
+    # The settings worth testing, by label: the invariant matrix (tests/matrix.py) runs each in every row, so a
+    # new scheme is tested by registering it; `layers` makes a setting a per-layer patch. Empty: the scheme with
+    # its defaults, labelled with its name.
+    test_settings: ClassVar[dict[str, dict[str, Any]]] = {}
+    # An inference engine's own layers compute it (no positions, ALiBi slopes, `rope_parameters`), served token for
+    # token in tests/test_serving.py; `hf_posenc.serving` refuses every other scheme by name.
+    served: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # what was tested and served of one scheme does not pass to a subclass: another scheme (FoPE of RoPE)
+        for attribute, fresh in (("test_settings", {}), ("served", False)):
+            if attribute not in vars(cls):
+                setattr(cls, attribute, fresh)
 
     def validate(self, options: dict[str, Any]) -> dict[str, Any]:
         return validate_options(self.name, self.Options, options)
@@ -93,6 +107,11 @@ class Scheme:
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
         """New `max_position_embeddings` to write in the model config, if the scheme sets one."""
+        return None
+
+    def distance_slopes(self, options: dict[str, Any], num_heads: int) -> torch.Tensor | None:
+        """(num_heads,) fp32 slopes m_h where the scheme's whole effect is the logit bias -m_h |i - j| (ALiBi's form,
+        which engines and plots take as slopes), else None."""
         return None
 
     def __repr__(self) -> str:

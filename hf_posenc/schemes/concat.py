@@ -78,6 +78,7 @@ class Concat(InputScheme):
     name = "concat"
     Options = ConcatOptions
     citation = "the add-vs-concatenate question; Ke et al. 2021 (TUPE) discuss the mixed terms it removes"
+    test_settings = {"concat": {"d_pos": 16}, "concat-learned": {"d_pos": 16, "code": "learned"}}
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)

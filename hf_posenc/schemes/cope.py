@@ -71,6 +71,7 @@ class Cope(AttentionScheme):
     causal_only = True  # p_ij counts the keys between j and the query i
     Options = CopeOptions
     citation = "Golovneva et al. 2024, Contextual Position Encoding: Learning to Count What's Important"
+    test_settings = {"cope": {"init_std": 0.5}}
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         return ContextualPositions(facts.head_dim, options["npos_max"], options["init_std"])

@@ -84,6 +84,7 @@ class Fire(BiasScheme):
     name = "fire"
     Options = FireOptions
     citation = "Li et al. 2023, Functional Interpolation for Relative Positions Improves Long Context Transformers"
+    test_settings = {"fire": {"init": "random"}}
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         return FireBias(facts.num_heads, options["hidden"], options["c"], options["threshold"], options["init"] == "zeros")

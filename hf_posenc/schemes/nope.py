@@ -19,6 +19,8 @@ class Nope(Scheme):
     site = "none"
     Options = NopeOptions
     citation = "Kazemnejad et al. 2023"
+    test_settings = {"nope": {}, "nope-l1": {"layers": [1]}}
+    served = True
 
 
 register_scheme(Nope())

@@ -59,6 +59,7 @@ class PRope(Rope):
     native = False  # no rope_parameters keep RoPE's frequencies on a fraction of the pairs
     Options = PRopeOptions
     citation = "Barbero et al. 2025, Round and Round We Go! What makes Rotary Positional Encodings useful?"
+    test_settings = {"p_rope": {"p": 0.5}}
 
     def rotary(self, options: dict[str, Any], facts: ModelFacts, max_positions: int) -> nn.Module:
         rotary = super().rotary(options, facts, max_positions)

@@ -51,6 +51,9 @@ class Rope(RotaryScheme):
     name = "rope"
     Options = RopeOptions
     citation = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding"
+    test_settings = {"rope": {"theta": 500.0}, "rope-partial": {"partial": 0.5},
+                     "rope-l0": {"theta": 500.0, "layers": [0]}}  # on a rotating model: two thetas, one per layer
+    served = True
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return resolve_rotation(options, facts)

@@ -67,18 +67,17 @@ class Scaling(RotaryScheme):
     rope_type: str
     extra: tuple[str, ...] = ()
 
-    def __init__(self, name: str, rope_type: str, options: type, extra: tuple[str, ...], citation: str) -> None:
+    def __init__(self, name: str, rope_type: str, options: type, extra: tuple[str, ...], citation: str,
+                 factor: float, served: bool = False) -> None:
         self.name, self.rope_type, self.Options, self.extra, self.citation = name, rope_type, options, extra, citation
+        self.test_settings = {name: {"factor": factor}}  # `factor` has no default
+        self.served = served
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = resolve_rotation(options, facts)
         out["factor"] = float(out["factor"])
         native_omp = (facts.rope_parameters or {}).get("original_max_position_embeddings")
         out["original_max_position_embeddings"] = out["original_max_position_embeddings"] or native_omp or facts.max_positions
-        if self.rope_type == "longrope":
-            pairs = rotary_pairs(facts.named(), out)  # what the lists' domains name (checked before resolve)
-            out["short_factor"] = out["short_factor"] or [1.0] * pairs
-            out["long_factor"] = out["long_factor"] or [out["factor"]] * pairs
         return out
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
@@ -95,6 +94,17 @@ class Scaling(RotaryScheme):
         return params
 
 
+class LongRope(Scaling):
+    """Per-frequency factors, one per rotated pair: 1 within the trained length and `factor` beyond it unless given."""
+
+    def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
+        out = super().resolve(options, facts)
+        pairs = rotary_pairs(facts.named(), out)  # what the lists' domains name (checked before resolve)
+        out["short_factor"] = out["short_factor"] or [1.0] * pairs
+        out["long_factor"] = out["long_factor"] or [out["factor"]] * pairs
+        return out
+
+
 class Ntk(Scaling):
     """Static NTK-aware scaling is plain RoPE with a larger base, so it loads anywhere."""
 
@@ -104,9 +114,15 @@ class Ntk(Scaling):
         return {"rope_type": "default", "rope_theta": theta}
 
 
-register_scheme(Scaling("linear", "linear", ScalingOptions, (), "Chen et al. 2023, Extending Context Window of LLMs via Position Interpolation"))
-register_scheme(Scaling("dynamic", "dynamic", ScalingOptions, (), "emozilla 2023, Dynamically Scaled RoPE; Peng et al. 2023"))
-register_scheme(Scaling("yarn", "yarn", YarnOptions, ("beta_fast", "beta_slow", "attention_factor"), "Peng et al. 2023, YaRN"))
-register_scheme(Scaling("llama3", "llama3", Llama3Options, ("low_freq_factor", "high_freq_factor"), "Meta 2024, Llama 3.1"))
-register_scheme(Scaling("longrope", "longrope", LongRopeOptions, ("short_factor", "long_factor"), "Ding et al. 2024, LongRoPE"))
-register_scheme(Ntk("ntk", "default", ScalingOptions, (), "bloc97 2023, NTK-aware scaled RoPE; Peng et al. 2023 eq. 16"))
+register_scheme(Scaling("linear", "linear", ScalingOptions, (),
+                        "Chen et al. 2023, Extending Context Window of LLMs via Position Interpolation", 2.0))
+register_scheme(Scaling("dynamic", "dynamic", ScalingOptions, (),
+                        "emozilla 2023, Dynamically Scaled RoPE; Peng et al. 2023", 2.0))
+register_scheme(Scaling("yarn", "yarn", YarnOptions, ("beta_fast", "beta_slow", "attention_factor"),
+                        "Peng et al. 2023, YaRN", 4.0, served=True))
+register_scheme(Scaling("llama3", "llama3", Llama3Options, ("low_freq_factor", "high_freq_factor"),
+                        "Meta 2024, Llama 3.1", 4.0))
+register_scheme(LongRope("longrope", "longrope", LongRopeOptions, ("short_factor", "long_factor"),
+                         "Ding et al. 2024, LongRoPE", 2.0))
+register_scheme(Ntk("ntk", "default", ScalingOptions, (), "bloc97 2023, NTK-aware scaled RoPE; Peng et al. 2023 eq. 16",
+                    2.0))

@@ -72,6 +72,7 @@ class SelfExtend(AttentionScheme):
     causal_only = True
     Options = SelfExtendOptions
     citation = "Jin et al. 2024, LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"
+    test_settings = {"self_extend": {"group": 2, "window": 4}}
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return resolve_rotation(options, facts)

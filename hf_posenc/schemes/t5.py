@@ -73,6 +73,7 @@ class T5(BiasScheme):
     name = "t5"
     Options = T5Options
     citation = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5), section 2.1"
+    test_settings = {"t5": {"init_std": 0.5}}
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out, own = dict(options), facts.bias_table

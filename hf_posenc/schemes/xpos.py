@@ -67,6 +67,7 @@ class Xpos(AttentionScheme):
     causal_only = True
     Options = XposOptions
     citation = "Sun et al. 2022, A Length-Extrapolatable Transformer (xPos)"
+    test_settings = {"xpos": {"scale_base": 16.0}, "xpos-l0": {"scale_base": 16.0, "layers": [0]}}
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return resolve_rotation(options, facts)

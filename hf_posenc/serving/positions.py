@@ -15,18 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import get_scheme
+from ..catalog import get_scheme, list_schemes
 from ..errors import PosEncError
 from ..saving import stock_architectures
-from ..schemes.alibi import alibi_slopes
 from ..schemes.base import ModelFacts, RotaryScheme
 from ..schemes.rotary import Rotary
 
 __all__ = ["SERVED", "ServedPositions", "served_positions"]
 
-# schemes an engine computes with its own layers, each proven token for token (tests/test_serving.py); `ntk`
-# and `linear` would take the same path as `rope` / `yarn` but are refused until a test serves them
-SERVED = ("nope", "alibi", "rope", "yarn")
+# schemes an engine computes with its own layers (`Scheme.served`), each proven token for token
+# (tests/test_serving.py); `ntk` and `linear` would take the same path as `rope` / `yarn` but are refused until a
+# test serves them
+SERVED = tuple(name for name in list_schemes() if get_scheme(name).served)
 # the stock architectures whose served twins hf-posenc registers (hf_posenc.serving.vllm_plugin)
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel")
 LAYERED_ARCHITECTURES = ARCHITECTURES[:4]  # per-layer patches: the rotating families, each layer its own rotary
@@ -80,18 +80,16 @@ def served_positions(config: Any) -> tuple[ServedPositions, ...]:
 def entry_positions(scheme: str, options: dict[str, Any], layers: list[int] | None, config: Any,
                     stock: str) -> ServedPositions:
     """The positions of one scheme (in `layers`, or every layer), or PosEncError naming it."""
-    if scheme not in SERVED or stock not in ARCHITECTURES:
+    spec = get_scheme(scheme) if scheme in list_schemes() else None
+    if spec is None or not spec.served or stock not in ARCHITECTURES:
         raise refusal(scheme, stock)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     where = tuple(layers) if layers is not None else None
-    if scheme == "nope":
-        return ServedPositions(scheme, head_dim, layers=where)
-    if scheme == "alibi":
-        slopes = alibi_slopes(heads, options["max_bias"]) * options["scale"]
+    if (slopes := spec.distance_slopes(options, heads)) is not None:
         return ServedPositions(scheme, head_dim, alibi_slopes=tuple(slopes.tolist()), layers=where)
-    spec = get_scheme(scheme)
-    assert isinstance(spec, RotaryScheme), f"{scheme} is in SERVED but not a rotation"
+    if not isinstance(spec, RotaryScheme):  # served, neither slopes nor a rotation: no positions (NoPE)
+        return ServedPositions(scheme, head_dim, layers=where)
     max_positions = config.max_position_embeddings
     facts = ModelFacts(hidden_size=config.hidden_size, num_heads=heads, head_dim=head_dim, max_positions=max_positions,
                        causal=True, rope_parameters=None, position_table=None)
