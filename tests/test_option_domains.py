@@ -14,7 +14,7 @@ import typing
 import pytest
 
 import hf_posenc as hp
-from hf_posenc.config import builtin_options, option_table, options_snapshot, snapshot_options
+from hf_posenc.config import builtin_options, option_table, options_snapshot, required_options, snapshot_options
 from hf_posenc.domains import domain_of
 from hf_posenc.catalog import list_schemes
 from hf_posenc.registry import SCHEMES
@@ -23,9 +23,10 @@ from hf_posenc.registry import SCHEMES
 OPTIONS = {name: getattr(SCHEMES.get(name), "Options", None) for name in builtin_options()}
 REFRESH = "refresh the snapshot with python -c 'import hf_posenc.catalog as c; c.write_snapshot()'"
 
-# the smallest valid options of each scheme (the required ones); the bad value replaces one of them
-REQUIRED = {"linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"factor": 2.0}, "yarn": {"factor": 2.0},
-            "llama3": {"factor": 2.0}, "longrope": {"factor": 2.0}, "concat": {"d_pos": 8}}
+# the smallest valid options of each scheme (the required ones, from its first test setting); the bad value replaces
+# one of them
+REQUIRED = {name: {k: v for k, v in next(iter(SCHEMES[name].test_settings.values()), {}).items()
+                   if k in required_options(name)} for name in OPTIONS if name in SCHEMES}
 
 
 def _fields() -> list[tuple[str, dataclasses.Field]]:
