@@ -42,8 +42,8 @@ SCHEMES, SCHEME_NAME = settings()
 TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
 # schemes whose patch reads the model's own weights (a table to copy, the token embeddings' scale): none on meta
 FROM_WEIGHTS = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}
-# a shift of positions changes them (FoPE: its series' cross terms)
-ABSOLUTE = {"learned", "sinusoidal", "concat", "concat-learned", "untied", "fope"}
+# a shift of positions changes them (`Scheme.shift_invariant`: absolute positions, FoPE's series' cross terms)
+ABSOLUTE = {label for label in SCHEMES if not get_scheme(SCHEME_NAME[label]).shift_invariant}
 
 
 def scheme_of(label: str) -> str:

@@ -83,6 +83,10 @@ class Scheme:
     Options: ClassVar[type]
     citation: ClassVar[str] = ""
     causal_only: ClassVar[bool] = False  # e.g. xPos decay assumes keys precede queries
+    # False where a shift of every position changes the logits: absolute positions (the input site, TUPE's table),
+    # or a rotation whose (cos, sin) of shifted positions do not cancel in q.k (FoPE's cross terms): a natively
+    # rotating model, whose own position_ids ignore padding, then gets the padding-aware ones
+    shift_invariant: ClassVar[bool] = True
     # The settings worth testing, by label: the invariant matrix (tests/matrix.py) runs each in every row, so a
     # new scheme is tested by registering it; `layers` makes a setting a per-layer patch. Empty: the scheme with
     # its defaults, labelled with its name.
@@ -120,6 +124,7 @@ class Scheme:
 
 class InputScheme(Scheme):
     site: ClassVar[Site] = "input"
+    shift_invariant: ClassVar[bool] = False  # a vector per absolute position
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         raise NotImplementedError
@@ -131,9 +136,6 @@ class RotaryScheme(Scheme):
     # False where `rope_parameters` cannot say the whole rotation (p-RoPE, HoPE, FoPE): `rotary` always
     # goes into the model, natively rotating or not
     native: ClassVar[bool] = True
-    # False where (cos, sin) of a shift of positions do not cancel in q.k (FoPE's cross terms): a natively
-    # rotating model, whose own position_ids ignore padding, then gets the padding-aware ones
-    shift_invariant: ClassVar[bool] = True
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError

@@ -64,6 +64,7 @@ class Untied(BiasScheme):
     name = "untied"
     Options = UntiedOptions
     citation = "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training (TUPE)"
+    shift_invariant = False  # its position-position term comes from a table of absolute positions
     test_settings = {"untied": {"init_std": 0.05}}
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
