@@ -218,8 +218,8 @@ def options_snapshot(options_cls: type) -> dict[str, Any]:
     for field in dataclasses.fields(options_cls):
         domain = domain_of(field)
         fields.append({"name": field.name, "type": _type_name(hints[field.name]), "default": field.default,
-                       "help": field.metadata.get("help", ""),
-                       "domain": None if domain is None else {**dataclasses.asdict(domain), "kind": domain.kind.__name__}})
+                       "help": field.metadata.get("help", ""), "domain": None if domain is None else
+                       {**dataclasses.asdict(domain), "kind": domain.kind.__name__}})
     return {"class": options_cls.__name__, "fields": fields,
             "relations": [dataclasses.asdict(relation) for relation in relations_of(options_cls)]}
 
