@@ -144,8 +144,8 @@ def check_facts(options_cls: type | None, options: Mapping[str, Any], facts: Map
 
 
 def check(condition: bool, message: str) -> None:
-    """Raise PosEncError(message) unless condition holds; the cross-option checks of option dataclasses
-    (`__post_init__`), beside the domains of the single options."""
+    """Raise PosEncError(message) unless condition holds: the model-fact bounds of `check_facts`, and checks a
+    user scheme's options dataclass may make in `__post_init__` (built-ins declare theirs as `Relation`s)."""
     if not condition:
         raise PosEncError(message)
 
