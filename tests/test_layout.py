@@ -159,3 +159,41 @@ def test_no_module_imports_a_private_name_of_another():
     private = [f"{name}: {imported} from {source}" for name in MODULES for source, imported in imports(name)
                if imported.startswith("_") and not imported.startswith("__")]
     assert private == []
+
+
+def branches_on(value: str, names: set[str], allowed: str) -> list[str]:
+    """Where a module outside the `allowed` folder compares something called `value` (an attribute or a variable of
+    that name: `spec.site`, `site`) with a literal in `names`, or looks a table up by it: branching on what the
+    modules in `allowed` should answer themselves."""
+    def called(node: ast.AST) -> bool:
+        return getattr(node, "attr", getattr(node, "id", None)) == value
+
+    def literals(node: ast.AST) -> set[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)} & names
+
+    found = []
+    for name, path in MODULES.items():
+        if name.startswith(f"hf_posenc.{allowed}"):
+            continue
+        for node in ast.walk(parse(name)):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            if any(map(called, sides)) and any(literals(side) for side in sides):
+                hits = sorted(set().union(*map(literals, sides)))
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} compares {value} with {hits}")
+            lookup = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get" and node.args
+            if isinstance(node, ast.Subscript) and called(node.slice) or lookup and called(node.args[0]):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} looks a table up by {value}")
+    return found
+
+
+def test_no_function_outside_sites_branches_on_a_site_name():
+    from hf_posenc.sites import SITES
+
+    assert branches_on("site", set(SITES), "sites") == []
+
+
+def test_sites_import_nothing_that_writes_folders():
+    """Recording (config.posenc, the save hook) is `hf_posenc.recording`'s; the installers only install."""
+    assert [f"{name} imports {source}" for name in MODULES if name.startswith("hf_posenc.sites")
+            for source, _ in imports(name) if source.startswith("hf_posenc.saving")] == []
