@@ -177,7 +177,8 @@ def write_outputs(arms: list[dict[str, Any]], lengths: list[int], out: Path, arg
         f"(generation stops at end-of-sequence or at the target's length + 2 digits).\n\n"
         f"{table(arms, lengths, prefix=True)}\n\n"
         f"Held-out pairs of 1..{args.train_max} digits after training (the recipe run's table, teacher-forced): "
-        + "; ".join(held_out(a) for a in arms) + ".\n")
+        + "; ".join(held_out(a) for a in arms) + ". CPU-s: the training loop's CPU time, one process each (the "
+        "machine's cores and their load were not recorded).\n")
     figure(arms, lengths, out / "seq2seq_lengthgen.png", args.task)
     print(md)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from .errors import PosEncError
 
@@ -18,8 +18,9 @@ from .errors import PosEncError
 class Domain:
     """A finite number (or an integer, or a list of numbers) within bounds, or one of some choices.
 
-    `low`/`high` are inclusive unless `low_open`/`high_open`; `length` is the list length, when the
-    scheme alone fixes it (LongRoPE's depends on the model: checked against it when patching).
+    `low`/`high` are inclusive unless `low_open`/`high_open`. Bounds that depend on the model name one of
+    `FACTS`: `below` (the value is < that fact), `entries` (the list has that many entries); `check_facts`
+    checks them, when patching against the model and in the CLI against its config.json, torch-free.
     """
 
     kind: type  # float, int, str or list (of floats)
@@ -29,6 +30,8 @@ class Domain:
     high_open: bool = False
     choices: tuple[str, ...] = ()
     source: str = ""  # where the range comes from (paper, transformers)
+    below: str = ""  # a fact of the model (FACTS) the value must stay under: concat's d_pos, the hidden size
+    entries: str = ""  # a fact of the model (FACTS) that is the list's length: LongRoPE's factors, one per pair
 
     def text(self) -> str:
         """The domain as an error message and `hf-posenc list --scheme` say it: 'a number > 0', ..."""
@@ -108,6 +111,35 @@ def option(default: Any, help: str, domain: Domain | None = None) -> Any:
 
 def domain_of(field: dataclasses.Field) -> Domain | None:
     return field.metadata.get("domain")
+
+
+def rotary_pairs(facts: Mapping[str, Any], options: Mapping[str, Any]) -> int | None:
+    """Frequency pairs a rotation has: head_dim * partial / 2, `partial` the option or else the model's own."""
+    partial = options.get("partial") if options.get("partial") is not None else facts.get("partial")
+    return None if facts.get("head_dim") is None or partial is None else int(facts["head_dim"] * partial) // 2
+
+
+# The model facts a domain can name: how a message says it, and its value from the facts (`ModelFacts.named()`
+# when patching, `hf_posenc.cli.checks.config_facts` from config.json: None where unknown, then not checked
+# here but when patching) and the options.
+FACTS: dict[str, tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any]], int | None]]] = {
+    "hidden_size": ("the hidden size", lambda facts, options: facts.get("hidden_size")),
+    "rotary_pairs": ("head_dim*partial/2", rotary_pairs),
+}
+
+
+def check_facts(options_cls: type | None, options: Mapping[str, Any], facts: Mapping[str, Any]) -> None:
+    """The bounds of `options_cls`'s domains that name a model fact, for `options` (a scheme's, already
+    checked against their own domains) on a model with `facts`; PosEncError on the first one broken."""
+    for field in dataclasses.fields(options_cls) if dataclasses.is_dataclass(options_cls) else ():
+        domain, value = domain_of(field), options.get(field.name)
+        if domain is None or value is None:
+            continue
+        if domain.below and (limit := FACTS[domain.below][1](facts, options)) is not None:
+            check(value < limit, f"{field.name} must be < {FACTS[domain.below][0]} {limit}, got {value}")
+        if domain.entries and (count := FACTS[domain.entries][1](facts, options)) is not None:
+            check(len(value) == count,
+                  f"{field.name} must have {count} entries ({FACTS[domain.entries][0]}), got {len(value)}")
 
 
 def check(condition: bool, message: str) -> None:

@@ -22,6 +22,7 @@ from .adapters.base import Adapter
 from .adapters.meta import meta_model
 from .catalog import adapter_for, get_scheme, stacks_why_not, supported_schemes
 from .config import LayerMap, PosEncConfig, layer_patch
+from .domains import check_facts
 from .errors import PosEncError
 from .registry import ADAPTERS
 from .schemes.base import ModelFacts, Scheme
@@ -121,6 +122,8 @@ def _span(indices: list[int]) -> str:
 def resolve_options(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> PosEncConfig:
     """`config` with its defaults resolved against a model's facts, checked again (PosEncError if not valid)."""
     try:
+        # the bounds that name a model fact (d_pos, LongRoPE list lengths): the CLI checks the same from config.json
+        check_facts(getattr(spec, "Options", None), config.options, facts.named())
         with torch.device("cpu"):  # what a scheme reads off a model made on the meta device: stand-ins on the CPU
             options = spec.resolve(config.options, facts)
         resolved = PosEncConfig(spec.name, stacks=config.stacks, layers=config.layers, **options)

@@ -134,3 +134,81 @@ def test_the_readme_shows_the_demo_table_of_the_demo_page():
         return re.search(r"^\| model \| ppl @ 128 .*?(?=\n\n)", text, flags=re.S | re.M).group(0)
 
     assert table((REPO / "README.md").read_text()) == table((DOCS / "benchmarks" / "demo.md").read_text())
+
+
+# ---------------------------------------------------------------- every time figure states its conditions (issue 38)
+
+# a duration: "7 min 42 s", "0.49 s", "86 minutes", "1,007 CPU-s", "~8 CPU-minutes", "20-minute"
+TIME_FIGURE = re.compile(r"(?<![\w.])\d[\d,.]*(?:[–-]\d[\d,.]*)?(?:\s|-)?(?:ms|s|sec|seconds?|min|minutes?|h|hours?|"
+                         r"CPU-s|CPU-seconds?|CPU-minutes?)(?![\w-])")
+# a limit, not a measurement: a budget, a timeout, "within 1 s", "every 15 s", "10 minutes a command"
+LIMIT_BEFORE = re.compile(r"(every|waits?|within|budget|default|at most|up to|limit|timeout|deadline|after|under|<|≤|"
+                          r"no more than|longer than|over|past)\W*(\w+\W+){0,2}$", re.I)
+LIMIT_AFTER = re.compile(r"^\W*(budget|limit|timeout|of device time|a command)", re.I)
+# the conditions: which machine, and how busy it was ("load not recorded" where nobody wrote it down)
+MACHINE = re.compile(r"\bcores?\b|\bCPUs?\b|\bGPUs?\b|H100|H200|machine", re.I)
+LOAD = re.compile(r"\bidle\b|\bbusy\b|\bshared\b|load average|\bloaded\b|load (was |were )?not recorded|\(load|\bload \d|other jobs|"
+                  r"other work|nothing else|contention|at a time|\bquiet\b", re.I)
+TIMED_PAGES = ["README.md", "docs/**/*.md", "benchmarks/**/*.md", "recipes/**/README.md", "model_cards/*.md",
+               "hf_posenc/model_cards/*.md"]
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and list items, outside code blocks; a table is read with the paragraph before it (its caption)."""
+    blocks, current, code, caption = [], [], False, ""
+    for line in text.splitlines() + [""]:
+        if line.startswith("```"):
+            code = not code
+            continue
+        if code:
+            continue
+        if not line.strip() or line.startswith("#") or line.lstrip().startswith("- "):
+            if current:
+                table = current[0].startswith("|")
+                blocks.append(("\n".join([caption] if table else []) + "\n" + "\n".join(current)).strip())
+                caption = "" if table else " ".join(current)
+            current = [] if not line.strip() or line.startswith("#") else [line]
+            if line.startswith("#"):
+                caption = ""
+            continue
+        current.append(line)
+    return blocks
+
+
+def _measured(block: str) -> list[str]:
+    """The time figures in a block that are measurements, not limits (a table column headed 'budget' is limits)."""
+    found = []
+    rows = block.splitlines()
+    header = next((row for row in rows if row.startswith("|")), "")
+    for row in rows if header else [block]:
+        cells = row.split("|") if row.startswith("|") else [row]
+        for i, cell in enumerate(cells):
+            heading = header.split("|")[i] if row.startswith("|") and i < len(header.split("|")) else ""
+            if re.search(r"budget|limit|timeout", heading, re.I):
+                continue
+            joined = " ".join(cell.split())
+            found += [m.group(0) for m in TIME_FIGURE.finditer(joined)
+                      if not LIMIT_BEFORE.search(joined[:m.start()][-40:]) and not LIMIT_AFTER.search(joined[m.end():])]
+    return found
+
+
+def test_every_time_figure_states_its_machine_and_load():
+    """A wall or CPU time in the README, the docs, the benchmark write-ups, recipes' READMEs and model cards says,
+    in its paragraph (or a table's caption), on what machine and how busy it was: the demo's 7 min 42 s on idle
+    cores was 74 min on busy ones."""
+    missing = []
+    for pattern in TIMED_PAGES:
+        for page in sorted(REPO.glob(pattern)):
+            for block in _blocks(page.read_text(encoding="utf-8")):
+                if (figures := _measured(block)) and not (MACHINE.search(block) and LOAD.search(block)):
+                    missing.append(f"{page.relative_to(REPO)}: {figures[:3]} in {block[:120]!r}")
+    assert not missing, "times without their conditions:\n" + "\n".join(missing)
+
+
+def test_the_time_rule_sees_times_and_limits():
+    """The rule's own cases: a bare time is caught, a stated one passes, limits are not times."""
+    assert _measured("the run took 77 minutes") == ["77 minutes"]
+    assert _measured("7 min 42 s wall") == ["7 min", "42 s"]
+    assert _measured("refused within 1 s; a line every 15 s; 15 minutes of device time") == []
+    assert _measured("| stage | budget (of 540 s) |\n|---|---|\n| 1 | 120 s |") == []
+    assert _blocks("Caption on 2 idle cores:\n\n| a | b |\n|---|---|\n| x | 3 s |")[-1].startswith("Caption")

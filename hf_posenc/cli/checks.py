@@ -17,6 +17,19 @@ from ..models import NAMED_MODELS, recorded_config, source
 
 # config.json's name for the number of layers, by family (GPT-2 and BLOOM say n_layer, T5 num_layers)
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# config.json's names of the facts option domains name (hf_posenc.domains.FACTS), by family
+WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+# What a config.json that names no head_dim and no rotating fraction gets from its transformers config class, by
+# model_type: (head_dim, None for hidden_size // heads; partial_rotary_factor). The types where the hidden size is
+# also the width positions are added at (no separate embedding size). Other types are checked when patching only;
+# tests/test_fast_refusals.py checks each row against the installed transformers.
+CONFIG_DEFAULTS: dict[str, tuple[int | None, float]] = {
+    **dict.fromkeys(("gpt2", "opt", "bert", "roberta", "bloom", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
+                     "qwen3_moe", "phi3", "smollm3", "starcoder2", "olmo2"), (None, 1.0)),
+    "gpt_neox": (None, 0.25), "stablelm": (None, 0.25), "phi": (None, 0.5),
+    "qwen3": (128, 1.0), "gemma": (256, 1.0), "gemma2": (256, 1.0), "gemma3_text": (256, 1.0),
+}
 HUB_WAIT_S = 1.0  # how long to wait for the Hub before saying it cannot be reached (refused within a second)
 
 
@@ -165,6 +178,45 @@ def config_dict(name: str) -> dict[str, Any] | None:
         return recorded_config(name, path)
     config_path = Path(path) / "config.json"
     return read_json(config_path, "the model config") if config_path.is_file() else None
+
+
+def config_facts(config: Any) -> dict[str, Any]:
+    """The model facts option domains name (`hf_posenc.domains.FACTS`), from a config.json dict without torch, as
+    `ModelFacts.named()` gives them when patching; {} where not sure (a type not in CONFIG_DEFAULTS, an
+    encoder-decoder, an already patched folder): those are checked when patching."""
+    if not isinstance(config, dict) or config.get("model_type") not in CONFIG_DEFAULTS or "posenc" in config \
+            or config.get("is_encoder_decoder"):
+        return {}
+    head_dim, partial = CONFIG_DEFAULTS[config["model_type"]]
+    width = next((config[key] for key in WIDTH_KEYS if isinstance(config.get(key), int)), None)
+    heads = next((config[key] for key in HEADS_KEYS if isinstance(config.get(key), int)), None)
+    if isinstance(config.get("head_dim"), int):
+        head_dim = config["head_dim"]
+    elif head_dim is None and width and heads:
+        head_dim = width // heads
+    rope = next((config[key] for key in ("rope_parameters", "rope_scaling") if isinstance(config.get(key), dict)), {})
+    stated = [config.get("partial_rotary_factor"), rope.get("partial_rotary_factor"), config.get("rotary_pct")]
+    partial = next((value for value in stated if isinstance(value, (int, float))), partial)
+    return {"hidden_size": width, "num_heads": heads, "head_dim": head_dim, "partial": float(partial)}
+
+
+def options_fit(name: str, patch: Any) -> None:
+    """A patch's options against the bounds that name a model fact (concat's d_pos under the hidden size,
+    LongRoPE's lists one entry per rotated pair), from the config as JSON: the same check and message as when
+    patching (`hf_posenc.patching.resolve_options`), before transformers imports."""
+    try:
+        config = config_dict(name) if patch is not None else None
+    except PosEncError:
+        return  # an unreadable config.json: `model_folder` says so, naming the flag
+    if not (facts := config_facts(config)):
+        return
+    from ..config import options_class
+    from ..domains import check_facts
+
+    try:
+        check_facts(options_class(patch.scheme), patch.options, facts)
+    except PosEncError as err:
+        raise PosEncError(f"{name!r} ({config['model_type']}): scheme {patch.scheme!r}: {err}") from None
 
 
 def layers_fit(name: str, layers: list[int], flag: str) -> None:

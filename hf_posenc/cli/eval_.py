@@ -12,7 +12,7 @@ from ..folders import check_out, clear_out
 from ..models import display_name
 from ..progress import waiting
 from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
-from .checks import at_least, layers_fit, model_folder
+from .checks import at_least, layers_fit, model_folder, options_fit
 from .launch import accelerate_config, launch, launch_settings
 from .threads import limited_threads
 
@@ -128,6 +128,7 @@ def check(args: argparse.Namespace) -> None:
     args.config = scheme_config(args.scheme, args.options, args.layers)  # torch-free: a scheme mistake is refused at once
     if args.layers is not None:
         layers_fit(args.model, layer_list(args.layers), "--layers")
+    options_fit(args.model, args.config)
     if args.accelerate_config is not None:
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
     from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites

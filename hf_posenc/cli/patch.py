@@ -8,7 +8,7 @@ from ..folders import check_out, clear_out
 from ..models import display_name
 from ..progress import status, waiting
 from . import check_model_takes, layer_list, parse_options, scheme_config
-from .checks import layers_fit, model_folder
+from .checks import layers_fit, model_folder, options_fit
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +33,7 @@ def check(args: argparse.Namespace) -> None:
     args.config = scheme_config(args.scheme, parse_options(args.opt), args.layers)
     if args.layers is not None:
         layers_fit(args.model, layer_list(args.layers), "--layers")
+    options_fit(args.model, args.config)
     model_folder(args.model, "MODEL")
     check_model_takes(args.model, args.config)
 

@@ -38,7 +38,8 @@ class SinusoidalOptions:
 
 @dataclass(frozen=True)
 class ConcatOptions:
-    d_pos: int = option(None, "dims given to positions, < hidden size (0 is NoPE); required", at_least(0, int))
+    d_pos: int = option(None, "dims given to positions, < hidden size (0 is NoPE); required",
+                        Domain(int, low=0, below="hidden_size"))
     code: str = option("sinusoidal", "position code in the complement", one_of(*CODES))
     max_positions: int | None = option(None, "table length for code='learned'; default: the model's own",
                                        at_least(1, int))

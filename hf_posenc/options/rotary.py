@@ -56,10 +56,10 @@ class Llama3Options(ScalingOptions):
 class LongRopeOptions(ScalingOptions):
     short_factor: list[float] | None = option(
         None, "per-frequency factors within the trained length, head_dim*partial/2 of them; default 1s",
-        Domain(list, low=0, low_open=True, source="Ding et al. 2024"))
+        Domain(list, low=0, low_open=True, source="Ding et al. 2024", entries="rotary_pairs"))
     long_factor: list[float] | None = option(
         None, "per-frequency factors beyond it, head_dim*partial/2 of them; default `factor` for all",
-        Domain(list, low=0, low_open=True, source="Ding et al. 2024"))
+        Domain(list, low=0, low_open=True, source="Ding et al. 2024", entries="rotary_pairs"))
 
 
 @dataclass(frozen=True)

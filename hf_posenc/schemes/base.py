@@ -49,6 +49,16 @@ class ModelFacts:
     device: torch.device = torch.device("cpu")
 
 
+    @property
+    def partial(self) -> float:
+        """The fraction of each head's dims the model's own rotation turns (1 where it has none)."""
+        return float((self.rope_parameters or {}).get("partial_rotary_factor", 1.0))
+
+    def named(self) -> dict[str, Any]:
+        """The facts option domains name (`hf_posenc.domains.FACTS`), as the CLI also reads them from config.json."""
+        return {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "head_dim": self.head_dim,
+                "partial": self.partial}
+
     @functools.cached_property
     def token_rms(self) -> float:
         """RMS of the token embedding entries, to size new position codes (computed on demand:

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..domains import check
 from ..options.input import ConcatOptions
 from ..registry import register_scheme
 from .base import InputScheme, ModelFacts, check_positions, table_rows
@@ -66,8 +65,6 @@ class Concat(InputScheme):
     citation = "the add-vs-concatenate question; Ke et al. 2021 (TUPE) discuss the mixed terms it removes"
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
-        check(options["d_pos"] < facts.hidden_size,
-              f"d_pos must be < the hidden size {facts.hidden_size}, got {options['d_pos']}")
         out = dict(options)
         if out["code"] == "learned":
             out["max_positions"] = out["max_positions"] or facts.max_positions

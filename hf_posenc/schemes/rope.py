@@ -20,7 +20,7 @@ def native_theta(facts: ModelFacts) -> float:
 
 
 def native_partial(facts: ModelFacts) -> float:
-    return float((facts.rope_parameters or {}).get("partial_rotary_factor", 1.0))
+    return facts.partial
 
 
 def resolve_rotation(options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:

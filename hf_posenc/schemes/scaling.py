@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..domains import check
+from ..domains import rotary_pairs
 from ..options.rotary import Llama3Options, LongRopeOptions, ScalingOptions, YarnOptions
 from ..registry import register_scheme
 from .base import ModelFacts, RotaryScheme
@@ -34,11 +34,9 @@ class Scaling(RotaryScheme):
         native_omp = (facts.rope_parameters or {}).get("original_max_position_embeddings")
         out["original_max_position_embeddings"] = out["original_max_position_embeddings"] or native_omp or facts.max_positions
         if self.rope_type == "longrope":
-            pairs = int(facts.head_dim * out["partial"]) // 2
+            pairs = rotary_pairs(facts.named(), out)  # what the lists' domains name (checked before resolve)
             out["short_factor"] = out["short_factor"] or [1.0] * pairs
             out["long_factor"] = out["long_factor"] or [out["factor"]] * pairs
-            for key in ("short_factor", "long_factor"):
-                check(len(out[key]) == pairs, f"{key} must have {pairs} entries (head_dim*partial/2), got {len(out[key])}")
         return out
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
