@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from torch import nn
+
 from . import adapters, schemes  # noqa: F401  (import registers them)
-from . import seq2seq
+from . import seq2seq, sites
 from .adapters.base import Adapter
 from .adapters.generic import generic_adapter
-from .config import options_snapshot
+from .config import STACKS, options_snapshot
 from .errors import PosEncError, did_you_mean
 from .registry import ADAPTERS, SCHEMES, SNAPSHOT
 from .schemes.base import Scheme
@@ -86,16 +88,31 @@ def refuse_non_text(model_or_config: Any, model_type: str) -> None:
 
 def supported_schemes(model_or_config: Any) -> list[str]:
     if seq2seq.is_seq2seq(model_or_config):
-        return sorted(name for name, scheme in SCHEMES.items() if seq2seq.why_not(model_or_config, scheme) is None)
+        return sorted(name for name, scheme in SCHEMES.items() if stacks_why_not(model_or_config, scheme) is None)
     adapter = adapter_for(model_or_config)
-    return sorted(name for name, scheme in SCHEMES.items() if adapter.supports(scheme))
+    return sorted(name for name, scheme in SCHEMES.items() if sites.why_not(adapter, scheme) is None)
 
 
 def why_not(model_or_config: Any, scheme: str) -> str | None:
     """None if `scheme` can be patched into this model (or config), else the reason it cannot."""
     if seq2seq.is_seq2seq(model_or_config):
-        return seq2seq.why_not(model_or_config, get_scheme(scheme))
-    return adapter_for(model_or_config).why_not(get_scheme(scheme))
+        return stacks_why_not(model_or_config, get_scheme(scheme))
+    return sites.why_not(adapter_for(model_or_config), get_scheme(scheme))
+
+
+def stacks_why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
+    """None if every stack in `stacks` (default: the text stacks) takes `spec`, else the first reason."""
+    stacks = stacks or seq2seq.text_stacks(model)
+    if not stacks:
+        return "no stack reads text: " + "; ".join(f"{s}: {seq2seq.not_text(model, s)}" for s in STACKS)
+    for stack in stacks:
+        try:
+            reason = sites.why_not(seq2seq.stack_adapter(model, stack), spec)
+        except PosEncError as exc:
+            reason = str(exc)
+        if reason is not None:
+            return f"{stack}: {reason}"
+    return None
 
 
 def supports(model_or_config: Any, scheme: str) -> bool:
@@ -109,7 +126,7 @@ def supports(model_or_config: Any, scheme: str) -> bool:
 def support_matrix() -> dict[str, dict[str, bool]]:
     """{adapter name: {scheme: supported}} for docs and `hf-posenc list`."""
     by_name = {a.name: a for a in ADAPTERS.values()}
-    return {name: {s: a.supports(SCHEMES[s]) for s in sorted(SCHEMES)} for name, a in sorted(by_name.items())}
+    return {name: {s: sites.why_not(a, SCHEMES[s]) is None for s in sorted(SCHEMES)} for name, a in sorted(by_name.items())}
 
 
 def snapshot() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_tok
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from . import loading, results, saving
+from . import loading, results, saving, sites
 from .catalog import get_scheme
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
@@ -34,7 +34,6 @@ __all__ = ["auto_classes", "export", "model_card", "push"]
 
 TEMPLATES = resources.files("hf_posenc") / "model_cards"
 CARD_TEMPLATE = "model_card.md"
-SITE_NAMES = {"input": "input embeddings", "qk": "queries and keys (rotation)", "score": "attention scores (bias)"}
 # Accelerate training state (optimizer moments, RNG): only useful to `hf-posenc train --resume`.
 NOT_PUBLISHED = ("checkpoints", MARKER)  # the marker names local paths: not for the Hub
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -246,7 +245,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
                  for entry in (described.entries if isinstance(described, LayerMap) else (described,))]
         posenc_view = {
             "scheme": described.scheme, "options": described.options, "original": posenc.get("from") or "?",
-            "site": ", ".join(dict.fromkeys(SITE_NAMES.get(spec.site, spec.site) for spec in specs)),
+            "site": ", ".join(dict.fromkeys(sites.title(spec) for spec in specs)),
             "layers": ", ".join(map(str, described.layers)) if described.layers else None,
             "citation": "; ".join(dict.fromkeys(spec.citation for spec in specs)),
             "json": json.dumps(posenc, sort_keys=True), "described": repr(described),

@@ -208,7 +208,7 @@ def native_config(config: dict[str, Any]) -> bool:
     if not posenc or config.get("model_type") == MODEL_TYPE:
         return False
     spec = get_scheme(posenc["scheme"])
-    if spec.site != "qk":  # every q/k scheme is a RoPE variant transformers can express
+    if not getattr(spec, "native", False):  # only a rotation `rope_parameters` says in full
         return False
     stock = CONFIG_MAPPING[config["model_type"]].from_dict({k: v for k, v in config.items() if k != "auto_map"})
     with torch.device("meta"):
@@ -270,7 +270,7 @@ def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
 
 def _before_the_patch(config: PretrainedConfig, where: str) -> None:
     """A native folder's config holds the patched fields; set them back to what they were before the patch
-    (`sites.model.record_before`), so the model is built stock, patched, and `unpatch` gives the stock back."""
+    (`recording.record_before`), so the model is built stock, patched, and `unpatch` gives the stock back."""
     before = config.posenc.get(BEFORE) if isinstance(config.posenc, dict) else None
     if before is None:
         return

@@ -29,7 +29,7 @@ import transformers
 from packaging.version import Version
 from torch import nn
 
-from . import compat, seq2seq
+from . import compat, seq2seq, sites
 from .catalog import adapter_for, get_scheme, list_architectures, supports, why_not
 from .config import PosEncConfig, required_options
 from .errors import PosEncError
@@ -38,10 +38,6 @@ from .tiny import tiny_config, tiny_ids
 
 ENV = "HF_POSENC_SELF_CHECK"
 MODES = ("auto", "always", "never")
-# the scheme standing for each site in "takes effect" (a theta of its own, so it moves a model that rotates)
-SITE_PROBES: dict[str, tuple[str, dict[str, Any]]] = {
-    "input": ("learned", {"init": "normal"}), "qk": ("rope", {"theta": 100.0}), "score": ("alibi", {}),
-    "attention": ("alibi", {}), "none": ("nope", {})}
 # values for the options a scheme requires, fit for the tiny model (width 64, head_dim 16)
 REQUIRED_VALUES = {"factor": 2.0, "d_pos": 16}
 TOLERANCE = 1e-4  # relative to the stock logits' scale; a wrong position costs O(1) with peaky weights
@@ -201,8 +197,7 @@ class Probe:
             patch(self.model, PosEncConfig(native, **native_options(native, self.model.config)))
             out.append(self._check("own == stock", lambda: self.close(self.logits(**self.inputs), self.stock)))
             out.append(self._unpatch_exact(unpatch))
-        site = get_scheme(config.scheme).site
-        probe_name, probe_options = SITE_PROBES[site]
+        probe_name, probe_options = sites.probe(get_scheme(config.scheme))
         if (probe_name, probe_options) != (native, {}) and why_not(self.model, probe_name) is None:
             patch(self.model, PosEncConfig(probe_name, **probe_options))
             out.append(self._check("takes effect", lambda: "" if self.close(self.logits(**self.inputs), self.stock)
@@ -293,5 +288,5 @@ def default_schemes(model_class: type, model_type: str) -> list[str]:
         model = model_class._from_config(tiny_config(model_type))
     native = (seq2seq.stack_adapter(model, seq2seq.text_stacks(model)[-1]) if seq2seq.is_seq2seq(model)
               else adapter_for(model)).native
-    probes = [name for name, _ in SITE_PROBES.values()]
+    probes = [name for name, _ in sites.probes()]
     return list(dict.fromkeys(s for s in (native, *probes) if supports(model, s)))

@@ -5,8 +5,9 @@ Each stack is a transformers model of its own (`get_encoder()`, `get_decoder()`:
 with its layer loop, its position slot or bucket table, and its own source of positions (the encoder's
 from its mask, the decoder's from its mask, cache or explicit ids). So each stack is discovered and
 planned exactly as a single-stack model is, with the encoder read as bidirectional and the decoder as
-causal. This module finds the stacks and plans the patch, beside the adapters; `hf_posenc.sites.stacks`
-installs it, every change into ONE `PatchState`: `unpatch` is bit-exact and `describe` gives one config.
+causal. This module finds the stacks, beside the adapters; `hf_posenc.plan` plans a patch of them and
+`hf_posenc.sites.stacks` installs it, every change into ONE `PatchState`: `unpatch` is bit-exact and `describe`
+gives one config.
 Cross-attention is left as it was: its keys carry no position, so a q/k scheme never touches it (its q/k
 projections are not the self-attention's), and under a biased attention implementation its calls are
 marked to run the stock attention (`sites.stacks.Unpositioned`). T5's bias is computed once per stack (one
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,11 +30,8 @@ from .adapters.base import Adapter, get_module
 from .adapters.discover import CROSS, discover, holds_qk
 from .adapters.generic import adapter_from
 from .adapters.meta import ConfigCache, meta_model
-from .config import STACKS, PosEncConfig
+from .config import STACKS
 from .errors import PosEncError
-
-if TYPE_CHECKING:
-    from .schemes.base import ModelFacts, Scheme
 
 
 def is_seq2seq(model: Any) -> bool:
@@ -109,21 +107,6 @@ def stack_adapter(model: nn.Module, stack: str) -> Adapter:
     return CACHE.put(model.config, adapter, stack)
 
 
-def why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
-    """None if every stack in `stacks` (default: the text stacks) takes `spec`, else the first reason."""
-    stacks = stacks or text_stacks(model)
-    if not stacks:
-        return "no stack reads text: " + "; ".join(f"{s}: {not_text(model, s)}" for s in STACKS)
-    for stack in stacks:
-        try:
-            reason = stack_adapter(model, stack).why_not(spec)
-        except PosEncError as exc:
-            reason = str(exc)
-        if reason is not None:
-            return f"{stack}: {reason}"
-    return None
-
-
 def self_attentions(stack: nn.Module) -> list[nn.Module]:
     """Every attention module of a stack the patch leaves alone (only consulted when its config is shared)."""
     return [m for m in stack.modules() if holds_qk(m)]
@@ -136,34 +119,5 @@ def cross_attentions(stack: nn.Module, adapter: Adapter) -> list[nn.Module]:
             if n and any(c == n.rsplit(".", 1)[-1] for c in CROSS)]
 
 
-@dataclasses.dataclass
-class StackPlan:
-    """What a patch of an encoder-decoder model will do, found before any change: the stacks, their
-    adapters and their stock facts, and the config (stacks filled in) whose options the first stack resolves."""
-
-    config: PosEncConfig
-    adapters: dict[str, Adapter]
-    facts: dict[str, ModelFacts]
-
-    @property
-    def first(self) -> str:
-        return next(iter(self.adapters))
-
-
-def plan(model: nn.Module, config: PosEncConfig, spec: Scheme) -> StackPlan:
-    """Validate `spec` on the stacks `config.stacks` names (default: the text stacks) of the stock model;
-    touches nothing (`patching` resolves the options against the first stack's facts)."""
-    stacks = config.stacks or text_stacks(model)
-    if not stacks:
-        raise PosEncError(f"{model.config.model_type!r}: {why_not(model, spec)}")
-    adapters = {s: stack_adapter(model, s) for s in stacks}
-    for stack, adapter in adapters.items():
-        if (reason := adapter.why_not(spec)) is not None:
-            raise PosEncError(f"{model.config.model_type!r} {stack} ({adapter.name} adapter) cannot take scheme "
-                              f"{spec.name!r} ({reason})")
-    facts = {s: a.facts(stack_module(model, s)) for s, a in adapters.items()}
-    return StackPlan(config.replace(stacks=stacks), adapters, facts)
-
-
-__all__ = ["StackPlan", "cross_attentions", "is_seq2seq", "not_text", "plan", "self_attentions", "stack_adapter",
-           "stack_module", "text_stacks", "why_not"]
+__all__ = ["cross_attentions", "is_seq2seq", "not_text", "self_attentions", "stack_adapter", "stack_module",
+           "text_stacks"]

@@ -14,7 +14,7 @@ import hf_posenc as hp
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from hf_posenc.catalog import adapter_for
 from hf_posenc.schemes.alibi import AlibiBias
-from hf_posenc.sites import model as model_site
+from hf_posenc import recording
 from matrix import ATOL, CELLS, FROM_WEIGHTS, SCHEMES, TABLES, ids, patched, row, sample, scheme_of, scope
 
 
@@ -139,7 +139,7 @@ def test_built_on_meta_then_init_weights_gives_the_patch_its_buffers(arch, label
 def test_the_init_hook_is_plain_data_and_goes_with_the_patch():
     model = patched("llama", "alibi")
     hook = vars(model)["initialize_weights"]
-    assert hook.func is model_site.initialize_weights and hook.args == (model,)
+    assert hook.func is recording.initialize_weights and hook.args == (model,)
     twin = copy.deepcopy(model)
     assert vars(twin)["initialize_weights"].args[0] is twin
     buffer = io.BytesIO()

@@ -298,3 +298,37 @@ def test_a_scheme_in_one_new_file_is_in_the_matrix(tmp_path, monkeypatch):
         SCHEMES.pop("throwaway", None)
         sys.modules.pop("throwaway_scheme", None)
     assert "throwaway" not in hp.list_schemes()
+
+
+def branches_on(value: str, names: set[str], allowed: str) -> list[str]:
+    """Where a module outside the package folder `allowed` compares something called `value` (an attribute or a
+    variable of that name: `spec.site`, `site`) with one of `names`, or looks a table up by it: branching on what
+    the modules in `allowed` should answer themselves. Keyed by what is compared, so the same words meaning other
+    things elsewhere ("input", "none") need no exemption."""
+    def called(node: ast.AST) -> bool:
+        return getattr(node, "attr", getattr(node, "id", None)) == value
+
+    found = []
+    for name, path in MODULES.items():
+        if name == f"hf_posenc.{allowed}" or name.startswith(f"hf_posenc.{allowed}."):
+            continue
+        for node in ast.walk(parse(name)):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            if any(map(called, sides)) and (hits := sorted(set(compared_strings(node)) & names)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} compares {value} with {hits}")
+            lookup = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get" and node.args
+            if isinstance(node, ast.Subscript) and called(node.slice) or lookup and called(node.args[0]):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} looks a table up by {value}")
+    return found
+
+
+def test_no_function_outside_sites_branches_on_a_site_name():
+    from hf_posenc.sites import SITES
+
+    assert branches_on("site", set(SITES), "sites") == []
+
+
+def test_sites_import_nothing_that_writes_folders():
+    """Recording (config.posenc, the save hook) is `hf_posenc.recording`'s; the installers only install."""
+    assert [f"{name} imports {source}" for name in MODULES if name.startswith("hf_posenc.sites")
+            for source, _ in imports(name) if source.startswith("hf_posenc.saving")] == []

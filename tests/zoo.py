@@ -14,7 +14,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from hf_posenc import compat
+from hf_posenc import compat, sites
 from hf_posenc.self_check import native_options
 from hf_posenc.tiny import tiny_config, tiny_ids, tiny_model  # noqa: F401  (tiny_config: the zoo tests use it)
 
@@ -215,11 +215,11 @@ def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[
     from hf_posenc.catalog import get_scheme
 
     adapter = adapter_of(model)
-    supported = {s: adapter.supports(get_scheme(site_scheme(adapter, s)[0])) for s in SITES}
+    supported = {s: sites.why_not(adapter, get_scheme(site_scheme(adapter, s)[0])) is None for s in SITES}
     out: dict[str, Callable[[str], None]] = {}
     slot = model.base_model.get_submodule(adapter.position_slot) if adapter.position_slot else None
     table_less = adapter.native == "learned" and not isinstance(getattr(slot, "weight", None), torch.Tensor)
-    if adapter.supports(get_scheme(adapter.native)) and not table_less:
+    if sites.why_not(adapter, get_scheme(adapter.native)) is None and not table_less:
         out["native"] = check_native
     if supported["qk"]:
         out["yarn_vs_transformers" if adapter.rotary else "rope_relative"] = (
@@ -255,7 +255,7 @@ def verdict(model: torch.nn.Module) -> dict[str, Any]:
         adapter = adapter_of(model)
     except PosEncError as exc:
         return {"refused": str(exc)}
-    why = {name: adapter.why_not(get_scheme(name)) for name in list_schemes()}
+    why = {name: sites.why_not(adapter, get_scheme(name)) for name in list_schemes()}
     return {"adapter": adapter.name, "native": adapter.native,
             "sites": {site: why[site_scheme(adapter, site)[0]] is None for site in SITES},
             "supported": sorted(n for n, w in why.items() if w is None),

@@ -14,7 +14,7 @@ from torch import nn
 
 from .. import compat
 from . import quirks
-from ..schemes.base import ModelFacts, Scheme
+from ..schemes.base import ModelFacts
 
 
 @dataclass(frozen=True)
@@ -90,35 +90,6 @@ class Adapter:
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
     tag: str = ""  # one entry of a per-layer map (sites.layers.view): suffix of the modules and kwargs it adds
     native_slot: bool = False  # a per-layer entry's view: the position slot keeps the model's own positions
-
-    def mechanisms(self, scheme: Scheme) -> tuple[str, ...]:
-        """What the site installers (hf_posenc.sites) must do to this model to patch `scheme` (keys of
-        MECHANISMS): a q/k scheme on a rotating model is config, elsewhere hooks on the q/k taps; every
-        other site switches the model's own positions off; biases reach attention as private kwargs."""
-        needs = ["native_bias"] if self.native_bias or self.bias_table else []
-        if self.position_slot and not self.native_slot:
-            needs += ["slot", "slot_code"] if scheme.site == "input" else ["slot"]
-        elif scheme.site == "input":
-            needs += ["input"]
-        if scheme.site == "qk":
-            rope_type = getattr(scheme, "rope_type", "default")
-            needs += ["rope_config", f"rope_config:{rope_type}"] if self.rotary else ["qk_tap", "kwargs"]
-        elif self.rotary:
-            needs += ["rotary_off"]
-        if scheme.site in ("score", "attention"):
-            needs += ["score_mask" if self.score_mask and scheme.site == "score" else "score", "kwargs"]
-        return tuple(needs)
-
-    def why_not(self, scheme: Scheme) -> str | None:
-        """None if `scheme` can be patched into this family, else the reason."""
-        if scheme.causal_only and not self.causal:
-            return f"{scheme.name!r} needs a causal model"
-        needs = self.mechanisms(scheme)
-        gap = next((f"{m}: {self.gaps[m]}" for m in needs if m in self.gaps), None)
-        return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in needs and self.qk is None else None)
-
-    def supports(self, scheme: Scheme) -> bool:
-        return self.why_not(scheme) is None
 
     def facts(self, model: nn.Module) -> ModelFacts:
         config = compat.text_config(model.config)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import sites
 from ..adapters.base import get_module
 from ..catalog import adapter_for, get_scheme
 from ..errors import PosEncError
@@ -24,8 +25,7 @@ def position_kind(model: nn.Module) -> str:
     if patched is not None and patched.layers is not None:
         return "per-layer"
     if patched is not None:
-        site = get_scheme(patched.scheme).site
-        return {"input": "absolute", "qk": "rotary", "none": "none"}.get(site, patched.scheme)
+        return sites.kind(get_scheme(patched.scheme)) or patched.scheme
     return "absolute" if adapter.position_slot else "rotary" if adapter.rotary else "none"
 
 

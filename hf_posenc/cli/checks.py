@@ -203,7 +203,7 @@ def config_facts(config: Any) -> dict[str, Any]:
 def options_fit(name: str, patch: Any) -> None:
     """A patch's options against the bounds that name a model fact (concat's d_pos under the hidden size,
     LongRoPE's lists one entry per rotated pair), from the config as JSON: the same check and message as when
-    patching (`hf_posenc.patching.resolve_options`), before transformers imports."""
+    patching (`hf_posenc.plan.resolve_options`), before transformers imports."""
     try:
         config = config_dict(name) if patch is not None else None
     except PosEncError:

@@ -1,43 +1,20 @@
-"""One installer per site; each joins a scheme's maths to one model at the places its adapter names.
+"""One module per site; each joins a scheme's maths to one model at the places its adapter names, and knows what
+that asks of a model.
 
-The scheme's `site` names the installer: "input" -> `embedding` (a position-embedding module), "qk" -> `qk`
+The scheme's `site` names the module: "input" -> `embedding` (a position-embedding module), "qk" -> `qk`
 (rotations of q and k), "score" -> `score` (a bias on the attention scores), "attention" -> `logits` (the q.k
-logits computed by the scheme), "none" -> removal only. `model` installs into one model, `stacks` into the
-stacks of an encoder-decoder model.
-
-An installer takes `(model, adapter, scheme, facts, state, loop)`, records every change in `state` and
-adds what the layer-loop hook must pass down to `loop`; a new site is a new module here, not a new
-branch in `patching`.
+logits computed by the scheme), "none" -> `removal`. Each exports `needs(adapter, scheme)` (the mechanisms it
+uses, which an adapter's gaps can refuse) and `install(model, entry, state, loop)`, which records every change
+in `state` and adds what the layer-loop hook must pass down to `loop`; a site may name its `KIND` of positions,
+its `TITLE` on a model card and the `PROBE` scheme standing for it in the self-check. `model` installs one entry
+into one model, `layers` a per-layer map, `stacks` the stacks of a plan; a new site is a new module here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from .base import remove_hooks
+from .entry import Entry, Stack
+from .stacks import install
+from .table import SITES, kind, needs, probe, probes, title, why_not
 
-from torch import nn
-
-from . import embedding, logits, qk, score
-from .base import (CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, RecordPositions, RelayKwargs, remove_hooks,
-                   remove_native_positions)
-
-if TYPE_CHECKING:
-    from ..adapters.base import Adapter
-    from ..state import PatchState
-    from ..schemes.base import ModelFacts, Scheme
-
-
-def _none(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-          loop: LayerLoop) -> None:
-    remove_native_positions(model, adapter, facts, state)
-
-
-INSTALLERS: dict[str, Callable[..., None]] = {
-    "input": embedding.install,
-    "qk": qk.install,
-    "score": score.install,
-    "attention": logits.install,
-    "none": _none,
-}
-
-__all__ = ["INSTALLERS", "CarryKwargs", "HandSlotIds", "KeepPositionIds", "LayerLoop", "RecordPositions", "RelayKwargs",
-           "remove_hooks"]
+__all__ = ["SITES", "Entry", "Stack", "install", "kind", "needs", "probe", "probes", "remove_hooks", "title", "why_not"]

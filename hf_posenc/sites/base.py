@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..state import PatchState
     from ..schemes.base import ModelFacts, Scheme
+    from .entry import Entry
 
 
 class PatchHook:
@@ -319,19 +320,19 @@ def place(module: nn.Module, facts: ModelFacts) -> nn.Module:
     return module
 
 
-def install_biased_attention(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme,
-                             facts: ModelFacts, state: PatchState, loop: LayerLoop) -> None:
+def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Entry, state: PatchState,
+                             loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
     attention function as `kwarg` with the positions of queries and keys."""
     implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
-    remove_native_positions(model, adapter, facts, state)
-    for attention in adapter.attention_modules(model):
+    remove_native_positions(model, entry.adapter, entry.facts, state)
+    for attention in entry.adapter.attention_modules(model):
         if not isinstance(getattr(attention, "config", None), PretrainedConfig):
             raise PosEncError(f"{type(attention).__name__} reads no config to choose its attention function by; "
-                              f"the {spec.name!r} scheme's term has no way in")
+                              f"the {entry.spec.name!r} scheme's term has no way in")
         state.set_attr(attention, "config", PositionedConfig(attention.config), instance=True)
     state.set_attr(model, "set_attn_implementation", functools.partial(set_attn_implementation, model), instance=True)
-    add_scheme_module(name, kwarg, model, adapter, spec, facts, state, loop)
+    add_scheme_module(name, kwarg, model, entry, state, loop)
     loop.posenc_attention = True
 
 
@@ -346,11 +347,11 @@ def set_attn_implementation(model: nn.Module, attn_implementation: str | dict, *
     type(model).set_attn_implementation(model, attn_implementation, *args, **kwargs)
 
 
-def add_scheme_module(name: str, kwarg: str, model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts,
-                      state: PatchState, loop: LayerLoop) -> None:
+def add_scheme_module(name: str, kwarg: str, model: nn.Module, entry: Entry, state: PatchState,
+                      loop: LayerLoop) -> None:
     """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
     of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
-    module = built(spec, state.config.options, facts)
-    state.add_module(model.base_model, adapter.at_loop(name), module, new=True)
+    module = built(entry.spec, entry.config.options, entry.facts)
+    state.add_module(model.base_model, entry.adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True

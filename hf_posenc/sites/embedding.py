@@ -15,14 +15,24 @@ import torch
 from torch import nn
 
 from ..attention import Positions
-from ..schemes.base import ModelFacts, Scheme
 from .base import LayerLoop, PatchHook, built, remove_native_positions
+from .entry import Entry, rotary_off
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
+    from ..schemes.base import Scheme
     from ..state import PatchState
 
 INPUT_MODULE = "posenc_positions"  # where the code lives on a model without a position slot
+KIND = "absolute"  # what analysis calls the positions of this site
+TITLE = "input embeddings"  # what a model card calls it
+PROBE = ("learned", {"init": "normal"})  # the scheme standing for this site in the self-check's "takes effect"
+
+
+def needs(adapter: Adapter, spec: Scheme) -> list[str]:
+    """The mechanisms (adapters.base.MECHANISMS) an input code needs: the position slot's place, else the loop."""
+    return (["slot", "slot_code"] if adapter.position_slot and not adapter.native_slot else ["input"]) + \
+        rotary_off(adapter)
 
 
 class AddCode:
@@ -50,19 +60,16 @@ class ProjectTokens(PatchHook):
         return self.code.project_tokens(output)
 
 
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-            loop: LayerLoop) -> None:
-    base = model.base_model
-    code = built(spec, state.config.options, facts)
+def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
+    base, adapter = model.base_model, entry.adapter
+    code = built(entry.spec, entry.config.options, entry.facts)
     if adapter.position_slot:
         state.replace(base, adapter.position_slot, code)
     else:
         state.add_module(base, adapter.at_loop(INPUT_MODULE), code, new=True)
         loop.contributions.append(AddCode(INPUT_MODULE))
-    if notes := getattr(code, "notes", None):
-        model.config.posenc["notes"] = notes
     if hasattr(code, "project_tokens"):
         for path in adapter.other_embeddings:
             base.get_submodule(path).register_forward_hook(ProjectTokens(code))
         model.get_input_embeddings().register_forward_hook(ProjectTokens(code))
-    remove_native_positions(model, adapter, facts, state, keep_slot=True)
+    remove_native_positions(model, adapter, entry.facts, state, keep_slot=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -25,8 +26,10 @@ from ..config import LayerMap, PosEncConfig
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
 from .base import LayerLoop, PatchHook, place
+from .entry import Entry
 from .model import install as install_model
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
+from .table import why_not as why_not_site
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -37,21 +40,6 @@ ROTATION_KWARG = "position_embeddings"  # what a natively rotating attention mod
 POSENC_ATTENTION = ("score", "attention")  # sites whose scheme runs inside the posenc attention function
 ATTENTION_KWARGS = (POSITIONS_KWARG, BIAS_KWARG, LOGITS_KWARG)  # the private kwargs the posenc attention reads
 IDENTITY = ""  # LayerRole.rotation: cos = 1, sin = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One entry of a per-layer patch, resolved: its scheme, its config (options resolved), its view and the
-    stock facts of the model (or stack) it goes into."""
-
-    spec: Scheme
-    config: PosEncConfig
-    view: Adapter
-    facts: ModelFacts
-
-    def rotates_natively(self, adapter: Adapter) -> bool:
-        """A q/k scheme on a natively rotating model: its rotation replaces the model's in its layers."""
-        return adapter.rotary is not None and self.spec.site == "qk"
 
 
 def view(adapter: Adapter, layers: Sequence[int], tag: str, covers_all: bool) -> Adapter:
@@ -81,17 +69,47 @@ def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: d
 
 
 def rotation_installer(adapter: Adapter) -> Any:
-    """The site installer of a q/k entry on a natively rotating model: its rotation module on the loop owner,
-    (cos, sin) of the loop's positions handed down as a private kwarg its layers' `LayerRole` takes."""
+    """The site installer of a q/k entry on a natively rotating model (`adapter`: the stack's, not the entry's
+    view): its rotation module on the loop owner, (cos, sin) of the loop's positions handed down as a private
+    kwarg its layers' `LayerRole` takes."""
 
-    def install(model: nn.Module, entry_view: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-                loop: LayerLoop) -> None:
-        name = ROTARY_MODULE + entry_view.tag
-        module = place(rotation_module(model, adapter, spec, state.config.options, facts), facts)
-        state.add_module(model.base_model, entry_view.at_loop(name), module, new=True)
-        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry_view.tag))
+    def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
+        name = ROTARY_MODULE + entry.adapter.tag
+        module = place(rotation_module(model, adapter, entry.spec, entry.config.options, entry.facts), entry.facts)
+        state.add_module(model.base_model, entry.adapter.at_loop(name), module, new=True)
+        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry.adapter.tag))
 
     return install
+
+
+def rotates_natively(entry: Entry, adapter: Adapter) -> bool:
+    """A q/k entry on a natively rotating model: its rotation replaces the model's in its layers."""
+    return adapter.rotary is not None and entry.spec.site == "qk"
+
+
+def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool) -> str | None:
+    """Why `spec` cannot go into some layers of this model (None if it can), beyond what the view's
+    mechanisms say."""
+    if spec.site == "input":
+        return "it adds positions to the token embeddings, before every layer; per-layer schemes act in attention"
+    if not covers_all and (shared := adapter.bias_table or adapter.native_bias_switch):
+        return (f"the model computes its own position bias once for every layer ({shared}): a per-layer patch "
+                "must cover every layer")
+    if spec.site == "none" and not covers_all and adapter.rotary is None and adapter.native_bias is None:
+        return (f"nothing to remove: the model's positions ({adapter.native}) enter at the input, not in its layers; "
+                "patch every layer, or give the other layers a scheme in the same map")
+    attention = adapter.attention_modules(model)[0]
+    if adapter.rotary and ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
+        return f"its attention takes no `{ROTATION_KWARG}` to switch its own rotation off in one layer"
+    # a rotation on a rotating model goes where the whole-model patch's would (rotation_module)
+    return why_not_site(adapter if adapter.rotary and spec.site == "qk" else view_, spec)
+
+
+def why_not_map(specs: Sequence[Scheme]) -> str | None:
+    """Why the schemes of one map cannot share a model (None if they can): one runs in the attention function."""
+    if len(biased := [s.name for s in specs if s.site in POSENC_ATTENTION]) > 1:
+        return f"a layer map takes one scheme that runs in the attention function (score or attention site), got {biased}"
+    return None
 
 
 class LayerRole(PatchHook):
@@ -129,27 +147,21 @@ class LayerRole(PatchHook):
         return args, kwargs
 
 
-def install(model: nn.Module, adapter: Adapter, entries: list[Entry], state: PatchState) -> None:
-    """Install every entry through its view, then one `LayerRole` per attention module; `state.config` is
-    the whole patch (a PosEncConfig with layers, or a LayerMap)."""
-    whole = state.config
+def install(model: nn.Module, adapter: Adapter, entries: Sequence[Entry], state: PatchState) -> None:
+    """Install every entry through its view, then one `LayerRole` per attention module."""
     rotations: dict[int, str] = {}
     for entry in entries:
-        state.config = entry.config  # the installers read the options of the entry they install
-        site = rotation_installer(adapter) if entry.rotates_natively(adapter) else None
-        install_model(model, entry.view, entry.spec, entry.facts, state, site)
+        site = rotation_installer(adapter) if rotates_natively(entry, adapter) else None
+        install_model(model, entry, state, site)
         if adapter.rotary is not None:
-            kwarg = ROTARY_KWARG + entry.view.tag if site else IDENTITY
+            kwarg = ROTARY_KWARG + entry.adapter.tag if site else IDENTITY
             rotations.update(dict.fromkeys(entry.config.layers, kwarg))
-    state.config = whole
-    state.set_attr(model.config, "posenc", whole.to_dict(original=adapter.native))
     positioned = {i for e in entries if e.spec.site in POSENC_ATTENTION for i in e.config.layers}
     blocks = list(adapter.attention_blocks(model))
     indices = adapter.attention_layers if adapter.attention_layers is not None else range(len(blocks))
     for index, block in zip(indices, blocks):
         role = LayerRole(rotations.get(index), stock=index not in positioned, additive=bool(positioned))
         block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
-    state.native = False  # hooks, never config alone
 
 
 def entries_of(patch: PosEncConfig | LayerMap) -> tuple[PosEncConfig, ...]:

@@ -5,11 +5,27 @@ cache unrotated). The module lives on the layer loop's module (the base model, O
 
 from __future__ import annotations
 
-import functools
+from typing import TYPE_CHECKING
+
+from torch import nn
 
 from ..attention import LOGITS_KWARG
-from .base import install_biased_attention
+from .base import LayerLoop, install_biased_attention
+from .entry import Entry, rotary_off, slot_needs
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..schemes.base import Scheme
+    from ..state import PatchState
 
 LOGITS_MODULE = "posenc_attention"
+PROBE = ("alibi", {})  # the scheme standing for this site in the self-check's "takes effect"
 
-install = functools.partial(install_biased_attention, LOGITS_MODULE, LOGITS_KWARG)
+
+def needs(adapter: Adapter, spec: Scheme) -> list[str]:
+    """The mechanisms (adapters.base.MECHANISMS) logits computed by the scheme need: the biased attention."""
+    return slot_needs(adapter) + rotary_off(adapter) + ["score", "kwargs"]
+
+
+def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
+    install_biased_attention(LOGITS_MODULE, LOGITS_KWARG, model, entry, state, loop)

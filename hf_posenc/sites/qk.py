@@ -22,6 +22,7 @@ from ..schemes.base import ModelFacts, Scheme
 from ..schemes.rope import native_partial, native_theta
 from ..schemes.rotary import rotate
 from .base import LayerLoop, PatchHook, place, remove_hooks, remove_native_positions
+from .entry import Entry, slot_needs
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -29,6 +30,16 @@ if TYPE_CHECKING:
 
 ROTARY_KWARG = "posenc_rotary"  # private kwarg carrying (cos, sin) from the layer loop to the attention modules
 ROTARY_MODULE = "posenc_rotary"  # where the rotary module lives on a model that had none
+KIND = "rotary"  # what analysis calls the positions of this site
+TITLE = "queries and keys (rotation)"  # what a model card calls it
+PROBE = ("rope", {"theta": 100.0})  # the self-check's "takes effect" scheme: a theta of its own moves a rotating model
+
+
+def needs(adapter: Adapter, spec: Scheme) -> list[str]:
+    """The mechanisms (adapters.base.MECHANISMS) a rotation needs: config on a natively rotating model (one
+    rebuild per RoPE type, probed each on its own), else hooks on the q/k taps."""
+    rope_type = getattr(spec, "rope_type", "default")
+    return slot_needs(adapter) + (["rope_config", f"rope_config:{rope_type}"] if adapter.rotary else ["qk_tap", "kwargs"])
 
 
 class RotaryKwarg:
@@ -106,9 +117,9 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
     return params
 
 
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-            loop: LayerLoop) -> None:
-    base, config, options = model.base_model, compat.text_config(model.config), state.config.options
+def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
+    base, config, options = model.base_model, compat.text_config(model.config), entry.config.options
+    adapter, spec, facts = entry.adapter, entry.spec, entry.facts
     if adapter.rotary and spec.native and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
         own = compat.rope_parameters(config) or {}

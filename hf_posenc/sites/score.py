@@ -19,14 +19,23 @@ from .. import compat
 from ..attention import BIAS_KWARG, POSITIONS_KWARG, implementation_for, position_mask
 from ..errors import PosEncError
 from .base import LayerLoop, PatchHook, add_scheme_module, install_biased_attention, remove_native_positions
+from .entry import Entry, rotary_off, slot_needs
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..state import PatchState
-    from ..schemes.base import ModelFacts, Scheme
+    from ..schemes.base import Scheme
 
 BIAS_MODULE = "posenc_bias"
 MASK_ARGUMENT = "attention_mask"
+TITLE = "attention scores (bias)"  # what a model card calls it
+PROBE = ("alibi", {})  # the scheme standing for this site in the self-check's "takes effect"
+
+
+def needs(adapter: Adapter, spec: Scheme) -> list[str]:
+    """The mechanisms (adapters.base.MECHANISMS) a score bias needs: the biased attention, or the mask of a
+    family whose attention adds its mask outside ALL_ATTENTION_FUNCTIONS."""
+    return slot_needs(adapter) + rotary_off(adapter) + ["score_mask" if adapter.score_mask else "score", "kwargs"]
 
 
 class BiasMask(PatchHook):
@@ -53,18 +62,17 @@ class BiasMask(PatchHook):
         return args, kwargs
 
 
-def install_mask_bias(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-                      loop: LayerLoop) -> None:
+def install_mask_bias(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
     """The bias module on the base model; a `BiasMask` on every attention module takes it and the positions."""
     implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float mask
-    remove_native_positions(model, adapter, facts, state)
-    add_scheme_module(BIAS_MODULE, BIAS_KWARG, model, adapter, spec, facts, state, loop)
-    for attention in adapter.attention_modules(model):
-        attention.register_forward_pre_hook(BiasMask(adapter.causal), with_kwargs=True)
+    remove_native_positions(model, entry.adapter, entry.facts, state)
+    add_scheme_module(BIAS_MODULE, BIAS_KWARG, model, entry, state, loop)
+    for attention in entry.adapter.attention_modules(model):
+        attention.register_forward_pre_hook(BiasMask(entry.adapter.causal), with_kwargs=True)
 
 
-def install(model: nn.Module, adapter: Adapter, spec: Scheme, facts: ModelFacts, state: PatchState,
-            loop: LayerLoop) -> None:
-    installer = install_mask_bias if adapter.score_mask else functools.partial(install_biased_attention, BIAS_MODULE,
-                                                                                BIAS_KWARG)
-    installer(model, adapter, spec, facts, state, loop)
+def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
+    if entry.adapter.score_mask:
+        install_mask_bias(model, entry, state, loop)
+    else:
+        install_biased_attention(BIAS_MODULE, BIAS_KWARG, model, entry, state, loop)

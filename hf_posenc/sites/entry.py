@@ -1,0 +1,48 @@
+"""What a site installer is handed: one entry of a patch plan (`hf_posenc.plan`), and the stacks that hold them.
+
+An entry is everything one install reads, so no installer looks anywhere else for it: the scheme, its config
+with every option resolved, the adapter as this entry sees the model (a per-layer entry's view sees only its
+layers) and the stock facts of the model or stack it goes into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..config import PosEncConfig
+    from ..schemes.base import ModelFacts, Scheme
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One scheme into some layers of one stack, resolved."""
+
+    spec: Scheme
+    config: PosEncConfig
+    adapter: Adapter
+    facts: ModelFacts
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """One attention stack of the plan and its entries: `name` is the encoder-decoder stack ("encoder",
+    "decoder"), None for the one stack of any other model (the model itself); `per_layer`: the entries are a
+    per-layer map (`sites.layers`), else one entry covering every layer."""
+
+    name: str | None
+    adapter: Adapter
+    entries: tuple[Entry, ...]
+    per_layer: bool = False
+
+
+def slot_needs(adapter: Adapter) -> list[str]:
+    """The mechanism every site but the input one needs on a model with a position slot it takes away."""
+    return ["slot"] if adapter.position_slot and not adapter.native_slot else []
+
+
+def rotary_off(adapter: Adapter) -> list[str]:
+    """The mechanism every site but q/k needs on a natively rotating model."""
+    return ["rotary_off"] if adapter.rotary else []

@@ -1,0 +1,51 @@
+"""The site modules by the names schemes give (`Scheme.site`), and the questions asked of them."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from . import embedding, logits, qk, removal, score
+
+if TYPE_CHECKING:
+    from ..adapters.base import Adapter
+    from ..schemes.base import Scheme
+
+SITES: dict[str, ModuleType] = {"input": embedding, "qk": qk, "score": score, "attention": logits, "none": removal}
+
+
+def needs(adapter: Adapter, spec: Scheme) -> tuple[str, ...]:
+    """What the site of `spec` must do to this model (keys of adapters.base.MECHANISMS): switching off a native
+    score bias first, then the site's own."""
+    native = ["native_bias"] if adapter.native_bias or adapter.bias_table else []
+    return tuple(native + SITES[spec.site].needs(adapter, spec))
+
+
+def why_not(adapter: Adapter, spec: Scheme) -> str | None:
+    """None if `spec` can be patched into the model `adapter` describes, else the reason: the first mechanism its
+    site needs that the adapter names as a gap."""
+    if spec.causal_only and not adapter.causal:
+        return f"{spec.name!r} needs a causal model"
+    wanted = needs(adapter, spec)
+    gap = next((f"{m}: {adapter.gaps[m]}" for m in wanted if m in adapter.gaps), None)
+    return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in wanted and adapter.qk is None else None)
+
+
+def kind(spec: Scheme) -> str | None:
+    """What analysis calls the positions `spec` gives (absolute, rotary, none); None for a bias or logits term."""
+    return getattr(SITES[spec.site], "KIND", None)
+
+
+def title(spec: Scheme) -> str:
+    """Where `spec` acts, as a model card says it."""
+    return getattr(SITES[spec.site], "TITLE", spec.site)
+
+
+def probe(spec: Scheme) -> tuple[str, dict[str, Any]]:
+    """The scheme (and options) standing for the site of `spec` in the self-check's "takes effect"."""
+    return SITES[spec.site].PROBE
+
+
+def probes() -> list[tuple[str, dict[str, Any]]]:
+    """The scheme standing for each site in the self-check's "takes effect"."""
+    return [module.PROBE for module in SITES.values()]
