@@ -237,7 +237,7 @@ def test_the_facts_read_from_config_json_are_the_patchs_own(fact_configs, tmp_pa
 def test_the_torch_free_check_and_the_patchs_validate_refuse_alike(fact_configs, tmp_path):
     """Each bound on each model: where the config.json check refuses, the full check (transformers' config, the model
     on the meta device, `patching.validate`) refuses with the same message; options just inside pass both."""
-    from hf_posenc.cli import check_model_takes
+    from hf_posenc.cli.checks import check_model_takes
     from hf_posenc.cli.checks import config_dict, config_facts, options_fit
     from hf_posenc.config import PosEncConfig
     from hf_posenc.errors import PosEncError

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from ..errors import PosEncError
 
@@ -119,83 +117,3 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `hf-posenc`."""
     argv = sys.argv[1:] if argv is None else argv
     return _run(build_parser(argv), argv)
-
-
-# ---------------------------------------------------------------- argument types shared by subcommands
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """`k=v` strings to scheme options; values are read as JSON where they parse (numbers, lists,
-    true/false, null), else kept as strings -- the scheme's option types then say what fits."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise PosEncError(f"--opt takes key=value, got {pair!r}")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
-def scheme_config(scheme: str | None, options: dict[str, Any], layers: str | None = None) -> Any:
-    """The validated `PosEncConfig` of a scheme name, its `--opt`s and `--layers`, before any model loads."""
-    from ..config import PosEncConfig
-
-    if scheme is None:
-        if options or layers is not None:
-            raise PosEncError("--opt and --layers need --patch SCHEME to apply to")
-        return None
-    return PosEncConfig(scheme, layers=layer_list(layers) if layers is not None else None, **options)
-
-
-def layer_list(text: str) -> list[int]:
-    """'3,7,11' -> [3, 7, 11]: layer indices count from 0."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise PosEncError(f"--layers takes comma-separated layer indices such as 3,7,11, got {text!r}") from err
-
-
-def check_model_takes(model: str, scheme: Any) -> None:
-    """The model exists and takes `scheme` (a name or a PosEncConfig) with its options resolved against the
-    model's facts (`hf_posenc.patching.validate`: e.g. concat's d_pos below the hidden size): read from its
-    config alone, the model built on the meta device, no weights."""
-    from ..progress import importing
-
-    with importing("checking the model's config (importing torch and transformers first)"):
-        from ..loading import load_config
-        from ..patching import validate
-        from ..catalog import supported_schemes, why_not
-        from ..adapters.meta import meta_model
-
-    config = load_config(model)
-    subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config
-    name = getattr(scheme, "scheme", scheme)
-    if name is not None and (reason := why_not(subject, name)) is not None:
-        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "
-                          f"it takes: {', '.join(supported_schemes(subject))} ({reason})")
-    if scheme is not None:
-        try:
-            validate(subject, scheme)
-        except PosEncError as err:
-            raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err
-
-
-def int_list(text: str, what: str) -> list[int]:
-    """'512,1024' -> [512, 1024]; each must be a positive integer."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise PosEncError(f"{what}s must be comma-separated integers, got {text!r}") from err
-    if not values or any(v <= 0 for v in values):
-        raise PosEncError(f"{what}s must be positive integers, got {text!r}")
-    return values
-
-
-def float_list(text: str, what: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise PosEncError(f"{what}s must be comma-separated numbers, got {text!r}") from err

@@ -1,6 +1,8 @@
-"""Checks the subcommands run in `check(args)`, before any model loads and without torch: flag domains,
-the model a name points at (its folder, config.json and weights files, read as bytes and JSON), Hub
-repo ids. Each failure is a `PosEncError` naming the flag or file and what is allowed (exit 2)."""
+"""Checks the subcommands run in `check(args)`, before any model loads: without torch, flag domains, the model a
+name points at (its folder, config.json and weights files, read as bytes and JSON), options against the facts
+config.json states, Hub repo ids; then `check_model_takes`, the last, through transformers (the model's config, its
+model on the meta device, no weights). Each failure is a `PosEncError` naming the flag or file and what is allowed
+(exit 2)."""
 
 from __future__ import annotations
 
@@ -231,3 +233,28 @@ def layers_fit(name: str, layers: list[int], flag: str) -> None:
     model_type = (config.get("posenc") or {}).get("model_type") or config.get("model_type")
     raise PosEncError(f"{flag}: {name!r}: layers {bad} are not attention layers of this {model_type!r} model: it "
                       f"has {depth} layers, 0-{depth - 1}")
+
+
+def check_model_takes(model: str, scheme: Any) -> None:
+    """The model exists and takes `scheme` (a name or a PosEncConfig) with its options resolved against the
+    model's facts (`hf_posenc.patching.validate`: e.g. concat's d_pos below the hidden size): read from its
+    config alone, the model built on the meta device, no weights."""
+    from ..progress import importing
+
+    with importing("checking the model's config (importing torch and transformers first)"):
+        from ..loading import load_config
+        from ..patching import validate
+        from ..catalog import supported_schemes, why_not
+        from ..adapters.meta import meta_model
+
+    config = load_config(model)
+    subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config
+    name = getattr(scheme, "scheme", scheme)
+    if name is not None and (reason := why_not(subject, name)) is not None:
+        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "
+                          f"it takes: {', '.join(supported_schemes(subject))} ({reason})")
+    if scheme is not None:
+        try:
+            validate(subject, scheme)
+        except PosEncError as err:
+            raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err

@@ -19,8 +19,8 @@ from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from ..progress import importing, status, waiting
 from ..train.shipped import recipe_path
-from . import check_model_takes, int_list
-from .checks import at_least, model_folder
+from .arguments import int_list
+from .checks import at_least, check_model_takes, model_folder
 from .inspect import DEFAULT_TEXT
 from .threads import limited_threads
 

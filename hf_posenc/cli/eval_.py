@@ -11,8 +11,8 @@ from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from ..models import display_name
 from ..progress import waiting
-from . import check_model_takes, float_list, int_list, layer_list, parse_options, scheme_config
-from .checks import at_least, layers_fit, model_folder, options_fit
+from .arguments import float_list, int_list, layer_list, parse_options, scheme_config
+from .checks import at_least, check_model_takes, layers_fit, model_folder, options_fit
 from .launch import accelerate_config, launch, launch_settings
 from .threads import limited_threads
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from ..errors import PosEncError
 from ..models import NAMED_MODELS, display_name
 from ..folders import check_out, clear_out
-from . import check_model_takes
-from .checks import at_least, model_folder
+from .checks import at_least, check_model_takes, model_folder
 
 DEFAULT_TEXT = (
     "Positional encodings tell a transformer where each word stands. The original model added a fixed "

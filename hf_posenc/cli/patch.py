@@ -7,8 +7,8 @@ import argparse
 from ..folders import check_out, clear_out
 from ..models import display_name
 from ..progress import status, waiting
-from . import check_model_takes, layer_list, parse_options, scheme_config
-from .checks import layers_fit, model_folder, options_fit
+from .arguments import layer_list, parse_options, scheme_config
+from .checks import check_model_takes, layers_fit, model_folder, options_fit
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
