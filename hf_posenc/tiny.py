@@ -127,14 +127,27 @@ def tiny_config(model_type: str) -> transformers.PretrainedConfig:
 
 def tiny_model(model_type: str, model_class: Any, seed: int = 0, attn: str | None = None) -> torch.nn.Module:
     """A fresh tiny random `model_class` (an Auto class or a model class) of `model_type`, in eval mode."""
-    config = tiny_config(model_type)
-    torch.manual_seed(seed)
-    kwargs: dict[str, Any] = {"attn_implementation": attn} if attn else {}
-    build = getattr(model_class, "from_config", None) or model_class._from_config
-    model = build(config, **kwargs).eval()
+    model = build(tiny_config(model_type), model_class, seed, attn)
     for method, *args in OVERRIDES.get(model_type, {}).get("_call", []):  # e.g. X-MOD's default language
         getattr(model, method)(*args)
     return model
+
+
+def build(config: transformers.PretrainedConfig, model_class: Any, seed: int = 0, attn: str | None = None,
+          dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A random `model_class` (an Auto class or a model class) of `config` drawn from `seed`, in eval mode. In
+    another `dtype` it has the fp32 model's weights, as `from_pretrained(dtype=...)` loads them: parameters in
+    `dtype`, buffers as the model computes them (rotary frequencies stay fp32)."""
+    torch.manual_seed(seed)
+    kwargs: dict[str, Any] = {"attn_implementation": attn} if attn else {}
+    make = getattr(model_class, "from_config", None) or model_class._from_config
+    model = make(config, **kwargs)
+    if dtype != torch.float32:
+        with torch.random.fork_rng():  # a patch after this draws what it draws after the fp32 model
+            loaded = make(config, **kwargs, dtype=dtype)
+        loaded.load_state_dict(model.state_dict())
+        model = loaded
+    return model.eval()
 
 
 def tiny_ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:

@@ -13,6 +13,8 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from hf_posenc.tiny import build
+
 TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
 
 # model_type -> (config class, model class for causal LM or encoder, kwargs)
@@ -67,10 +69,8 @@ NO_DROPOUT = dict(initializer_range=0.2, attn_pdrop=0.0, resid_pdrop=0.0, embd_p
 
 def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | None = None,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A tiny random model of `model_type` in eval mode: causal LM for decoders, MaskedLM for encoders. In
-    another `dtype` it has the same weights, as `from_pretrained(dtype=...)` loads them: parameters in
-    `dtype`, buffers as the model computes them (rotary frequencies stay fp32)."""
-    torch.manual_seed(seed)
+    """A tiny random model of `model_type` (`hf_posenc.tiny.build`) in eval mode, with the peaky weights of
+    NO_DROPOUT: causal LM for decoders, MaskedLM for encoders, or the `head` named."""
     config = TINY_CONFIGS[model_type]()
     for key, value in NO_DROPOUT.items():
         if hasattr(config, key):
@@ -80,13 +80,7 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
         head = "causal" if model_type in CAUSAL else "masked"
     cls = {"causal": transformers.AutoModelForCausalLM, "masked": transformers.AutoModelForMaskedLM,
            "base": transformers.AutoModel, "cls": transformers.AutoModelForSequenceClassification}[head]
-    model = cls.from_config(config, attn_implementation=attn)
-    if dtype != torch.float32:
-        with torch.random.fork_rng():  # a patch after this draws what it draws after the fp32 model
-            loaded = cls.from_config(config, attn_implementation=attn, dtype=dtype)
-        loaded.load_state_dict(model.state_dict())
-        model = loaded
-    return model.eval()
+    return build(config, cls, seed, attn, dtype)
 
 
 @pytest.fixture
