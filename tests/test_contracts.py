@@ -15,6 +15,7 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig
 
 import hf_posenc as hp
+from hf_posenc.schemes.concat import embedding_split
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from matrix import ATOL, CELLS, SCHEMES, focus, ids, patched, row, scheme_of, scope, site_of
 
@@ -176,3 +177,21 @@ def test_patching_a_peft_wrapped_model_patches_the_model_inside(arch, label):
     hp.unpatch(wrapped)
     assert hp.describe(wrapped) is None
     torch.testing.assert_close(wrapped(x).logits, before, atol=0, rtol=0)
+
+
+@row([c for c in CELLS if scheme_of(c[1]) == "concat"])
+def test_built_on_meta_and_initialised_the_concat_split_comes_from_the_initialised_embeddings(arch, label):
+    """A model built on the meta device and initialised with nothing loaded (`to_empty` + `init_weights`, training
+    from scratch): concat's saved token/position split is derived from the embeddings the init just drew, as a patch
+    of that model would derive it (it was the ones the meta patch stood in, then uninitialised memory)."""
+    with torch.device("meta"):
+        meta = patched(arch, label)
+    meta.to_empty(device="cpu")
+    torch.manual_seed(3)
+    meta.init_weights()
+    (split,) = [m for m in meta.modules() if hasattr(m, "token_basis")]
+    token_basis, position_basis, _ = embedding_split(meta.get_input_embeddings().weight.detach(),
+                                                     split.position_basis.shape[1])
+    torch.testing.assert_close(split.token_basis, token_basis.to(split.token_basis.dtype), atol=0, rtol=0)
+    torch.testing.assert_close(split.position_basis, position_basis.to(split.position_basis.dtype), atol=0, rtol=0)
+    assert meta.eval()(ids()).logits.isfinite().all()
