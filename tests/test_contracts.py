@@ -195,3 +195,31 @@ def test_built_on_meta_and_initialised_the_concat_split_comes_from_the_initialis
     torch.testing.assert_close(split.token_basis, token_basis.to(split.token_basis.dtype), atol=0, rtol=0)
     torch.testing.assert_close(split.position_basis, position_basis.to(split.position_basis.dtype), atol=0, rtol=0)
     assert meta.eval()(ids()).logits.isfinite().all()
+
+
+ROTARY = ("llama", "mistral", "qwen2", "qwen3")  # models that rotate, with `rope_parameters` in their config
+SCALINGS = ({"rope_type": "linear", "factor": 10.0}, {"rope_type": "dynamic", "factor": 10.0},
+            {"rope_type": "yarn", "factor": 10.0})
+
+
+@row([c for c in CELLS if c[0] in ROTARY and c[1] in ("alibi", "nope", "t5")], per_label=1)
+def test_rope_scaling_in_the_config_is_inert_where_the_scheme_removes_the_rotation(arch, label):
+    """The documented departure (docs/testing.md): a scheme that removes the rotation leaves nothing for the
+    config's `rope_parameters` scaling to act on, so the patched model's logits are the same with and without it
+    (transformers' own rope-scaling tests expect them to change), while the stock model's do change."""
+    x = ids(batch=1, length=TINY["positions"] * 3 // 2)  # past the trained length: dynamic scaling acts there
+
+    def logits(scaling: dict | None, patch: bool) -> torch.Tensor:
+        config = TINY_CONFIGS[arch]()
+        config.initializer_range = 0.2
+        if scaling:
+            config.rope_parameters = {**config.rope_parameters, **scaling}
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        torch.manual_seed(1)  # the scheme's own modules draw the same init
+        return (hp.patch(model, scheme_of(label), **SCHEMES[label]) if patch else model)(x).logits
+
+    plain, stock = logits(None, True), logits(None, False)
+    for scaling in SCALINGS:
+        torch.testing.assert_close(logits(scaling, True), plain, atol=0, rtol=0)
+        assert not torch.allclose(logits(scaling, False), stock, atol=1e-5), scaling
