@@ -87,22 +87,42 @@ def test_the_attention_implementation_is_transformers_own_and_switches(arch, lab
     assert model.config._attn_implementation == "eager"
 
 
+COMPILED: list[int] = []  # one entry per graph `inductor_counted` compiles (generate deep-copies its backend)
+
+
+def inductor_counted(graph: torch.fx.GraphModule, example_inputs: list, **options: object) -> object:
+    """A torch.compile backend: inductor, counting the graphs (`mode` and other options are generate's)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    COMPILED.append(1)
+    return compile_fx(graph, example_inputs)
+
+
 def _compile_cells() -> list[tuple[str, str]]:
-    return [("llama", label) for label in ("alibi", "t5", "xpos", "rope")]
+    return [("llama", label) for label in ("alibi", "t5", "xpos", "rope", "cope", "alibi-l1")] + [("gpt2", "alibi")]
 
 
 @row(_compile_cells())
 def test_fullgraph_compiled_static_cache_generate_equals_eager(arch, label):
-    """The compiled decoding step (fullgraph, static shapes) has no data-dependent branch on positions."""
+    """The compiled decoding step (fullgraph, static shapes) has no data-dependent branch on positions and compiles
+    once: the positions of a static cache's keys are kept for every slot, and its length is never read as a number
+    (it grows each step: a guard on it recompiled every step). A left-padded batch decodes as the eager model does,
+    and a second batch of the same shape runs the same graph."""
     model = patched(arch, label)
-    x = ids(batch=2, length=6)
-    reference = model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    x, other = ids(batch=2, length=6), ids(batch=2, length=6, seed=5)
+    mask = torch.ones_like(x)
+    mask[0, :2] = 0
+    greedy = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    references = [model.generate(prompt, attention_mask=mask, **greedy) for prompt in (x, other)]
+    COMPILED.clear()
+    compile_config = CompileConfig(fullgraph=True, dynamic=False, backend=inductor_counted)
     compile_config._compile_all_devices = True  # compile on the CPU too, as transformers' own test does
-    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
-                              compile_config=compile_config)
+    config = GenerationConfig(**greedy, cache_implementation="static", compile_config=compile_config)
     torch._dynamo.reset()
-    assert torch.equal(model.generate(x, generation_config=config), reference)
+    compiled = [model.generate(prompt, attention_mask=mask, generation_config=config) for prompt in (x, other)]
+    assert len(COMPILED) == 1, f"compiled decoding compiled {len(COMPILED)} graphs for 6 steps"
+    for got, reference in zip(compiled, references):
+        assert torch.equal(got, reference)
 
 
 MULTIPLE_CHOICE = {"gpt2": transformers.GPT2DoubleHeadsModel, "bert": transformers.BertForMultipleChoice,
