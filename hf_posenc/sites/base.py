@@ -92,7 +92,8 @@ def _static_positions(cache: Any, slots: int, explicit: torch.Tensor | None, cou
     step): the queries' as above, and the keys' of every slot the layers hold, used or not (the mask hides the
     unused), with this call's written at the slots the cache writes its keys to. The cache's length stays a
     tensor, and a 2-D mask is read at a static width (as transformers pads it to the cache's length)."""
-    written = compat.static_length(cache, device) + torch.arange(length, device=device)  # this call's slots
+    past = compat.static_length(cache, device)
+    written = past + torch.arange(length, device=device)  # this call's slots
     if counted is not None:  # at the static width; columns past the mask hold 0 (nothing reads them)
         counted = nn.functional.pad(counted, (0, slots - counted.shape[-1])) if counted.shape[-1] < slots \
             else counted[:, :slots]
@@ -103,8 +104,10 @@ def _static_positions(cache: Any, slots: int, explicit: torch.Tensor | None, cou
     else:
         queries = written.expand(batch, -1)
     earlier = compat.static_record(cache, batch, slots)
-    if earlier is None:  # a cache filled outside this patch: counted over the mask, else 0, 1, 2, ...
-        earlier = counted if counted is not None else torch.arange(slots, device=device).expand(batch, -1)
+    if earlier is None:  # a fresh cache, or one filled outside this patch: counted over the mask, else 0, 1, 2, ...
+        slot = torch.arange(slots, device=device)
+        earlier = counted if counted is not None else slot.expand(batch, -1)
+        earlier = torch.where(slot < past, earlier, 0)  # unused slots at 0 (a far position can overflow xPos's decay)
     dtype = torch.promote_types(earlier.dtype, queries.dtype)  # fractional position_ids stay fractional
     keys = earlier.to(queries.device, dtype).index_copy(1, written.to(queries.device), queries.to(dtype))
     return Positions(queries, keys, [])
