@@ -47,7 +47,7 @@ def check_transformers(version: str) -> None:
 check_transformers(transformers.__version__)
 
 from transformers import PretrainedConfig  # noqa: E402
-from transformers.cache_utils import Cache  # noqa: E402
+from transformers.cache_utils import Cache, StaticLayer, StaticSlidingWindowLayer  # noqa: E402
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface  # noqa: E402
@@ -66,6 +66,9 @@ __all__ = [
     "log_load_report",
     "record_positions",
     "recorded_positions",
+    "static_length",
+    "static_record",
+    "static_slots",
     "register_attention",
     "rope_parameters",
     "rotary_config",
@@ -237,6 +240,32 @@ def cache_length(cache: Any) -> int:
     return int(cache.get_seq_length()) if isinstance(cache, Cache) else 0
 
 
+def static_slots(cache: Any) -> int | None:
+    """The slots of a static cache (every self-attention layer a full-length `StaticLayer`): the keys each layer
+    holds, used or not, as `torch.compile` sees them; None for any other cache (dynamic, sliding, none)."""
+    layers = getattr(_self_attention(cache), "layers", None) if isinstance(cache, Cache) else None
+    if not layers or not all(isinstance(layer, StaticLayer) and not isinstance(layer, StaticSlidingWindowLayer)
+                             for layer in layers):
+        return None
+    return layers[0].max_cache_len
+
+
+def static_length(cache: Any, device: torch.device) -> torch.Tensor:
+    """Tokens a static cache holds, as the 0-d tensor its layers count them in (no `.item()`: under
+    `torch.compile` the count is data, and reading it as a number guards on it and recompiles every step)."""
+    layer = _self_attention(cache).layers[0]
+    if not layer.is_initialized:
+        return torch.zeros((), dtype=torch.long, device=device)
+    return layer.cumulative_length.to(device)
+
+
+def static_record(cache: Any, batch: int, slots: int) -> torch.Tensor | None:
+    """(batch, slots) positions of the keys in every slot of a static cache, if it carries a record of them (the
+    slots not written yet hold anything: the mask hides them)."""
+    record = getattr(_self_attention(cache), RECORD_ATTR, None)
+    return record if record is not None and tuple(record.shape) == (batch, slots) else None
+
+
 def recorded_positions(cache: Any, batch: int) -> torch.Tensor | None:
     """(batch, T) positions of the T tokens in `cache`, if it carries a record of them. Rows follow the cache's
     (`FollowRows`); a cache cropped (assisted decoding) or reset since keeps the record's first T, or none."""
@@ -250,15 +279,24 @@ def recorded_positions(cache: Any, batch: int) -> torch.Tensor | None:
 
 
 def record_positions(cache: Any, positions: torch.Tensor) -> None:
-    """Make `positions` (B, T) the record of the T tokens `cache` now holds. Compiled forwards (static caches'
-    decoding) neither write nor read it: their keys' positions are counted over the padding mask, as
-    `generate` counts their queries'."""
-    if torch.compiler.is_compiling():
-        return
-    if not isinstance(cache, Cache) or positions.shape[-1] != cache_length(cache):
+    """Make `positions` (B, T) the record of the T tokens `cache` now holds; of a static cache, (B, slots): every
+    slot's, written and read without reading the cache's length as a number, so that compiled decoding steps
+    (fullgraph, static shapes) keep it too. Other compiled forwards neither write nor read it."""
+    if (slots := static_slots(cache)) is not None:  # the positions of every slot, as `positions_of` made them
+        if positions.shape[-1] != slots:
+            return
+        cache = _self_attention(cache)
+        record = getattr(cache, RECORD_ATTR, None)
+        if torch.compiler.is_compiling() and record is not None and record.shape == positions.shape \
+                and record.dtype == positions.dtype:
+            record.copy_(positions)  # in place: no new attribute per compiled step
+            return
+    elif torch.compiler.is_compiling() or not isinstance(cache, Cache) or positions.shape[-1] != cache_length(cache):
         return
     cache = _self_attention(cache)
     setattr(cache, RECORD_ATTR, positions)
+    if torch.compiler.is_compiling():  # rows follow from the eager prefill on
+        return
     for name in ROW_OPS:
         if not isinstance(vars(cache).get(name), FollowRows):
             setattr(cache, name, FollowRows(cache, name))

@@ -15,6 +15,7 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig
 
 import hf_posenc as hp
+from hf_posenc.schemes.concat import embedding_split
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from matrix import ATOL, CELLS, SCHEMES, focus, ids, patched, row, scheme_of, scope, site_of
 
@@ -86,22 +87,42 @@ def test_the_attention_implementation_is_transformers_own_and_switches(arch, lab
     assert model.config._attn_implementation == "eager"
 
 
+COMPILED: list[int] = []  # one entry per graph `inductor_counted` compiles (generate deep-copies its backend)
+
+
+def inductor_counted(graph: torch.fx.GraphModule, example_inputs: list, **options: object) -> object:
+    """A torch.compile backend: inductor, counting the graphs (`mode` and other options are generate's)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    COMPILED.append(1)
+    return compile_fx(graph, example_inputs)
+
+
 def _compile_cells() -> list[tuple[str, str]]:
-    return [("llama", label) for label in ("alibi", "t5", "xpos", "rope")]
+    return [("llama", label) for label in ("alibi", "t5", "xpos", "rope", "cope", "alibi-l1")] + [("gpt2", "alibi")]
 
 
 @row(_compile_cells())
 def test_fullgraph_compiled_static_cache_generate_equals_eager(arch, label):
-    """The compiled decoding step (fullgraph, static shapes) has no data-dependent branch on positions."""
+    """The compiled decoding step (fullgraph, static shapes) has no data-dependent branch on positions and compiles
+    once: the positions of a static cache's keys are kept for every slot, and its length is never read as a number
+    (it grows each step: a guard on it recompiled every step). A left-padded batch decodes as the eager model does,
+    and a second batch of the same shape runs the same graph."""
     model = patched(arch, label)
-    x = ids(batch=2, length=6)
-    reference = model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    x, other = ids(batch=2, length=6), ids(batch=2, length=6, seed=5)
+    mask = torch.ones_like(x)
+    mask[0, :2] = 0
+    greedy = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    references = [model.generate(prompt, attention_mask=mask, **greedy) for prompt in (x, other)]
+    COMPILED.clear()
+    compile_config = CompileConfig(fullgraph=True, dynamic=False, backend=inductor_counted)
     compile_config._compile_all_devices = True  # compile on the CPU too, as transformers' own test does
-    config = GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
-                              compile_config=compile_config)
+    config = GenerationConfig(**greedy, cache_implementation="static", compile_config=compile_config)
     torch._dynamo.reset()
-    assert torch.equal(model.generate(x, generation_config=config), reference)
+    compiled = [model.generate(prompt, attention_mask=mask, generation_config=config) for prompt in (x, other)]
+    assert len(COMPILED) == 1, f"compiled decoding compiled {len(COMPILED)} graphs for 6 steps"
+    for got, reference in zip(compiled, references):
+        assert torch.equal(got, reference)
 
 
 MULTIPLE_CHOICE = {"gpt2": transformers.GPT2DoubleHeadsModel, "bert": transformers.BertForMultipleChoice,
@@ -176,3 +197,49 @@ def test_patching_a_peft_wrapped_model_patches_the_model_inside(arch, label):
     hp.unpatch(wrapped)
     assert hp.describe(wrapped) is None
     torch.testing.assert_close(wrapped(x).logits, before, atol=0, rtol=0)
+
+
+@row([c for c in CELLS if scheme_of(c[1]) == "concat"])
+def test_built_on_meta_and_initialised_the_concat_split_comes_from_the_initialised_embeddings(arch, label):
+    """A model built on the meta device and initialised with nothing loaded (`to_empty` + `init_weights`, training
+    from scratch): concat's saved token/position split is derived from the embeddings the init just drew, as a patch
+    of that model would derive it (it was the ones the meta patch stood in, then uninitialised memory)."""
+    with torch.device("meta"):
+        meta = patched(arch, label)
+    meta.to_empty(device="cpu")
+    torch.manual_seed(3)
+    meta.init_weights()
+    (split,) = [m for m in meta.modules() if hasattr(m, "token_basis")]
+    token_basis, position_basis, _ = embedding_split(meta.get_input_embeddings().weight.detach(),
+                                                     split.position_basis.shape[1])
+    torch.testing.assert_close(split.token_basis, token_basis.to(split.token_basis.dtype), atol=0, rtol=0)
+    torch.testing.assert_close(split.position_basis, position_basis.to(split.position_basis.dtype), atol=0, rtol=0)
+    assert meta.eval()(ids()).logits.isfinite().all()
+
+
+ROTARY = ("llama", "mistral", "qwen2", "qwen3")  # models that rotate, with `rope_parameters` in their config
+SCALINGS = ({"rope_type": "linear", "factor": 10.0}, {"rope_type": "dynamic", "factor": 10.0},
+            {"rope_type": "yarn", "factor": 10.0})
+
+
+@row([c for c in CELLS if c[0] in ROTARY and c[1] in ("alibi", "nope", "t5")], per_label=1)
+def test_rope_scaling_in_the_config_is_inert_where_the_scheme_removes_the_rotation(arch, label):
+    """The documented departure (docs/testing.md): a scheme that removes the rotation leaves nothing for the
+    config's `rope_parameters` scaling to act on, so the patched model's logits are the same with and without it
+    (transformers' own rope-scaling tests expect them to change), while the stock model's do change."""
+    x = ids(batch=1, length=TINY["positions"] * 3 // 2)  # past the trained length: dynamic scaling acts there
+
+    def logits(scaling: dict | None, patch: bool) -> torch.Tensor:
+        config = TINY_CONFIGS[arch]()
+        config.initializer_range = 0.2
+        if scaling:
+            config.rope_parameters = {**config.rope_parameters, **scaling}
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        torch.manual_seed(1)  # the scheme's own modules draw the same init
+        return (hp.patch(model, scheme_of(label), **SCHEMES[label]) if patch else model)(x).logits
+
+    plain, stock = logits(None, True), logits(None, False)
+    for scaling in SCALINGS:
+        torch.testing.assert_close(logits(scaling, True), plain, atol=0, rtol=0)
+        assert not torch.allclose(logits(scaling, False), stock, atol=1e-5), scaling

@@ -91,7 +91,8 @@ def test_the_comparison_counts_only_stock_passes_that_fail_patched(tmp_path: Any
                 f'<properties>{prop}</properties>{body}</testcase>')
 
     failure = '<failure message="{}">tests/test_modeling_common.py:10: in test_x\n    self.assertEqual(2, 3)</failure>'
-    stock = "".join(testcase(name, patched=False) for name in ("test_a", "test_b", "test_c", "test_e"))
+    scaled = "test_model_rope_scaling_from_config_0_linear"  # a departure narrowed to its tests and cells
+    stock = "".join(testcase(name, patched=False) for name in ("test_a", "test_b", "test_c", "test_e", scaled, "test_f"))
     stock += testcase("test_d", failure.format("AssertionError: stock"), patched=False)
     patched = "".join([
         testcase("test_a[posenc=alibi]", failure.format("AssertionError: 2 != 3")),
@@ -99,11 +100,17 @@ def test_the_comparison_counts_only_stock_passes_that_fail_patched(tmp_path: Any
         testcase("test_c[posenc=alibi]", patched=False),
         testcase("test_d[posenc=alibi]", failure.format("AssertionError: patched")),
         testcase("test_e[posenc=alibi]", '<skipped message="no"/>'),
+        testcase(f"{scaled}[posenc=alibi]", failure.format("AssertionError: True is not false")),
+        testcase("test_f[posenc=alibi]", failure.format("AssertionError: True is not false")),
     ])
     for name, body in (("stock.xml", stock), ("patched.xml", patched)):
         (tmp_path / name).write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>", encoding="utf-8")
     cell = junit.compare(junit.read(tmp_path / "stock.xml"), junit.read(tmp_path / "patched.xml"), "alibi")
     assert {k: cell[k] for k in ("ran", "findings", "departures", "passed_unpatched", "failed_stock_too", "skipped")} \
-        == {"ran": 5, "findings": 1, "departures": 1, "passed_unpatched": 1, "failed_stock_too": 1, "skipped": 1}
+        == {"ran": 7, "findings": 2, "departures": 2, "passed_unpatched": 1, "failed_stock_too": 1, "skipped": 1}
+    where = "self.assertEqual(2, 3) (tests/test_modeling_common.py:10)"
     assert cell["causes"] == [{"first_line": "AssertionError: 2 != 3", "tests": [
-        {"test": "LlamaModelTest::test_a", "where": "self.assertEqual(2, 3) (tests/test_modeling_common.py:10)"}]}]
+        {"test": "LlamaModelTest::test_a", "where": where}]}, {"first_line": "AssertionError: True is not false",
+        "tests": [{"test": "LlamaModelTest::test_f", "where": where}]}]
+    other = junit.compare(junit.read(tmp_path / "stock.xml"), junit.read(tmp_path / "patched.xml").copy(), "nope")
+    assert other["ran"] == 0  # the cell label is part of the case: a narrowed departure applies to its cells only

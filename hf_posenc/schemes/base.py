@@ -206,11 +206,31 @@ class DerivedBuffers(nn.Module):
             getattr(self, name).copy_(value)  # in place: the buffer keeps the device and dtype it was moved to
 
 
+class EmbeddingDerived(nn.Module):
+    """A module whose saved buffers come from the model's input embeddings when the patch is applied (concat's
+    token/position split): state, kept through training and saving, so loading gives them. A model built on the
+    meta device and initialised instead (`to_empty` + `init_weights`, nothing loaded) has them empty: its init
+    derives them from the embeddings it has just initialised (`rederive_from`), as the patch would have; what was
+    loaded (transformers marks it `_is_hf_initialized`; on the tensors, as the class's own init marks every module
+    it visits) is kept."""
+
+    def rederive_from(self, embeddings: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+def loaded(tensor: torch.Tensor | None) -> bool:
+    """Whether transformers' loading filled `tensor` (it marks what it loaded)."""
+    return getattr(tensor, "_is_hf_initialized", False)
+
+
 def rederive_buffers(model: nn.Module) -> None:
-    """Re-derive the buffers of every `DerivedBuffers` module in `model`."""
+    """Re-derive the buffers of every `DerivedBuffers` module in `model`, and what loading did not fill of every
+    `EmbeddingDerived` one."""
     for module in model.modules():
         if isinstance(module, DerivedBuffers):
             module.rederive()
+        if isinstance(module, EmbeddingDerived):
+            module.rederive_from(model.get_input_embeddings().weight)
 
 
 class TransformedQK(nn.Module):

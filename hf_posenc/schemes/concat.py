@@ -19,7 +19,7 @@ from torch import nn
 
 from ..domains import Domain, at_least, one_of, option, positive
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions, table_rows
+from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, table_rows
 from .sinusoidal import BASE, sinusoidal_code
 
 
@@ -38,7 +38,7 @@ class ConcatOptions:
                                  positive())
 
 
-class ConcatPositions(nn.Module):
+class ConcatPositions(EmbeddingDerived):
     """Slot module: `forward(position_ids)` -> code @ position_basis^T; `project_tokens` for the hook."""
 
     def __init__(self, token_basis: torch.Tensor, position_basis: torch.Tensor, table: torch.Tensor | None,
@@ -59,6 +59,15 @@ class ConcatPositions(nn.Module):
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         out = self.code(position_ids - self.offset) @ self.position_basis.float().T
         return out.to(self.token_basis.dtype)
+
+    @torch.no_grad()
+    def rederive_from(self, embeddings: torch.Tensor) -> None:
+        if not (loaded(self.token_basis) or loaded(self.position_basis)):
+            token_basis, position_basis, _ = embedding_split(embeddings, self.position_basis.shape[1])
+            self.token_basis.copy_(token_basis)  # in place: the buffers keep the device and dtype they were moved to
+            self.position_basis.copy_(position_basis)
+        if self.table is not None and not loaded(self.table):  # a fresh learned code, drawn as `Concat.module` does
+            self.table.normal_(0.0, self.scale / 2**0.5)
 
     def project_tokens(self, x: torch.Tensor) -> torch.Tensor:
         basis = self.token_basis.float()

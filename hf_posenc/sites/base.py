@@ -61,10 +61,12 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
     ref, mask, explicit = (_flat(t, rows) for t in (ref, kwargs.get("attention_mask"), kwargs.get("position_ids")))
     batch, length = ref.shape
     cache = compat.cache_in(kwargs)
-    past = compat.cache_length(cache)
     counted = None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # not a prepared 4-D mask or a per-layer-type dict
         counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    if (slots := compat.static_slots(cache)) is not None:
+        return _static_positions(cache, slots, explicit, counted, offset, batch, length, ref.device)
+    past = compat.cache_length(cache)
     if explicit is not None:
         queries = (explicit - offset).expand(batch, -1)
     elif counted is not None:
@@ -83,6 +85,33 @@ def positions_of(kwargs: dict[str, Any], offset: int) -> Positions:
         else:
             earlier = torch.arange(past, device=ref.device).expand(batch, -1)
     return Positions(queries, torch.cat((earlier.to(queries.device), queries), dim=-1), [])
+
+
+def _static_positions(cache: Any, slots: int, explicit: torch.Tensor | None, counted: torch.Tensor | None,
+                      offset: int, batch: int, length: int, device: torch.device) -> Positions:
+    """`positions_of` for a static cache, branch-free on its contents (compiled decoding: one graph for every
+    step): the queries' as above, and the keys' of every slot the layers hold, used or not (the mask hides the
+    unused), with this call's written at the slots the cache writes its keys to. The cache's length stays a
+    tensor, and a 2-D mask is read at a static width (as transformers pads it to the cache's length)."""
+    past = compat.static_length(cache, device)
+    written = past + torch.arange(length, device=device)  # this call's slots
+    if counted is not None:  # at the static width; columns past the mask hold 0 (nothing reads them)
+        counted = nn.functional.pad(counted, (0, slots - counted.shape[-1])) if counted.shape[-1] < slots \
+            else counted[:, :slots]
+    if explicit is not None:
+        queries = (explicit - offset).expand(batch, -1)
+    elif counted is not None:
+        queries = counted.gather(-1, written.clamp(max=slots - 1).expand(batch, -1))
+    else:
+        queries = written.expand(batch, -1)
+    earlier = compat.static_record(cache, batch, slots)
+    if earlier is None:  # a fresh cache, or one filled outside this patch: counted over the mask, else 0, 1, 2, ...
+        slot = torch.arange(slots, device=device)
+        earlier = counted if counted is not None else slot.expand(batch, -1)
+        earlier = torch.where(slot < past, earlier, 0)  # unused slots at 0 (a far position can overflow xPos's decay)
+    dtype = torch.promote_types(earlier.dtype, queries.dtype)  # fractional position_ids stay fractional
+    keys = earlier.to(queries.device, dtype).index_copy(1, written.to(queries.device), queries.to(dtype))
+    return Positions(queries, keys, [])
 
 
 def _flat(tensor: Any, rows: int) -> Any:

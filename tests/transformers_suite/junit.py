@@ -96,9 +96,12 @@ def departures() -> list[dict[str, str]]:
     return json.loads(EXPECTED.read_text(encoding="utf-8"))["departures"]
 
 
-def departure_of(message: str) -> str | None:
+def departure_of(case: Case, label: str) -> str | None:
+    """The departure a patched failure is, if any: its `message` regex found in the failure's first line and, where
+    the entry narrows it, `test` found in the test's `TestClass::test_method` and the cell one of its `cells`."""
     for entry in departures():
-        if re.search(entry["message"], message):
+        if re.search(entry["message"], case.message) and re.search(entry.get("test", ""), case.test) \
+                and label in entry.get("cells", [label]):
             return entry["name"]
     return None
 
@@ -129,7 +132,7 @@ def compare(stock: dict[tuple[str, str | None], Case], patched: dict[tuple[str, 
             counts["missing_stock"] += 1
         elif base.outcome != "passed":
             counts["failed_stock_too"] += 1
-        elif departure_of(case.message):
+        elif departure_of(case, label):
             counts["departures"] += 1
         else:
             counts["findings"] += 1
