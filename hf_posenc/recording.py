@@ -21,7 +21,8 @@ from .state import Missing, PatchState, Restore
 
 def record(model: nn.Module, plan: Plan, state: PatchState) -> None:
     """Record the installed `plan` on `model` (the transformers model, an encoder-decoder's included)."""
-    state.set_attr(model.config, "posenc", plan.config.to_dict(original=plan.native))
+    notes = {"notes": state.notes} if state.notes else {}
+    state.set_attr(model.config, "posenc", {**plan.config.to_dict(original=plan.native), **notes})
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
     if callable(getattr(type(model), "initialize_weights", None)):
         state.set_attr(model, "initialize_weights", functools.partial(initialize_weights, model), instance=True)

@@ -105,6 +105,7 @@ class PatchState:
     undo: list[Callable[[], None]] = field(default_factory=list)
     new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
     native: bool = False  # transformers rebuilds the patched model from its config alone (saving.mark_folder)
+    notes: dict[str, Any] = field(default_factory=dict)  # what an install measured, recorded in config.posenc
 
     def set_attr(self, obj: Any, name: str, value: Any, instance: bool = False) -> None:
         self.undo.append(Restore(obj, name, _get(obj, name, instance), instance))

@@ -68,6 +68,7 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
     else:
         state.add_module(base, adapter.at_loop(INPUT_MODULE), code, new=True)
         loop.contributions.append(AddCode(INPUT_MODULE))
+    state.notes.update(getattr(code, "notes", {}))
     if hasattr(code, "project_tokens"):
         for path in adapter.other_embeddings:
             base.get_submodule(path).register_forward_hook(ProjectTokens(code))
