@@ -86,7 +86,9 @@ def static_length(cache: Any, device: torch.device) -> torch.Tensor:
     layer = _self_attention(cache).layers[0]
     if not layer.is_initialized:
         return torch.zeros((), dtype=torch.long, device=device)
-    return layer.cumulative_length.to(device)
+    # later 5.x count what they wrote; 5.0 counts the slots holding a non-zero key, also as a tensor
+    length = getattr(layer, "cumulative_length", None)
+    return (length if length is not None else torch.as_tensor(layer.get_seq_length())).to(device)
 
 
 def static_record(cache: Any, batch: int, slots: int) -> torch.Tensor | None:
