@@ -111,4 +111,4 @@ gpu-rehearsal: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kit.py
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out
+	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out build
