@@ -40,6 +40,11 @@ class PosEncConfig:
         self.layers = check_layers(layers)
         self.options = validate_options(self.scheme, options_class(self.scheme), options)
 
+    @property
+    def entries(self) -> tuple["PosEncConfig", ...]:
+        """The entries of the patch, as a `LayerMap` has them: one scheme is its own one entry."""
+        return (self,)
+
     def to_dict(self, original: str | None = None) -> dict[str, Any]:
         out = {"format": 1 if self.layers is None else FORMAT, "scheme": self.scheme,
                "options": dict(self.options), "from": original}

@@ -17,7 +17,6 @@ from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError
 from .plan import plan
 from .recording import record
-from .sites import layers as layer_site
 from .sites.qk import ROTARY_MODULE
 from .state import STATE_ATTR, PatchState, own_config
 
@@ -50,7 +49,7 @@ def patch(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, **opti
     target = transformers_model(model)
     if self_check.wanted():  # past the newest transformers tested (hf_posenc.self_check)
         validate(target, config)  # a mistake is named before the check runs
-        for entry in layer_site.entries_of(config):  # each scheme on every layer of a tiny model
+        for entry in config.entries:  # each scheme on every layer of a tiny model
             self_check.ensure(target, entry.replace(layers=None), _patch_now, unpatch)
     _patch_now(target, config)
     return model

@@ -97,13 +97,13 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
     blocks = len(model.base_model.get_submodule(adapter.layers))
     attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
-    covered = {i for entry in layer_site.entries_of(patch) for i in entry.layers}
+    covered = {i for entry in patch.entries for i in entry.layers}
     if bad := sorted(covered - set(attending)):
         raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
                           f"layers, attention layers {_span(attending)}")
     covers_all = covered == set(attending)
     entries = []
-    for tag, entry in enumerate(layer_site.entries_of(patch)):
+    for tag, entry in enumerate(patch.entries):
         spec = get_scheme(entry.scheme)
         view = layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag)
         if (reason := layer_site.why_not(model, adapter, view, spec, covers_all)) is not None:

@@ -22,7 +22,6 @@ from torch import nn
 
 from .. import compat
 from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX
-from ..config import LayerMap, PosEncConfig
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
 from .base import LayerLoop, PatchHook, place
@@ -162,7 +161,3 @@ def install(model: nn.Module, adapter: Adapter, entries: Sequence[Entry], state:
     for index, block in zip(indices, blocks):
         role = LayerRole(rotations.get(index), stock=index not in positioned, additive=bool(positioned))
         block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
-
-
-def entries_of(patch: PosEncConfig | LayerMap) -> tuple[PosEncConfig, ...]:
-    return patch.entries if isinstance(patch, LayerMap) else (patch,)
