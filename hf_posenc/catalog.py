@@ -4,19 +4,22 @@ every built-in one, and `hf_posenc.registry` stays a table they write into."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+import torch
 from torch import nn
 
 from . import adapters, schemes  # noqa: F401  (import registers them)
 from . import seq2seq, sites
 from .adapters.base import Adapter
 from .adapters.generic import generic_adapter
-from .config import STACKS, options_snapshot
-from .errors import PosEncError, did_you_mean
+from .adapters.meta import meta_model
+from .config import STACKS, LayerMap, PosEncConfig, options_snapshot
+from .errors import PosEncError, Unsupported, did_you_mean
 from .registry import ADAPTERS, SCHEMES, SNAPSHOT
-from .schemes.base import Scheme
+from .schemes.base import ModelFacts, Scheme
 
 
 def list_schemes() -> list[str]:
@@ -84,6 +87,57 @@ def refuse_non_text(model_or_config: Any, model_type: str) -> None:
         raise PosEncError(f"{model_type!r} is not a text model (no token embedding table: a vision or audio model); "
                           "hf_posenc patches text models, decoder-only and encoder-only language models: "
                           "`hf-posenc list --model-types` shows what is supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionStack:
+    """One attention stack of a model as a patch reads it: its name (None for a model of one stack), its adapter,
+    its module (a config's model built on the meta device) and the facts of its stock model."""
+
+    name: str | None
+    adapter: Adapter
+    module: nn.Module
+    facts: ModelFacts
+
+
+def stacks_of(subject: Any, patch: PosEncConfig | LayerMap) -> list[AttentionStack]:
+    """The attention stacks `patch` goes into, refusing a scheme a stack cannot take (`Unsupported`; a per-layer
+    patch's entries are checked layer by layer, `sites.layers`). `subject`: a model as it was before any patch, or
+    the config of a model of one stack (read off its model built on the meta device, without weights: no tables to
+    read, so a scheme sizes its codes as it would for unit-scale embeddings)."""
+    model_type = model_type_of(subject)
+    if not seq2seq.is_seq2seq(subject):
+        if patch.stacks is not None:
+            raise PosEncError(f"stacks={list(patch.stacks)} applies to encoder-decoder models; {model_type!r} has one "
+                              "attention stack")
+        adapter = adapter_for(subject)
+        if patch.layers is None and (reason := sites.why_not(adapter, spec := get_scheme(patch.scheme))):
+            supported = supported_schemes(subject)
+            raise Unsupported(f"{model_type!r} models ({adapter.name} adapter) cannot take scheme {spec.name!r} "
+                              f"({reason}); supported: {', '.join(supported) or 'none'}", spec.name, reason, supported)
+        if isinstance(subject, nn.Module):
+            return [AttentionStack(None, adapter, subject, adapter.facts(subject))]
+        model = stock_meta(subject)
+        facts = dataclasses.replace(adapter.facts(model), position_table=None, token_embeddings=None,
+                                    device=torch.device("cpu"))
+        return [AttentionStack(None, adapter, model, facts)]
+    if patch.layers is None and (reason := stacks_why_not(subject, get_scheme(patch.scheme), patch.stacks)):
+        raise Unsupported(f"{model_type!r} cannot take scheme {patch.scheme!r} ({reason})", patch.scheme, reason,
+                          supported_schemes(subject))
+    names = patch.stacks or seq2seq.text_stacks(subject)
+    if not names:
+        raise PosEncError(f"{model_type!r}: no stack reads text")
+    found = [(name, seq2seq.stack_adapter(subject, name), seq2seq.stack_module(subject, name)) for name in names]
+    return [AttentionStack(name, adapter, module, adapter.facts(module)) for name, adapter, module in found]
+
+
+def stock_meta(config: Any) -> nn.Module:
+    """The model of a transformers config on the meta device, as its adapter reads it: hand-written adapters
+    name paths in the base model (encoders have no causal-LM class); the generic one reads the causal LM."""
+    from transformers import AutoModel
+
+    hand_written = config.model_type in ADAPTERS and type(config) in AutoModel._model_mapping
+    return meta_model(config, AutoModel._model_mapping[type(config)] if hand_written else None)
 
 
 def supported_schemes(model_or_config: Any) -> list[str]:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
 import operator
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Union
 
-from .domains import Domain, Relation, domain_of, finite, relations_of
+from .domains import Domain, Relation, domain_of, expected, matches, relations_of, validate
 from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError, did_you_mean
 from .registry import SCHEMES, SNAPSHOT
-from .typecheck import matches
 
 FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
 # a native patch's config.json holds the patched fields (what plain transformers loads); this key of config.posenc
@@ -38,7 +38,7 @@ class PosEncConfig:
         self.scheme = scheme_name(scheme)
         self.stacks = _check_stacks(stacks)
         self.layers = check_layers(layers)
-        self.options = validate_options(self.scheme, options_class(self.scheme), options)
+        self.options = validate(self.scheme, options_class(self.scheme), options)
 
     @property
     def entries(self) -> tuple["PosEncConfig", ...]:
@@ -74,9 +74,22 @@ class PosEncConfig:
         except PosEncError as err:
             raise PosEncError(f"{where}: {err}") from err
 
+    def resolved(self, options: dict[str, Any], facts: dict[str, Any]) -> "PosEncConfig":
+        """This config with `options`, its scheme's resolved against a model whose domain-named `facts` are given:
+        what the resolution changed is checked against the domains, and every option against the facts (what it
+        kept was checked when this config was made)."""
+        out = copy.copy(self)
+        out.options = validate(self.scheme, options_class(self.scheme), options, self.options, facts)
+        return out
+
     def replace(self, **options: Any) -> "PosEncConfig":
+        """This config with other options, stacks or layers (only what changed is checked)."""
         stacks, layers = options.pop("stacks", self.stacks), options.pop("layers", self.layers)
-        return PosEncConfig(self.scheme, stacks=stacks, layers=layers, **{**self.options, **options})
+        if options:
+            return PosEncConfig(self.scheme, stacks=stacks, layers=layers, **{**self.options, **options})
+        out = copy.copy(self)
+        out.stacks, out.layers, out.options = _check_stacks(stacks), check_layers(layers), dict(self.options)
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PosEncConfig) and (self.scheme, self.stacks, self.layers, self.options) == \
@@ -161,6 +174,20 @@ def layer_patch(entries: Any) -> "PosEncConfig | LayerMap":
     """A map of one entry is that entry (so `describe` says `PosEncConfig(..., layers=...)`), else a LayerMap."""
     patch = LayerMap(entries)
     return patch.entries[0] if len(patch.entries) == 1 else patch
+
+
+def as_patch(scheme: Any, options: dict[str, Any]) -> PosEncConfig | LayerMap:
+    """What `patch` and `validate` are handed, as a config: a scheme name with its options, a `PosEncConfig` (with
+    options to replace), or a per-layer map (a `LayerMap`, a dict {scheme: layers} or a list of entries)."""
+    if isinstance(scheme, PosEncConfig):
+        return scheme.replace(**options) if options else scheme
+    if isinstance(scheme, str):
+        return PosEncConfig(scheme, **options)
+    if isinstance(scheme, (LayerMap, dict, list)):
+        if options:
+            raise PosEncError(f"a layer map takes its options in its entries; got {sorted(options)} beside it")
+        return layer_patch(scheme.entries if isinstance(scheme, LayerMap) else scheme)
+    raise PosEncError(f"scheme must be a name, a PosEncConfig or a layer map, got {type(scheme).__name__}")
 
 
 def check_layers(layers: Any) -> tuple[int, ...] | None:
@@ -272,9 +299,9 @@ def option_table(scheme: str) -> list[dict[str, Any]]:
     rows = []
     for field in dataclasses.fields(options_cls):
         domain = domain_of(field)
-        rows.append({"option": field.name, "type": _expected(hints[field.name]),
+        rows.append({"option": field.name, "type": expected(hints[field.name]),
                      "default": None if field.default is dataclasses.MISSING else field.default,
-                     "domain": domain.text() if domain else "any " + _expected(hints[field.name]),
+                     "domain": domain.text() if domain else "any " + expected(hints[field.name]),
                      "source": domain.source if domain else "", "help": field.metadata.get("help", "")})
     return rows
 
@@ -285,54 +312,3 @@ def required_options(scheme: str) -> set[str]:
     hints = typing.get_type_hints(options_cls)
     return {f.name for f in dataclasses.fields(options_cls)
             if f.default is dataclasses.MISSING or (f.default is None and not matches(None, hints[f.name]))}
-
-
-def validate_options(scheme: str, options_cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """Build the scheme's options dataclass, turning every mistake into a PosEncError naming the scheme,
-    the option and its domain (type, finite, range: `hf_posenc.domains`)."""
-    fields = {f.name: f for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(options) - set(fields), key=str)
-    if unknown:
-        allowed = ", ".join(fields) or "no options"
-        hint = did_you_mean(unknown[0], fields) if len(unknown) == 1 else ""
-        raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}{hint}; it takes: {allowed}")
-    hints = typing.get_type_hints(options_cls)
-    for name, field in fields.items():
-        value = options.get(name, field.default)
-        domain = domain_of(field)
-        allowed = domain.text() if domain else _expected(hints[name])
-        if value is dataclasses.MISSING or (value is None and not matches(None, hints[name])):
-            raise PosEncError(f"scheme {scheme!r}: option {name!r} is required ({allowed})")
-        nullable = " or null" if matches(None, hints[name]) and value is not None else ""
-        if not matches(value, hints[name]) or not _finite(value):
-            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r}")
-        if value is not None and domain is not None and (problem := domain.problem(value)) is not None:
-            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r} ({problem})")
-    values = {name: options.get(name, field.default) for name, field in fields.items()}
-    for relation in relations_of(options_cls):
-        if (problem := relation.problem(values)) is not None:
-            raise PosEncError(f"scheme {scheme!r}: {problem}")
-    try:
-        return dataclasses.asdict(options_cls(**options))
-    except (TypeError, ValueError) as err:  # a user scheme's own checks in __post_init__
-        raise PosEncError(f"scheme {scheme!r}: {err}") from err
-
-
-def _finite(value: Any) -> bool:
-    """Numbers (and numbers in lists) must be finite whatever the option: inf and nan only ever become NaN logits."""
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    return finite(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else True
-
-
-def _expected(hint: Any) -> str:
-    """How an option's type reads in an error message: 'a number', 'an integer or null', ..."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_expected(arg) for arg in args)
-    if origin is Literal:
-        return "one of " + ", ".join(map(repr, args))
-    if origin is list:
-        return f"a list of {_expected(args[0]).split(' ', 1)[1]}s"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
-    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -1,5 +1,6 @@
-"""Option domains: what values an option takes, declared once beside the option and checked before any
-torch code sees the value (no OverflowError, math domain error or NaN logits from a typo).
+"""Option domains: what values an option takes (its type, its range, the bounds it shares with other options or
+the model), declared once beside the option and checked here, once, before any torch code sees the value (no
+OverflowError, math domain error or NaN logits from a typo). Also the one type checker of recipe fields.
 
 Torch-free: the CLI refuses a bad option before importing torch.
 """
@@ -9,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping, Union
 
-from .errors import PosEncError
+from .errors import PosEncError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -184,3 +187,83 @@ class Relation:
 def relations_of(options_cls: type) -> tuple[Relation, ...]:
     """The cross-option bounds an options dataclass declares (a class attribute `relations`, not a field)."""
     return tuple(getattr(options_cls, "relations", ()))
+
+
+def matches(value: Any, hint: Any) -> bool:
+    """Whether `value` (from YAML, JSON or argv) has the type `hint`: unions, Literal, list[...], dict[...],
+    None and plain classes. True is not a number here (bool subclasses int); an int is a float."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(matches(value, arg) for arg in args)
+    if origin is Literal:
+        return value in args
+    if origin is list:
+        return isinstance(value, list) and all(matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return not isinstance(value, bool) and isinstance(value, int if hint is int else (int, float))
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def validate(scheme: str, options_cls: type, options: dict[str, Any], checked: Mapping[str, Any] | None = None,
+             facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Build the scheme's options dataclass, turning every mistake into a PosEncError naming the scheme,
+    the option and its domain (type, finite, range, relations; with `facts`, the bounds naming a model fact).
+
+    `checked`: values validated before (a config's own, now resolved against a model): an option that still has
+    its value there is not checked again, so each value is checked once."""
+    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    unknown = sorted(set(options) - set(fields), key=str)
+    if unknown:
+        allowed = ", ".join(fields) or "no options"
+        hint = did_you_mean(unknown[0], fields) if len(unknown) == 1 else ""
+        raise PosEncError(f"scheme {scheme!r} has no option {', '.join(map(repr, unknown))}{hint}; it takes: {allowed}")
+    hints = typing.get_type_hints(options_cls)
+    for name, field in fields.items():
+        value = options.get(name, field.default)
+        if checked is not None and name in checked and checked[name] == value:
+            continue
+        domain = domain_of(field)
+        allowed = domain.text() if domain else expected(hints[name])
+        if value is dataclasses.MISSING or (value is None and not matches(None, hints[name])):
+            raise PosEncError(f"scheme {scheme!r}: option {name!r} is required ({allowed})")
+        nullable = " or null" if matches(None, hints[name]) and value is not None else ""
+        if not matches(value, hints[name]) or not _all_finite(value):
+            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r}")
+        if value is not None and domain is not None and (problem := domain.problem(value)) is not None:
+            raise PosEncError(f"scheme {scheme!r}: {name} must be {allowed}{nullable}, got {value!r} ({problem})")
+    values = {name: options.get(name, field.default) for name, field in fields.items()}
+    for relation in relations_of(options_cls):
+        if (problem := relation.problem(values)) is not None:
+            raise PosEncError(f"scheme {scheme!r}: {problem}")
+    try:
+        check_facts(options_cls, values, facts or {})
+    except PosEncError as err:
+        raise PosEncError(f"scheme {scheme!r}: {err}") from err
+    try:
+        return dataclasses.asdict(options_cls(**options))
+    except (TypeError, ValueError) as err:  # a user scheme's own checks in __post_init__
+        raise PosEncError(f"scheme {scheme!r}: {err}") from err
+
+
+def _all_finite(value: Any) -> bool:
+    """Numbers (and numbers in lists) must be finite whatever the option: inf and nan only ever become NaN logits."""
+    if isinstance(value, list):
+        return all(_all_finite(v) for v in value)
+    return finite(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else True
+
+
+def expected(hint: Any) -> str:
+    """How an option's type reads in an error message: 'a number', 'an integer or null', ..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(expected(arg) for arg in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin is list:
+        return f"a list of {expected(args[0]).split(' ', 1)[1]}s"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))

@@ -13,9 +13,8 @@ from typing import Any
 from torch import nn
 
 from . import compat, self_check, sites
-from .config import LayerMap, PosEncConfig, layer_patch
-from .errors import PosEncError
-from .plan import plan
+from .config import LayerMap, PosEncConfig, as_patch
+from .plan import Plan, plan
 from .recording import record
 from .sites.qk import ROTARY_MODULE
 from .state import STATE_ATTR, PatchState, own_config
@@ -45,13 +44,14 @@ def patch(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, **opti
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`), and `layers=[...]`: the attention
             layers that take the scheme (the others keep the model's own positions).
     """
-    config = _as_config(scheme, options)
     target = transformers_model(model)
-    if self_check.wanted():  # past the newest transformers tested (hf_posenc.self_check)
-        validate(target, config)  # a mistake is named before the check runs
+    check = self_check.wanted()  # past the newest transformers tested (hf_posenc.self_check)
+    config = as_patch(scheme, options)
+    planned = plan(target, config)  # a mistake is named before the self-check runs
+    if check:
         for entry in config.entries:  # each scheme on every layer of a tiny model
             self_check.ensure(target, entry.replace(layers=None), _patch_now, unpatch)
-    _patch_now(target, config)
+    _install(target, planned)
     return model
 
 
@@ -67,9 +67,13 @@ def release_check(model_class: type, model_type: str, config: PosEncConfig) -> s
 
 
 def _patch_now(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
-    """Plan, install, record: one pass down. Take the previous patch off and install the new one into a fresh
+    """Plan and install `config` (what the self-check patches its tiny models with)."""
+    return _install(model, plan(model, config))
+
+
+def _install(model: nn.Module, planned: Plan) -> nn.Module:
+    """Install and record a plan: one pass down. Take the previous patch off and install the new one into a fresh
     state; if that fails, undo it and put the previous patch's same objects back (its trained modules, its hooks)."""
-    planned = plan(model, config)
     previous = getattr(model, STATE_ATTR, None)
     if previous is not None:
         previous.rollback()
@@ -91,24 +95,12 @@ def _patch_now(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
     return model
 
 
-def _as_config(scheme: Any, options: dict[str, Any]) -> PosEncConfig | LayerMap:
-    if isinstance(scheme, PosEncConfig):
-        return scheme.replace(**options) if options else scheme
-    if isinstance(scheme, str):
-        return PosEncConfig(scheme, **options)
-    if isinstance(scheme, (LayerMap, dict, list)):
-        if options:
-            raise PosEncError(f"a layer map takes its options in its entries; got {sorted(options)} beside it")
-        return layer_patch(scheme.entries if isinstance(scheme, LayerMap) else scheme)
-    raise PosEncError(f"scheme must be a name, a PosEncConfig or a layer map, got {type(scheme).__name__}")
-
-
 def validate(model_or_config: Any, scheme: str | PosEncConfig | LayerMap | dict, **options: Any
              ) -> PosEncConfig | LayerMap:
     """The config `patch` would install, with every option resolved against the model, or PosEncError;
     changes nothing. Takes a model or (as the CLI does before loading weights) its transformers config,
     whose model is then built on the meta device."""
-    return plan(model_or_config, _as_config(scheme, options)).config
+    return plan(model_or_config, as_patch(scheme, options)).config
 
 
 def unpatch(model: nn.Module) -> nn.Module:

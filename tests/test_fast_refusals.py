@@ -224,7 +224,7 @@ def test_the_facts_read_from_config_json_are_the_patchs_own(fact_configs, tmp_pa
     from hf_posenc.catalog import adapter_for
     from hf_posenc.cli.checks import config_dict, config_facts
     from hf_posenc.loading import load_config
-    from hf_posenc.plan import stock_meta
+    from hf_posenc.catalog import stock_meta
 
     models = {name: str(_config_folder(tmp_path, name, config)) for name, config in fact_configs.items()}
     models.update({name: name for name in ("smollm2", "gemma3-270m") if _installed(name)})

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import PosEncError
+from ..errors import PosEncError, Unsupported
 from ..models import NAMED_MODELS, recorded_config, source
 
 # config.json's name for the number of layers, by family (GPT-2 and BLOOM say n_layer, T5 num_layers)
@@ -244,17 +244,13 @@ def check_model_takes(model: str, scheme: Any) -> None:
     with importing("checking the model's config (importing torch and transformers first)"):
         from ..loading import load_config
         from ..patching import validate
-        from ..catalog import supported_schemes, why_not
-        from ..adapters.meta import meta_model
 
     config = load_config(model)
-    subject = meta_model(config, encoder_decoder=True) if getattr(config, "is_encoder_decoder", False) else config
-    name = getattr(scheme, "scheme", scheme)
-    if name is not None and (reason := why_not(subject, name)) is not None:
-        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {name!r}; "
-                          f"it takes: {', '.join(supported_schemes(subject))} ({reason})")
-    if scheme is not None:
-        try:
-            validate(subject, scheme)
-        except PosEncError as err:
-            raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err
+    try:
+        if scheme is not None:
+            validate(config, scheme)
+    except Unsupported as err:
+        raise PosEncError(f"{model!r} ({config.model_type}) cannot take scheme {err.scheme!r}; "
+                          f"it takes: {', '.join(err.supported)} ({err.reason})") from err
+    except PosEncError as err:
+        raise PosEncError(f"{model!r} ({config.model_type}): {err}") from err

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from ..config import validate_options
+from .. import domains
 from .rotary import Rotary
 
 Site = Literal["input", "qk", "score", "attention", "none"]
@@ -103,7 +103,7 @@ class Scheme:
                 setattr(cls, attribute, fresh)
 
     def validate(self, options: dict[str, Any]) -> dict[str, Any]:
-        return validate_options(self.name, self.Options, options)
+        return domains.validate(self.name, self.Options, options)
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """Fill options left as None ("take the model's own") from the model."""

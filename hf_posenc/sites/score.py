@@ -9,7 +9,6 @@ mask by a pre-hook instead.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import torch

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from .. import compat, loading
-from ..errors import PosEncError
+from ..errors import PosEncError, Unsupported
 from .recipe import Recipe
 
 HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
@@ -25,29 +25,20 @@ def load_config(recipe: Recipe) -> transformers.PretrainedConfig:
 
 
 def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
-    """A scheme the architecture does not support is a recipe error, raised before loading weights."""
-    scheme = recipe.posenc.scheme
-    if scheme is None:
+    """A scheme the architecture does not take, or options it cannot resolve, are recipe errors, raised before
+    loading weights (`hf_posenc.validate` on the config: an encoder-decoder's is read with its two stacks)."""
+    if recipe.posenc.scheme is None:
         return
-    from .. import list_schemes, supports
-    from ..adapters.meta import meta_model
+    from .. import validate
 
-    subject: Any = config
-    if recipe.model.task == "seq2seq":  # support is read off both stacks of an instance: one on the meta device
-        subject = meta_model(config, encoder_decoder=True)
-    if not supports(subject, scheme):
-        ok = [s for s in list_schemes() if supports(subject, s)]
-        raise PosEncError(
-            f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {scheme!r}; "
-            f"supported: {', '.join(ok) or 'none'}"
-        )
-    if recipe.posenc.layers is not None:  # indices in range, a site that takes layers, on this architecture
-        from .. import validate
-
-        try:
-            validate(subject, scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
-        except PosEncError as err:
-            raise PosEncError(f"{recipe.source}: posenc.layers: {err}") from None
+    try:
+        validate(config, recipe.posenc.scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
+    except Unsupported as err:
+        raise PosEncError(f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {err.scheme!r}; "
+                          f"supported: {', '.join(err.supported) or 'none'}") from None
+    except PosEncError as err:
+        raise PosEncError(f"{recipe.source}: posenc{'.layers' if recipe.posenc.layers is not None else ''}: {err}") \
+            from None
 
 
 def load_recipe_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:

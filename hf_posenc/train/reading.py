@@ -1,7 +1,7 @@
 """Reading a recipe: a YAML file and `--section.field value` overrides into a validated `Recipe`.
 
 Each section is parsed by transformers' `HfArgumentParser`, its YAML values as the defaults (TrlParser's
-way), so the command line overrides the file; then every value is type-checked (`hf_posenc.typecheck`)
+way), so the command line overrides the file; then every value is type-checked (`hf_posenc.domains.matches`)
 and the recipe validated (`recipe.validate`).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Literal, NoReturn
 import yaml
 
 from ..errors import PosEncError
-from ..typecheck import matches
+from ..domains import matches
 from .recipe import SECTIONS, Recipe, unknown_field, validate
 from .shipped import recipe_path
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal
 import yaml
 
 from ..errors import PosEncError, did_you_mean
-from ..typecheck import matches
+from ..domains import matches
 
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 # model.task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
