@@ -88,21 +88,25 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
     blocks = len(model.base_model.get_submodule(adapter.layers))
     attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
-    covered = {i for entry in patch.entries for i in entry.layers}
+    covered = set(patch.layers)
     if bad := sorted(covered - set(attending)):
         raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
                           f"layers, attention layers {_span(attending)}")
     covers_all = covered == set(attending)
-    entries = []
-    for tag, entry in enumerate(patch.entries):
-        spec = get_scheme(entry.scheme)
-        view = layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag)
-        if (reason := layer_site.why_not(model, adapter, view, spec, covers_all)) is not None:
+    specs = []
+    for entry in patch.entries:
+        specs.append(get_scheme(entry.scheme))
+    views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
+    for tag, (entry, spec) in enumerate(zip(patch.entries, specs)):
+        views.append(layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag))
+        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all)) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
-        entries.append(Entry(spec, resolve_options(spec, entry, facts), view, facts))
-    if (reason := layer_site.why_not_map([e.spec for e in entries])) is not None:
+    if (reason := layer_site.why_not_map(specs)) is not None:
         raise PosEncError(reason)
+    entries = []
+    for entry, spec, view in zip(patch.entries, specs, views):
+        entries.append(Entry(spec, resolve_options(spec, entry, facts), view, facts))
     return tuple(entries)
 
 

@@ -99,6 +99,7 @@ class Adapter:
             # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
             heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
         head_dim = quirks.head_dim(config) or config.hidden_size // heads
+        ids_offset = self.ids_offset(config)
         slot = get_module(base, self.position_slot) if self.position_slot else None
         # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
         # axial factors (a ParameterList), which no table-reading scheme takes
@@ -116,13 +117,13 @@ class Adapter:
             num_heads=heads,
             head_dim=head_dim,
             # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
-            max_positions=(getattr(config, self.positions_field, None) or self.trained_length or 0)
-            - self.ids_offset(config),
+            max_positions=(getattr(config, self.positions_field, None) or self.trained_length or 0) - ids_offset,
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.alibi_scale,
             position_table=_values(table) if table is not None else None,
             position_offset=self.position_offset(config),
+            ids_offset=ids_offset,
             bias_table=_values(buckets) if buckets is not None else None,
             bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias_table else None,
             token_embeddings=_values(embeddings),

@@ -18,13 +18,13 @@ from transformers import PretrainedConfig
 from .. import compat
 from ..attention import BASES, POSITIONS_KWARG, PREFIX, Positions, PositionedConfig, implementation_for
 from ..errors import PosEncError
-from ..schemes.base import ZeroBuckets, ZeroPositions
+from ..schemes.base import ZeroBuckets, ZeroPositions, built
 from ..schemes.rotary import Rotary
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..state import PatchState
-    from ..schemes.base import ModelFacts, Scheme
+    from ..schemes.base import ModelFacts
     from .entry import Entry
 
 
@@ -139,10 +139,6 @@ class LayerLoop(PatchHook):
         self.key_positions = False  # attention needs the keys' positions (score and attention sites)
         self.posenc_attention = False  # the scheme runs inside a posenc_* attention implementation
         self.handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
-
-    @property
-    def needed(self) -> bool:
-        return self.slot or bool(self.contributions) or self.key_positions
 
     def __call__(self, owner: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
@@ -329,40 +325,23 @@ def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFact
         state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
 
 
-def built(spec: Scheme, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
-    """`spec`'s module for this model, placed. Built on the CPU whatever the default device: on a model made on the
-    meta device its init reads stand-ins of the model's tables, and the module then joins the model on meta, where
-    loading or `init_weights` gives it its values."""
-    with torch.device("cpu"):
-        module = spec.module(options, facts)
-    return place(module, facts)
-
-
-def place(module: nn.Module, facts: ModelFacts) -> nn.Module:
-    """A scheme's module as every site installs it: on the model's device, its parameters in the model's dtype
-    (the model stays one dtype: FSDP, `model.dtype`), its buffers in the dtype the scheme built them in. Those
-    hold frequencies, slopes and decays in fp32, as a stock model loaded in bf16 keeps its `inv_freq`: bf16
-    frequencies turn position 512 by 0.9 rad at theta 5e5 (or the model's dtype, where they only name it)."""
-    module.to(facts.device)
-    for param in module.parameters():
-        param.data = param.data.to(facts.dtype)
-    return module
-
-
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Entry, state: PatchState,
                              loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
     attention function as `kwarg` with the positions of queries and keys."""
-    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
+    loop.posenc_attention = True
+    add_scheme_module(name, kwarg, model, entry, state, loop)
     remove_native_positions(model, entry.adapter, entry.facts, state)
+    positioned = []  # each attention module's config, read by a posenc attention function: built, then set
     for attention in entry.adapter.attention_modules(model):
         if not isinstance(getattr(attention, "config", None), PretrainedConfig):
             raise PosEncError(f"{type(attention).__name__} reads no config to choose its attention function by; "
                               f"the {entry.spec.name!r} scheme's term has no way in")
-        state.set_attr(attention, "config", PositionedConfig(attention.config), instance=True)
+        positioned.append((attention, PositionedConfig(attention.config)))
+    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
+    for attention, config in positioned:
+        state.set_attr(attention, "config", config, instance=True)
     state.set_attr(model, "set_attn_implementation", functools.partial(set_attn_implementation, model), instance=True)
-    add_scheme_module(name, kwarg, model, entry, state, loop)
-    loop.posenc_attention = True
 
 
 def set_attn_implementation(model: nn.Module, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
@@ -380,7 +359,7 @@ def add_scheme_module(name: str, kwarg: str, model: nn.Module, entry: Entry, sta
                       loop: LayerLoop) -> None:
     """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
     of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
-    module = built(entry.spec, entry.config.options, entry.facts)
-    state.add_module(model.base_model, entry.adapter.at_loop(name), module, new=True)
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True
+    path = entry.adapter.at_loop(name)
+    state.add_module(model.base_model, path, built(entry.spec, entry.config.options, entry.facts), new=True)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from ..attention import Positions
-from .base import LayerLoop, PatchHook, built, remove_native_positions
+from ..schemes.base import built
+from .base import LayerLoop, PatchHook, remove_native_positions
 from .entry import Entry, rotary_off
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from .. import compat
 from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
-from .base import LayerLoop, PatchHook, place
+from ..schemes.base import place
+from .base import LayerLoop, PatchHook
 from .entry import Entry
 from .model import install as install_model
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
@@ -64,7 +65,7 @@ def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: d
         own = copy.deepcopy(config)
         own.rope_parameters = layer_parameters(spec, options, facts, compat.rope_parameters(config) or {})
         return type(model.base_model.get_submodule(adapter.rotary))(config=compat.with_head_dim(own))
-    return spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config))
+    return spec.rotary(options, facts, facts.max_positions + facts.ids_offset)
 
 
 def rotation_installer(adapter: Adapter) -> Any:

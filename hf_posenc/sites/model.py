@@ -18,20 +18,19 @@ from .table import SITES
 def install(model: nn.Module, entry: Entry, state: PatchState, site: Callable[..., None] | None = None) -> None:
     """Install `entry` into `model` where its adapter says, every change recorded in `state`; `site`: an installer
     other than the scheme's site's (a per-layer rotation, `sites.layers`)."""
-    adapter, spec = entry.adapter, entry.spec
-    base, config = model.base_model, model.config
+    adapter, spec, facts = entry.adapter, entry.spec, entry.facts
+    base = model.base_model
     owner = base.get_submodule(adapter.loop) if adapter.loop else base
-    offset = adapter.ids_offset(compat.text_config(config))
-    state.undo.append(RemoveHooks(base, PatchHook))
-    if (max_positions := spec.max_positions(entry.config.options)) is not None:
-        state.set_attr(compat.text_config(config), adapter.positions_field, max_positions + offset)
-    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), offset,
+    loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), facts.ids_offset,
                      bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
                      carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
     if adapter.position_slot and adapter.slot_hooked and not adapter.native_slot:  # a kept slot takes its own call
-        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), entry.facts.position_offset))
+        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
+    state.undo.append(RemoveHooks(base, PatchHook))
+    if (max_positions := spec.max_positions(entry.config.options)) is not None:
+        state.set_attr(compat.text_config(model.config), adapter.positions_field, max_positions + facts.ids_offset)
     (site or SITES[spec.site].install)(model, entry, state, loop)
-    if loop.needed:
+    if loop.slot or loop.contributions or loop.key_positions:  # the layer loop has something to hand down
         owner.register_forward_pre_hook(loop, with_kwargs=True)
         relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
         for block in adapter.attention_blocks(model) if relay else ():

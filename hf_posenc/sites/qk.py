@@ -18,10 +18,10 @@ from .. import compat
 from ..adapters.base import PACKED_SPLITS, QKTap
 from ..attention import Positions
 from ..errors import PosEncError
-from ..schemes.base import ModelFacts, Scheme
+from ..schemes.base import ModelFacts, Scheme, place
 from ..schemes.rope import native_partial, native_theta
 from ..schemes.rotary import rotate
-from .base import LayerLoop, PatchHook, place, remove_hooks, remove_native_positions
+from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
 from .entry import Entry, slot_needs
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
         state.replace(base, adapter.rotary, place(type(old)(config=compat.with_head_dim(config)), facts))
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
-        rotary = place(spec.rotary(options, facts, facts.max_positions + adapter.ids_offset(config)), facts)
+        rotary = place(spec.rotary(options, facts, facts.max_positions + facts.ids_offset), facts)
         if adapter.rotary:
             state.replace(base, adapter.rotary, rotary)
             loop.slot = loop.slot or not spec.shift_invariant
