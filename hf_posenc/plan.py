@@ -72,11 +72,10 @@ def _whole(spec: Scheme, stacks: list[AttentionStack], patch: PosEncConfig) -> P
 
 def _per_layer(stacks: list[AttentionStack], patch: PosEncConfig | LayerMap, name: str) -> Plan:
     """The entries of a per-layer patch in each stack: an encoder-decoder's stacks take the same."""
-    bare = patch.replace(stacks=None)
     planned = []
     for stack in stacks:
         where = f"{name} {stack.name}" if stack.name else name
-        entries = _layer_entries(stack.module, stack.adapter, bare, where, stack.facts)
+        entries = _layer_entries(stack.module, stack.adapter, patch, where, stack.facts)
         planned.append(Stack(stack.name, stack.adapter, entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
@@ -88,16 +87,16 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
     blocks = len(model.base_model.get_submodule(adapter.layers))
     attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
-    covered = set(patch.layers)
+    covered, configs = set(patch.layers), patch.entries
     if bad := sorted(covered - set(attending)):
         raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
                           f"layers, attention layers {_span(attending)}")
     covers_all = covered == set(attending)
     specs = []
-    for entry in patch.entries:
+    for entry in configs:
         specs.append(get_scheme(entry.scheme))
     views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
-    for tag, (entry, spec) in enumerate(zip(patch.entries, specs)):
+    for tag, (entry, spec) in enumerate(zip(configs, specs)):
         views.append(layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag))
         if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all)) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
@@ -105,7 +104,7 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     if (reason := layer_site.why_not_map(specs)) is not None:
         raise PosEncError(reason)
     entries = []
-    for entry, spec, view in zip(patch.entries, specs, views):
+    for entry, spec, view in zip(configs, specs, views):
         entries.append(Entry(spec, resolve_options(spec, entry, facts), view, facts))
     return tuple(entries)
 

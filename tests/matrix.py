@@ -39,9 +39,20 @@ def settings() -> tuple[dict[str, dict], dict[str, str]]:
 
 
 SCHEMES, SCHEME_NAME = settings()
-TABLES = {"learned", "concat-learned", "untied"}  # schemes with a position table of fixed length
-# schemes whose patch reads the model's own weights (a table to copy, the token embeddings' scale): none on meta
-FROM_WEIGHTS = {"learned", "sinusoidal", "concat", "concat-learned", "untied"}
+
+
+def tables(settings: dict[str, dict], names: dict[str, str]) -> set[str]:
+    """The settings whose positions come from a table of fixed length (`Scheme.fixed_table`)."""
+    return {label for label, options in settings.items() if get_scheme(names[label]).fixed_table(options)}
+
+
+def from_weights(settings: dict[str, dict], names: dict[str, str]) -> set[str]:
+    """The settings whose patch reads the model's own weights (`Scheme.reads_weights`): none on meta."""
+    return {label for label in settings if get_scheme(names[label]).reads_weights}
+
+
+TABLES = tables(SCHEMES, SCHEME_NAME)
+FROM_WEIGHTS = from_weights(SCHEMES, SCHEME_NAME)
 # a shift of positions changes them (`Scheme.shift_invariant`: absolute positions, FoPE's series' cross terms)
 ABSOLUTE = {label for label in SCHEMES if not get_scheme(SCHEME_NAME[label]).shift_invariant}
 

@@ -251,6 +251,7 @@ import hf_posenc
 from hf_posenc.domains import option, positive
 from hf_posenc.schemes.alibi import AlibiBias
 from hf_posenc.schemes.base import BiasScheme, ModelFacts
+from hf_posenc.schemes.learned import Learned
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,12 @@ class Throwaway(BiasScheme):
         return AlibiBias(facts.num_heads, 8.0, options["slope"])
 
 
+class ThrowawayTable(Learned):  # a table of its own, copied from the model's: what the scheme says it is
+    name = "throwaway_table"
+
+
 hf_posenc.register_scheme(Throwaway())
+hf_posenc.register_scheme(ThrowawayTable())
 """
 
 
@@ -282,7 +288,10 @@ def test_a_scheme_in_one_new_file_is_in_the_matrix(tmp_path, monkeypatch):
         importlib.import_module("throwaway_scheme")
         labels, names = matrix.settings()
         assert {label: names[label] for label in labels if label.startswith("throwaway")} == \
-            {"throwaway": "throwaway", "throwaway-l1": "throwaway"}
+            {"throwaway": "throwaway", "throwaway-l1": "throwaway", "throwaway_table": "throwaway_table"}
+        # what a row treats apart is read off the schemes: a table of fixed length, weights read when patching
+        assert matrix.tables(labels, names) == matrix.TABLES | {"throwaway_table"}
+        assert matrix.from_weights(labels, names) == matrix.FROM_WEIGHTS | {"throwaway_table"}
         assert list(labels)[:len(matrix.SCHEMES)] == list(matrix.SCHEMES)  # earlier labels keep their order
         with pytest.raises(hp.PosEncError, match="scheme 'throwaway': slope must be a number > 0"):
             hp.PosEncConfig("throwaway", slope=-1.0)  # its own options, checked as a built-in's are
@@ -290,12 +299,13 @@ def test_a_scheme_in_one_new_file_is_in_the_matrix(tmp_path, monkeypatch):
         monkeypatch.setattr(matrix, "SCHEME_NAME", names)
         monkeypatch.setattr(matrix, "CELLS", matrix.cells())
         new = {cell for cell in matrix.CELLS if cell[1].startswith("throwaway")}
-        assert {label for _, label in new} == {"throwaway", "throwaway-l1"}
+        assert {label for _, label in new} == {"throwaway", "throwaway-l1", "throwaway_table"}
         assert {"llama", "gpt2"} <= {arch for arch, _ in new}
         for cells in (matrix.scope(), matrix.sample(matrix.scope(causal=True)), matrix.focus(matrix.scope())):
             assert {"throwaway", "throwaway-l1"} <= {label for _, label in cells}
     finally:
         SCHEMES.pop("throwaway", None)
+        SCHEMES.pop("throwaway_table", None)
         sys.modules.pop("throwaway_scheme", None)
     assert "throwaway" not in hp.list_schemes()
 
@@ -332,3 +342,25 @@ def test_sites_import_nothing_that_writes_folders():
     """Recording (config.posenc, the save hook) is `hf_posenc.recording`'s; the installers only install."""
     assert [f"{name} imports {source}" for name in MODULES if name.startswith("hf_posenc.sites")
             for source, _ in imports(name) if source.startswith("hf_posenc.saving")] == []
+
+
+def test_a_patch_goes_down_the_spine_in_a_few_steps():
+    """`patch` is normalise -> plan -> install -> record, one pass down (scripts/trace-patch, issue 39), for every
+    scheme setting of the matrix on a tiny Llama: no call goes up the spine (no callback), `patching` is entered
+    once per step of its own, and the trip between the modules that are not leaf utilities climbs back only where
+    one step hands over to the next: the pipeline's (plan, install, record), the plan's (the stacks, then the
+    options) and the site's own steps (the layer loop, the site, its module, what it switches off). At the
+    commit before this test (caf0e49) ALiBi took 16 such climbs, RoPE 14, ALiBi on one layer 20."""
+    import matrix
+    from importlib.machinery import SourceFileLoader
+
+    trace = SourceFileLoader("trace_patch", str(ROOT / "scripts" / "trace-patch")).load_module()
+    climbs = {}
+    for label, options in matrix.SCHEMES.items():
+        trip = trace.trips(matrix.scheme_of(label), **options)
+        assert trip["all"]["upward"] == [], (label, trip["all"]["upward"])
+        assert "patching" not in trip["all"]["again"], (label, trip["all"]["again"])
+        climbs[label] = trip["hallways"]["climbs"]
+    too_many = {label: n for label, n in climbs.items() if n > (15 if "layers" in matrix.SCHEMES[label] else 12)}
+    assert not too_many, too_many
+    assert climbs["alibi"] <= 10 and climbs["rope"] <= 12, climbs

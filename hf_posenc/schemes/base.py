@@ -115,6 +115,9 @@ class Scheme:
     # An inference engine's own layers compute it (no positions, ALiBi slopes, `rope_parameters`), served token for
     # token in tests/test_serving.py; `hf_posenc.serving` refuses every other scheme by name.
     served: ClassVar[bool] = False
+    # The patch reads the model's own weights (a position table to copy, the token embeddings' scale or subspace): a
+    # model built on the meta device has none, so its `init_weights` cannot give the patch those values back.
+    reads_weights: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -133,6 +136,10 @@ class Scheme:
     def max_positions(self, options: dict[str, Any]) -> int | None:
         """New `max_position_embeddings` to write in the model config, if the scheme sets one."""
         return None
+
+    def fixed_table(self, options: dict[str, Any]) -> bool:
+        """The positions come from a table of fixed length, so an input past it is refused (not extrapolated)."""
+        return False
 
     def distance_slopes(self, options: dict[str, Any], num_heads: int) -> torch.Tensor | None:
         """(num_heads,) fp32 slopes m_h where the scheme's whole effect is the logit bias -m_h |i - j| (ALiBi's form,

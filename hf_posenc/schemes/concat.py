@@ -88,6 +88,7 @@ class Concat(InputScheme):
     Options = ConcatOptions
     citation = "the add-vs-concatenate question; Ke et al. 2021 (TUPE) discuss the mixed terms it removes"
     test_settings = {"concat": {"d_pos": 16}, "concat-learned": {"d_pos": 16, "code": "learned"}}
+    reads_weights = True  # the token embeddings' subspace, and the positions' scale
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
@@ -97,6 +98,9 @@ class Concat(InputScheme):
             # |code|^2 = d * rms^2 spread over d_pos dims
             out["scale"] = round(facts.position_rms * (facts.hidden_size / max(out["d_pos"], 1)) ** 0.5, 6)
         return out
+
+    def fixed_table(self, options: dict[str, Any]) -> bool:
+        return options.get("code") == "learned"
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         d_pos = options["d_pos"]

@@ -74,6 +74,7 @@ class Learned(InputScheme):
     name = "learned"
     Options = LearnedOptions
     citation = "Gehring et al. 2017; Radford et al. 2019 (GPT-2); Devlin et al. 2019 (BERT)"
+    reads_weights = True  # the model's own table, copied
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)
@@ -83,6 +84,9 @@ class Learned(InputScheme):
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
         return options["max_positions"]
+
+    def fixed_table(self, options: dict[str, Any]) -> bool:
+        return True
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         old, offset = facts.position_table, facts.position_offset

@@ -82,6 +82,7 @@ class Sinusoidal(InputScheme):
     name = "sinusoidal"
     Options = SinusoidalOptions
     citation = "Vaswani et al. 2017, Attention Is All You Need, section 3.5"
+    reads_weights = True  # the scale of the model's own positions (or tokens)
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         out = dict(options)

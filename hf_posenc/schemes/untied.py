@@ -66,12 +66,16 @@ class Untied(BiasScheme):
     citation = "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training (TUPE)"
     shift_invariant = False  # its position-position term comes from a table of absolute positions
     test_settings = {"untied": {"init_std": 0.05}}
+    reads_weights = True  # the model's own table starts the position-position term
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         return {**options, "max_positions": options["max_positions"] or facts.max_positions}
 
     def max_positions(self, options: dict[str, Any]) -> int | None:
         return options["max_positions"]
+
+    def fixed_table(self, options: dict[str, Any]) -> bool:
+        return True
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         n, d = options["max_positions"], facts.hidden_size

@@ -75,9 +75,9 @@ def rotation_installer(adapter: Adapter) -> Any:
 
     def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
         name = ROTARY_MODULE + entry.adapter.tag
+        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry.adapter.tag))
         module = place(rotation_module(model, adapter, entry.spec, entry.config.options, entry.facts), entry.facts)
         state.add_module(model.base_model, entry.adapter.at_loop(name), module, new=True)
-        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry.adapter.tag))
 
     return install
 

@@ -21,6 +21,7 @@ def install(model: nn.Module, entry: Entry, state: PatchState, site: Callable[..
     adapter, spec, facts = entry.adapter, entry.spec, entry.facts
     base = model.base_model
     owner = base.get_submodule(adapter.loop) if adapter.loop else base
+    drops = model is not base and drops_position_ids(model, base)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), facts.ids_offset,
                      bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
                      carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
@@ -35,7 +36,7 @@ def install(model: nn.Module, entry: Entry, state: PatchState, site: Callable[..
         relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
         for block in adapter.attention_blocks(model) if relay else ():
             block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
-        if model is not base and drops_position_ids(model, base):
+        if drops:
             state.undo.append(RemoveHooks(model, PatchHook))
             model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
     if loop.key_positions:
