@@ -3,7 +3,7 @@
 from typing import Any
 
 from .config import LayerMap, PosEncConfig
-from .errors import PosEncError
+from .errors import PosEncError, Unsupported
 from .registry import register_adapter, register_scheme
 from .version import __version__
 
@@ -11,6 +11,7 @@ __all__ = [
     "LayerMap",
     "PosEncConfig",
     "PosEncError",
+    "Unsupported",
     "describe",
     "from_pretrained",
     "list_architectures",

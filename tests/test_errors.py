@@ -151,3 +151,18 @@ def test_learned_table_limit_names_length_and_limit():
     model = hp.patch(tiny_model("bert"), "learned", max_positions=32)
     with pytest.raises(hp.PosEncError, match=r"needs position 39 \(length 40\) but the 'learned' table has 32 positions"):
         model(torch.randint(3, 100, (1, 40)))
+
+
+def test_a_scheme_a_model_cannot_take_is_unsupported_with_its_parts():
+    """`hp.Unsupported` (a PosEncError) carries what the CLI and recipes say their own way: the scheme, the reason and
+    what the model takes; `validate` raises it for a config (an encoder-decoder's included) as `patch` does."""
+    from transformers import BertConfig, T5Config
+
+    with pytest.raises(hp.Unsupported) as caught:
+        hp.validate(BertConfig(), "xpos")
+    assert (caught.value.scheme, caught.value.reason) == ("xpos", "'xpos' needs a causal model")
+    assert "alibi" in caught.value.supported and "xpos" not in caught.value.supported
+    assert isinstance(caught.value, hp.PosEncError) and "supported: alibi" in str(caught.value)
+    with pytest.raises(hp.Unsupported, match=r"'t5' cannot take scheme 'xpos' \(encoder: ") as caught:
+        hp.validate(T5Config(num_layers=2, d_model=32, d_kv=8, d_ff=64, num_heads=4), "xpos")
+    assert caught.value.scheme == "xpos" and "rope" in caught.value.supported
