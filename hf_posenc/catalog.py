@@ -1,5 +1,5 @@
-"""Questions over the registry: which adapter a model takes, which schemes it supports and why not, the
-support matrix and its snapshot. Above schemes, adapters and encoder-decoder stacks: importing it registers
+"""Questions over the registry: which adapter a model takes, which attention stacks a patch goes into (with their
+stock facts), which schemes a model supports and why not, the support matrix and its snapshot. Above schemes, adapters and encoder-decoder stacks: importing it registers
 every built-in one, and `hf_posenc.registry` stays a table they write into."""
 
 from __future__ import annotations
