@@ -329,6 +329,7 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Ent
                              loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
     attention function as `kwarg` with the positions of queries and keys."""
+    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
     loop.posenc_attention = True
     add_scheme_module(name, kwarg, model, entry, state, loop)
     remove_native_positions(model, entry.adapter, entry.facts, state)
@@ -338,7 +339,6 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Ent
             raise PosEncError(f"{type(attention).__name__} reads no config to choose its attention function by; "
                               f"the {entry.spec.name!r} scheme's term has no way in")
         positioned.append((attention, PositionedConfig(attention.config)))
-    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
     for attention, config in positioned:
         state.set_attr(attention, "config", config, instance=True)
     state.set_attr(model, "set_attn_implementation", functools.partial(set_attn_implementation, model), instance=True)
