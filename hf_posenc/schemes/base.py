@@ -23,7 +23,6 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from .. import domains
 from .rotary import Rotary
 
 Site = Literal["input", "qk", "score", "attention", "none"]
@@ -125,9 +124,6 @@ class Scheme:
         for attribute, fresh in (("test_settings", {}), ("served", False)):
             if attribute not in vars(cls):
                 setattr(cls, attribute, fresh)
-
-    def validate(self, options: dict[str, Any]) -> dict[str, Any]:
-        return domains.validate(self.name, self.Options, options)
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """Fill options left as None ("take the model's own") from the model."""
