@@ -1,8 +1,9 @@
 """Run GGUF files in llama.cpp (xllamacpp's embedded server) and write their greedy tokens and top logprobs.
 
 Runs with .venv-llamacpp/bin/python (xllamacpp only; nothing of hf-posenc): `llamacpp_worker.py CELLS OUT`, where
-CELLS is a JSON list of {"gguf", "prompt" (token ids), "new_tokens", "n_ctx", "top"} and OUT gets one
-{"tokens", "top_logprobs", "error"} per cell. f32 KV cache, flash attention off, one thread, temperature 0,
+CELLS is a JSON list of {"gguf", "prompt" (token ids) or "prompts" (a list of them, one model load), "new_tokens",
+"n_ctx", "top"} and OUT gets one {"tokens", "top_logprobs"} (or {"runs": [...]} for "prompts"), or {"error"}, per
+cell. f32 KV cache, flash attention off, one thread, temperature 0,
 no EOS emitted by the test models: the settings under which llama.cpp's numbers are comparable with transformers' in fp32.
 """
 
@@ -25,9 +26,15 @@ def run(cell: dict) -> dict:
     params.flash_attn_type = x.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
     params.warmup = False
     server = x.Server(params)
-    reply = server.handle_completions({"prompt": cell["prompt"], "n_predict": cell["new_tokens"], "temperature": 0,
-                                       "n_probs": cell.get("top", 5), "cache_prompt": False})
+    runs = [complete(server, prompt, cell) for prompt in cell.get("prompts", [cell.get("prompt")])]
     del server
+    errors = [r["error"] for r in runs if "error" in r]
+    return {"error": errors[0]} if errors else {"runs": runs} if "prompts" in cell else runs[0]
+
+
+def complete(server: x.Server, prompt: list[int], cell: dict) -> dict:
+    reply = server.handle_completions({"prompt": prompt, "n_predict": cell["new_tokens"], "temperature": 0,
+                                       "n_probs": cell.get("top", 5), "cache_prompt": False})
     if "error" in reply or "code" in reply:
         return {"error": json.dumps(reply)[:2000]}
     steps = reply["choices"][0]["logprobs"]["content"]  # one entry per token whose text is whole UTF-8
