@@ -21,7 +21,8 @@ import transformers
 import hf_posenc as hp
 from hf_posenc.config import required_options
 from hf_posenc.errors import PosEncError
-from hf_posenc.serving.gguf.export import MARK_KEY, export_gguf
+from hf_posenc.folders import GGUF_MARK
+from hf_posenc.serving.gguf.export import export_gguf
 from hf_posenc.serving.gguf.targets import REFUSED, TARGETS, target_of
 
 pytestmark = pytest.mark.xdist_group("gguf")  # one worker builds the module fixture
@@ -177,7 +178,7 @@ def test_the_file_holds_the_keys_and_tensors_llama_cpp_reads(tmp_path):
     fields = {name: field.contents() for name, field in reader.fields.items()}
     assert fields["general.architecture"] == "llama" and fields["llama.rope.dimension_count"] == 64
     assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] == "gpt-2"
-    assert json.loads(fields[MARK_KEY])["posenc"]["scheme"] == "llama3"
+    assert json.loads(fields[GGUF_MARK])["posenc"]["scheme"] == "llama3"
     names = {t.name: t for t in reader.tensors}
     assert "output.weight" not in names  # tied: llama.cpp reuses token_embd
     freqs = torch.tensor(names["rope_freqs.weight"].data.copy())
@@ -248,3 +249,22 @@ def test_llama_cpp_runs_the_exports_differently_from_the_stock_model(engine):
     stock = engine[cell_id(EXPORTED[0])][1]["tokens"]
     differing = [name for name, (_, answer) in engine.items() if answer.get("tokens") != stock]
     assert len(differing) >= len(engine) - 2  # at most a scaling that changes nothing within 72 positions
+
+
+def test_push_stages_the_gguf_with_its_llama_cpp_command_only_when_asked(tmp_path):
+    from hf_posenc.cli import main
+
+    model, tokenizer = hp.patch(peaky("llama"), "yarn", factor=2.0), byte_tokenizer()
+    model.save_pretrained(tmp_path / "m")
+    gguf = export_gguf(model, tmp_path / "m.gguf", tokenizer=tokenizer)
+    assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "plain")]) == 0
+    assert not list((tmp_path / "plain").glob("*.gguf"))
+    assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "staged"), "--gguf", str(gguf)]) == 0
+    assert (tmp_path / "staged" / "m.gguf").read_bytes() == gguf.read_bytes()
+    card = (tmp_path / "staged" / "README.md").read_text()
+    assert "llama-cli -m m.gguf -c 1024" in card and "YaRN x2" in card and "`llama` architecture" in card
+    other = export_gguf(peaky("llama"), tmp_path / "stock.gguf", tokenizer=tokenizer)
+    assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "wrong"), "--gguf", str(other)]) == 1
+    assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "foreign"), "--gguf",
+                 str(tmp_path / "m" / "config.json")]) == 1
+    assert not (tmp_path / "wrong").exists() and not (tmp_path / "foreign").exists()

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from ...errors import PosEncError
+from ...folders import GGUF_MARK, gguf_mark
 from ...version import __version__
 from .targets import FAMILIES, Target, facts_of, target_of
 from .vocab import Vocab, read_vocab
 
-__all__ = ["DTYPES", "MARK_KEY", "export_gguf", "plan_gguf"]
+__all__ = ["DTYPES", "export_gguf", "plan_gguf"]
 
-MARK_KEY = "hf_posenc.posenc"
 # --dtype -> (GGML type of 2-D weights, llama.cpp file type)
 DTYPES: dict[str, tuple[str, int]] = {"f32": ("F32", 0), "f16": ("F16", 1), "bf16": ("BF16", 32), "q8_0": ("Q8_0", 7)}
 # transformers parameter (after `model.layers.N.`) -> llama.cpp tensor (after `blk.N.`)
@@ -86,14 +86,8 @@ def check_path(path: Path, overwrite: bool) -> None:
     if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
         raise PosEncError(f"{path}: {path.parent} is not a writable folder; choose another place")
     if path.exists():
-        from gguf import GGUFReader
-
-        try:
-            marked = MARK_KEY in GGUFReader(path).fields
-        except Exception:  # not a GGUF at all
-            marked = False
-        if not marked:
-            raise PosEncError(f"{path} exists and hf-posenc did not write it (no {MARK_KEY} key); delete it "
+        if gguf_mark(path) is None:
+            raise PosEncError(f"{path} exists and hf-posenc did not write it (no {GGUF_MARK} key); delete it "
                               "yourself if you no longer need it, or choose a new name")
         if not overwrite:
             raise PosEncError(f"{path} exists (a GGUF hf-posenc wrote); pass overwrite=True (--overwrite) to "
@@ -114,8 +108,9 @@ def plan_gguf(config: Any, tokenizer: Any, dtype: str, stock: str | None = None)
 def write_keys(writer: Any, config: Any, target: Target, vocab: Vocab, dtype: str, name: str, head_dim: int) -> None:
     writer.add_type("model")
     writer.add_name(name)
-    writer.add_string(MARK_KEY, json.dumps({"version": __version__, "posenc": getattr(config, "posenc", None),
-                                            "kept": target.kept}, sort_keys=True))
+    writer.add_string(GGUF_MARK, json.dumps({"version": __version__, "posenc": getattr(config, "posenc", None),
+                                             "kept": target.kept, "architecture": target.arch, "dtype": dtype,
+                                             "context": config.max_position_embeddings}, sort_keys=True))
     writer.add_vocab_size(config.vocab_size)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -180,8 +175,10 @@ def export_gguf(model_or_folder: Any, path: str | os.PathLike, dtype: str = "f32
         tokenizer: the model's tokenizer (default: the folder's own).
         overwrite: replace `path` if hf-posenc wrote it.
     """
-    from gguf import GGUFWriter
-
+    try:
+        from gguf import GGUFWriter
+    except ImportError:
+        raise PosEncError("GGUF export needs the gguf package: pip install 'hf-posenc[gguf]'") from None
     path = Path(path)
     if isinstance(model_or_folder, (str, os.PathLike)):
         from ...loading import load_config, load_model, load_tokenizer
