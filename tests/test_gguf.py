@@ -268,3 +268,17 @@ def test_push_stages_the_gguf_with_its_llama_cpp_command_only_when_asked(tmp_pat
     assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "foreign"), "--gguf",
                  str(tmp_path / "m" / "config.json")]) == 1
     assert not (tmp_path / "wrong").exists() and not (tmp_path / "foreign").exists()
+
+
+def test_the_command_exports_a_saved_folder_and_refuses_before_writing(tmp_path, capsys):
+    from hf_posenc.cli import main
+    from hf_posenc.folders import gguf_mark
+
+    for name, scheme, options in (("yarn", "yarn", {"factor": 2.0}), ("xpos", "xpos", {})):
+        hp.patch(peaky("llama"), scheme, **options).save_pretrained(tmp_path / name)
+        byte_tokenizer().save_pretrained(tmp_path / name)
+    assert main(["export", str(tmp_path / "yarn"), "--gguf", str(tmp_path / "yarn.gguf"), "--dtype", "q8_0"]) == 0
+    mark = gguf_mark(tmp_path / "yarn.gguf")
+    assert (mark["posenc"]["scheme"], mark["architecture"], mark["dtype"], mark["context"]) == ("yarn", "llama", "q8_0", 1024)
+    assert main(["export", str(tmp_path / "xpos"), "--gguf", str(tmp_path / "xpos.gguf")]) == 2
+    assert "scheme 'xpos'" in capsys.readouterr().err and not (tmp_path / "xpos.gguf").exists()
