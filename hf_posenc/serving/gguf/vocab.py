@@ -14,8 +14,6 @@ from ...errors import PosEncError
 __all__ = ["PRE_TOKENIZERS", "Vocab", "read_vocab"]
 
 
-
-
 def _kinds(pre: dict[str, Any] | None) -> tuple[str, ...]:
     """A tokenizer.json pre_tokenizer as a tuple of its steps: type and what changes the splits."""
     if pre is None:
