@@ -63,6 +63,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra $(PYTEST_JOBS) tests
 	$(MAKE) --no-print-directory test-min
 	$(MAKE) --no-print-directory test-vllm
+	$(MAKE) --no-print-directory test-llamacpp
 
 test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) $(MIN_TESTS)
@@ -90,6 +91,22 @@ $(VLLM_STAMP): pyproject.toml Makefile
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_serving.py
 
+# llama.cpp runs hf-posenc's GGUF exports (issue 48): its prebuilt CPU build in xllamacpp, alone in a fourth venv
+# (no compiler step); tests/test_gguf.py (in .venv) exports and compares, tests/llamacpp_worker.py runs the engine.
+LLAMACPP_VENV := .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+XLLAMACPP := xllamacpp==2026.10.11549
+.PHONY: test-llamacpp
+
+$(LLAMACPP_STAMP): Makefile
+	$(PY) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q --upgrade pip
+	$(LLAMACPP_VENV)/bin/pip install -q $(XLLAMACPP)
+	touch $(LLAMACPP_STAMP)
+
+test-llamacpp: $(STAMP) $(LLAMACPP_STAMP)
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gguf.py -k llama_cpp
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 
@@ -111,4 +128,4 @@ gpu-rehearsal: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kit.py
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) out build
+	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) $(LLAMACPP_VENV) out build

@@ -13,6 +13,7 @@ __all__ = [
     "PosEncError",
     "Unsupported",
     "describe",
+    "export_gguf",
     "from_pretrained",
     "list_architectures",
     "list_schemes",
@@ -36,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from . import catalog
 
         return getattr(catalog, name)
+    if name == "export_gguf":
+        from .serving.gguf.export import export_gguf
+
+        return export_gguf
     if name in ("from_pretrained", "load_tokenizer"):
         from . import loading
 

@@ -31,10 +31,11 @@ from typing import Any
 from .errors import PosEncError
 from .version import __version__
 
-__all__ = ["KINDS", "MARKER", "check_out", "check_replace", "check_separate", "clear_out", "is_marked",
+__all__ = ["GGUF_MARK", "KINDS", "MARKER", "check_out", "gguf_mark", "check_replace", "check_separate", "clear_out", "is_marked",
            "kind_of", "mark", "read_marker", "replaceable"]
 
 MARKER = ".hf-posenc.json"
+GGUF_MARK = "hf_posenc.posenc"  # the key of a GGUF file hf-posenc wrote: what it keeps, as JSON
 TOOL = "hf-posenc"
 ASK = "delete it yourself if you no longer need it, or choose a new folder"
 
@@ -187,3 +188,16 @@ def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()
     out.mkdir(parents=True, exist_ok=True)
     mark(out, command, sources)
     return out
+
+
+def gguf_mark(path: str | os.PathLike) -> dict[str, Any] | None:
+    """What a GGUF file hf-posenc wrote says of itself (its posenc, llama.cpp architecture, context), or None for
+    any other file: a file is replaced or published as hf-posenc's only when it carries the key."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(path).fields.get(GGUF_MARK)
+        record = json.loads(field.contents()) if field is not None else None
+    except Exception:  # not a GGUF (or gguf missing): not hf-posenc's
+        return None
+    return record if isinstance(record, dict) else None

@@ -27,7 +27,7 @@ from .catalog import get_scheme
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
 from .evaluation.names import SENTIMENT
-from .folders import MARKER
+from .folders import MARKER, gguf_mark
 from .models import display_name, origin
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
@@ -290,8 +290,33 @@ def _write_new(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def gguf_section(name: str, mark: dict[str, Any]) -> str:
+    """The model card's part on a GGUF that hf-posenc wrote: what llama.cpp computes, and the command with the
+    context the scheme was set for."""
+    return (f"\n## llama.cpp\n\n`{name}` ({mark['dtype']}) is this model for llama.cpp, written by `hf-posenc export`. "
+            f"It keeps {mark['kept']}, as llama.cpp's `{mark['architecture']}` architecture computes it:\n\n"
+            f"```\nllama-cli -m {name} -c {mark['context']}\n```\n")
+
+
+def gguf_of(gguf: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any]:
+    """What a GGUF says of itself, when hf-posenc wrote it of a model with this folder's patch; else PosEncError."""
+    mark = gguf_mark(gguf)
+    if mark is None:
+        raise PosEncError(f"--gguf {gguf}: not a GGUF file hf-posenc wrote; write it with `hf-posenc export`")
+    if mark.get("posenc") != config.get("posenc"):
+        raise PosEncError(f"--gguf {gguf} keeps {mark.get('kept')}, not this folder's patch; export this folder")
+    return mark
+
+
+def stage_gguf(gguf: str | os.PathLike, mark: dict[str, Any], out: Path, link: bool) -> None:
+    """Put the GGUF into the staged repo, named in its card."""
+    (_link_or_copy if link else shutil.copy2)(str(gguf), str(out / Path(gguf).name))
+    card = out / "README.md"
+    _write_new(card, card.read_text(encoding="utf-8") + gguf_section(Path(gguf).name, mark))
+
+
 def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str | None = None,
-           repo_id: str | None = None, link: bool = False) -> Path:
+           repo_id: str | None = None, link: bool = False, gguf: str | os.PathLike | None = None) -> Path:
     """Write the repo `push` would upload into the new folder `out`; `folder` is only read.
 
     `out` holds the folder's files (minus training checkpoints), the model card as README.md
@@ -304,6 +329,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
         base_model, repo_id: as for `model_card`.
         link: hard-link the files instead of copying them. Only for a folder nobody writes to
             (push's staging): saving into a linked file in place would change the original.
+        gguf: a GGUF file `hf-posenc export` wrote of this folder, staged beside it and named in the card.
     """
     folder, out = Path(folder), Path(out)
     if repo_id is not None:
@@ -324,17 +350,21 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
         native = loading.native_config(config)
     card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
+    mark = gguf_of(gguf, config) if gguf is not None else None
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
     if config.get("posenc"):
         saving.mark_folder(out, native)  # writes new files, never through the links
     if card is not None:
         _write_new(out / "README.md", str(card))
+    if gguf is not None:
+        stage_gguf(gguf, mark, out, link)
     return out
 
 
 def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False,
-         commit_message: str = "Upload model patched with hf-posenc", base_model: str | None = None) -> str:
+         commit_message: str = "Upload model patched with hf-posenc", base_model: str | None = None,
+         gguf: str | os.PathLike | None = None) -> str:
     """Upload a model folder to the Hub as a repo that reloads patched; returns the commit URL.
 
     The repo is staged by `export` in a temporary folder, then sent with `HfApi.create_repo` and
@@ -347,11 +377,12 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         private: create the repo private (an existing repo keeps its visibility).
         commit_message: the Hub commit message.
         base_model: Hub id of the model it derives from, for the card.
+        gguf: a GGUF of the folder (`hf-posenc export`) to upload beside it (opt-in).
     """
     if not (token or get_token()):  # huggingface_hub would send the request anyway and fail later
         raise PosEncError(f"{NO_TOKEN}; the local folder is unchanged")
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
-        staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id, link=True)
+        staged = export(folder, Path(tmp) / "repo", base_model=base_model, repo_id=repo_id, link=True, gguf=gguf)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)

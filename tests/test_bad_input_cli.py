@@ -352,6 +352,14 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("push-dry-run-inside", ["push", "{work}/tiny", "me/x", "--dry-run", "{work}/tiny/staged"], ["--dry-run", "is inside the source (DIR"]),
     ("push-dry-run-exists", ["push", "{work}/tiny", "me/x", "--dry-run", "{work}/existing"], ["--dry-run", "already exists; give a new folder"]),
     ("push-dry-run-file", ["push", "{work}/tiny", "me/x", "--dry-run", "{work}/afile"], ["already exists"]),
+    # --- export
+    ("export-missing", ["export", "{work}/nowhere", "--gguf", "{work}/m.gguf"], ["MODEL", "is not a model folder"]),
+    ("export-no-config", ["export", "{work}/no-config", "--gguf", "{work}/m.gguf"], ["MODEL", "has no config.json"]),
+    ("export-exists", ["export", "{work}/tiny", "--gguf", "{work}/afile"], ["--gguf", "afile exists", "--overwrite"]),
+    ("export-folder", ["export", "{work}/tiny", "--gguf", "{work}/existing"], ["--gguf", "is a folder"]),
+    ("export-dtype", ["export", "{work}/tiny", "--gguf", "{work}/m.gguf", "--dtype", "q4"], ["invalid choice: 'q4'"]),
+    ("export-architecture", ["export", "{work}/tiny", "--gguf", "{work}/m.gguf"], ["cannot export GPT2LMHeadModel",
+                                                                                "LlamaForCausalLM"]),
 ]
 
 

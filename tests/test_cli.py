@@ -81,7 +81,7 @@ def test_patch_errors_exit_2_with_the_reason(tiny_folder, tmp_path, args, messag
     assert not (tmp_path / "x").exists()  # nothing written for a failed patch
 
 
-@pytest.mark.parametrize("command", ["list", "patch", "demo", "eval", "inspect", "train", "card", "push"])
+@pytest.mark.parametrize("command", ["list", "patch", "demo", "eval", "inspect", "train", "card", "push", "export"])
 def test_every_subcommand_has_help_with_examples(command, capsys):
     from hf_posenc.cli import build_parser
 

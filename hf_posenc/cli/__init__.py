@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "recipes": ("hf_posenc.cli.recipes", "list the shipped recipes, or copy one to edit"),
     "card": ("hf_posenc.cli.card", "write a model card for a run folder"),
     "push": ("hf_posenc.cli.push", "upload a run folder to the Hub"),
+    "export": ("hf_posenc.cli.export", "write a patched model as a GGUF file for llama.cpp, or refuse by name"),
     "doctor": ("hf_posenc.cli.doctor", "check the installed transformers against every family (after an upgrade)"),
 }
 DEBUG_HELP = "show the full traceback of an error instead of one line"

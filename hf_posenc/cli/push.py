@@ -16,7 +16,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("examples:\n"
                      "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --base-model HuggingFaceTB/SmolLM2-135M-Instruct\n"
                      "  hf-posenc push runs/minilm-rope me/minilm-rope --private\n"
-                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first")
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --dry-run /tmp/staged  # look first\n"
+                     "  hf-posenc push out/smollm2-yarn4 me/smollm2-yarn4 --gguf out/smollm2-yarn4.gguf  # + llama.cpp")
     parser.add_argument("dir", metavar="DIR",
                         help="a folder saved after hf_posenc.patch (model.save_pretrained) or a training run")
     parser.add_argument("repo_id", metavar="REPO_ID", help="owner/name on the Hub")
@@ -25,6 +26,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the one `hf auth login` stored)")
     parser.add_argument("--message", default="Upload model patched with hf-posenc", help="commit message")
     parser.add_argument("--dry-run", metavar="OUT", help="write the repo to the new folder OUT and upload nothing")
+    parser.add_argument("--gguf", metavar="FILE", help="also upload FILE, a GGUF `hf-posenc export` wrote of DIR, and "
+                                                       "name it and its llama.cpp command in the card")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -37,6 +40,8 @@ def check(args: argparse.Namespace) -> None:
         raise PosEncError(f"{args.dir} has no config.json: give a folder written by model.save_pretrained, "
                           "hf-posenc patch or hf-posenc train")
     model_folder(args.dir, "DIR")
+    if args.gguf is not None and not Path(args.gguf).is_file():
+        raise PosEncError(f"--gguf {args.gguf} is not a file; write it with `hf-posenc export DIR --gguf FILE`")
     if args.dry_run:
         if Path(args.dry_run).exists():
             raise PosEncError(f"--dry-run {args.dry_run} already exists; give a new folder")
@@ -54,11 +59,11 @@ def main(args: argparse.Namespace) -> int:
     from ..hub import export, push
 
     if args.dry_run:
-        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id)
+        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id, gguf=args.gguf)
         mark(out, "push --dry-run", [args.dir])  # not part of what is uploaded: export leaves markers out
         print(f"staged {args.repo_id} in {out}; nothing uploaded")
         return 0
     url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,
-               base_model=args.base_model)
+               base_model=args.base_model, gguf=args.gguf)
     print(f"pushed {args.dir} to {url}")
     return 0
