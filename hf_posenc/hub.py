@@ -107,7 +107,8 @@ def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
 
 
 def _setting(metric: str, key: str) -> str:
-    return f"{key} {results.metric(metric).key}" if key.isdigit() else key
+    unit = results.metric(metric).key
+    return f"{key} {unit}" if key.isdigit() and unit else key
 
 
 def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:

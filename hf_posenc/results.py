@@ -85,14 +85,14 @@ class Metric:
 
 
 def metric(name: str, cells: Mapping[str, Mapping[str, Any]] | None = None) -> Metric:
-    """The registered `Metric` of a table, else one read off its cells: every numeric field, the keys counted
-    as `key`, the field a Wilson interval belongs to when the cells carry one (n, low, high)."""
+    """The registered `Metric` of a table, else one read off its cells: every numeric field, keys without a
+    unit, the first field as the rate when the cells carry a Wilson interval (n, low, high)."""
     if name in METRICS:
         return METRICS[name]
     fields = dict.fromkeys(f for cell in (cells or {}).values() for f, v in cell.items()
                            if isinstance(v, (int, float)) and f not in ("n", "low", "high"))
     rated = any("low" in cell for cell in (cells or {}).values())
-    return Metric(tuple(fields), "key", next(iter(fields), None) if rated else None, task=("other", name))
+    return Metric(tuple(fields), "", next(iter(fields), None) if rated else None, task=("other", name))
 
 
 def key_order(key: str) -> tuple[int, int | str]:
@@ -247,7 +247,7 @@ def markdown(runs: list[Run]) -> str:
     for run in runs:
         for metric, spec in held:
             for key, cell in run.cells(metric):
-                unit = f" {spec.key}" if key.isdigit() else ""
+                unit = f" {spec.key}" if key.isdigit() and spec.key else ""
                 for field in spec.fields:
                     lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | "
                                  f"{_value(cell, field, spec.rate)} |")
@@ -266,7 +266,7 @@ def interval_notes(runs: list[Run]) -> list[str]:
             for i, (a, ca) in enumerate(measured):
                 for b, cb in measured[i + 1:]:
                     overlap = intervals_overlap(interval(ca, spec), interval(cb, spec))
-                    unit = f" {spec.key}" if key.isdigit() else ""
+                    unit = f" {spec.key}" if key.isdigit() and spec.key else ""
                     verdict = ("intervals overlap: not shown to differ" if overlap
                                else "intervals apart: they differ (95%)")
                     notes.append(f"{field_name(metric, spec.rate)} @ {key}{unit}: {a} "

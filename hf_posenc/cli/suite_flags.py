@@ -36,7 +36,7 @@ def _import(name: str, load: Any) -> None:
     try:
         load()
     except Exception as err:  # a plug-in's own failure, said in one line like every usage error
-        print(f"hf-posenc eval: error: suite module {name}: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"hf-posenc: error: suite module {name}: {type(err).__name__}: {err}", file=sys.stderr)
         raise SystemExit(2) from err
 
 
