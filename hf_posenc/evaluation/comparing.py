@@ -27,8 +27,10 @@ def measured_with(record: results.Results) -> dict[str, Any]:
     # the settings each suite it ran says its numbers depend on (none for a plug-in suite not imported now)
     ran = [found[0] for name in settings.get("suite", []) if (found := suite_of(name))]
     keys = {key for suite in ran for key in suite.measured_by}
-    return {"method": _method(settings, PERPLEXITY_MODES["sliding"]), "dtype": settings.get("dtype"),
-            **{key: settings.get(key) for key in keys}}
+    # how perplexity was measured, where the file holds perplexity (a file of other suites compares on those)
+    method = ({"method": _method(settings, PERPLEXITY_MODES["sliding"])}
+              if any(run.metrics.get("perplexity") for run in record.runs) else {})
+    return {**method, "dtype": settings.get("dtype"), **{key: settings.get(key) for key in keys}}
 
 
 def _method(settings: dict[str, Any], before_modes: str) -> str:
