@@ -155,3 +155,30 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
 def test_settings_the_registered_suites_do_not_take_are_refused():
     with pytest.raises(PosEncError, match="unknown suite settings echo_trials; the registered suites take text, "):
         evaluation.SuiteSettings(["ppl"], [16], echo_trials=3)
+
+
+def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_path):
+    """`lm_eval:<task>` runs lm-eval's own evaluation on the in-memory patched model: the same accuracy as
+    lm-eval's command-line route (the `hf-posenc` model type patching on load), with n and a Wilson interval."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from hf_posenc.integrations import lm_eval as integration
+    from integration_support import char_tokenizer, save_tiny
+
+    folder = save_tiny(tmp_path / "tiny")
+    model = hp.patch(transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), "alibi")
+    settings = evaluation.SuiteSettings(["lm_eval:posenc_sentiment"], [64], name="tiny", scheme="alibi",
+                                        lm_eval_limit=12)
+    record = evaluation.run_suites(model, char_tokenizer(), settings, tmp_path / "out")
+    cell = record.runs[0].metrics["lm_eval"]["posenc_sentiment acc"]
+    manager = TaskManager(include_path=str(integration.LM_EVAL_TASK_DIR), include_defaults=False)
+    direct = lm_eval.simple_evaluate(model="hf-posenc", model_args=f"pretrained={folder},scheme=alibi,max_length=64",
+                                     tasks=["posenc_sentiment"], device="cpu", task_manager=manager, limit=12)
+    assert cell["value"] == direct["results"]["posenc_sentiment"]["acc,none"] and cell["n"] == 12
+    assert cell["low"] <= cell["value"] <= cell["high"]
+    assert "| tiny alibi() | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs)
+    with pytest.raises(PosEncError, match="unknown lm-eval task 'posenc_sentimnt' \\(did you mean 'posenc_sentiment'"):
+        evaluation.run_suites(model, char_tokenizer(), settings.replace(suites=["lm_eval:posenc_sentimnt"]),
+                              tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
