@@ -98,7 +98,8 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
         assert help_text.returncode == 0, help_text.stderr
         text = " ".join(help_text.stdout.split())
         assert "suite echo: echo: the first token recalled --echo-trials ECHO_TRIALS random prompts" in text
-        assert "suites, from: perplexity (ppl), passkey," in text and "seq2seq_addition, echo --suite-module" in text
+        assert "suites, from: perplexity (ppl): perplexity by context length; passkey: " in text
+        assert "; echo: first token recalled after a random prompt --suite-module" in text
     assert "echo" not in hf_posenc_cli("eval", "--help").stdout  # nothing leaks into a run without it
 
     # a bad value of its own flag is refused like a built-in's, before anything is written

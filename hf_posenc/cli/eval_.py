@@ -27,7 +27,7 @@ def prepare(argv: list[str] | None) -> None:
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
-    from ..evaluation.suite import suite_names
+    from ..evaluation.suite import suite_help
 
     parser.description = ("Evaluate a (patched) model: perplexity by length, passkey retrieval, sentiment, "
                           "length generalisation. Prints the results table and writes OUT/results.json.")
@@ -44,7 +44,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
     parser.add_argument("--opt", action="append", default=[], metavar="K=V", help="scheme option, repeatable (e.g. factor=4)")
     parser.add_argument("--layers", metavar="I,J,...", help="with --patch: only these attention layers take the scheme")
-    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated suites, from: {suite_names()}")
+    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated suites, from: {suite_help()}")
     parser.add_argument("--suite-module", action="append", default=[], metavar="MODULE_OR_FILE",
                         help="import a suite of your own first (a module name or a .py file that calls "
                              "register_suite), repeatable; its flags then show here too")

@@ -127,6 +127,12 @@ def suite_names() -> str:
     return ", ".join(f"{s.name} ({', '.join(s.aliases)})" if s.aliases else s.name for s in SUITES.values())
 
 
+def suite_help() -> str:
+    """The suites with their one-line help, for `--suite`."""
+    named = ((f"{s.name} ({', '.join(s.aliases)})" if s.aliases else s.name, s.help) for s in SUITES.values())
+    return "; ".join(f"{name}: {text}" for name, text in named)
+
+
 def suite_of(name: str) -> tuple[Suite, str] | None:
     """The registered suite of a parsed suite name ('ruler:vt' -> (ruler, 'vt')), or None (a plug-in not
     imported now, e.g. when reading an old results file)."""

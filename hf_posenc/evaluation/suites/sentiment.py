@@ -45,7 +45,7 @@ class Sentiment(Suite):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.help = f"sentiment, {DATASETS[name][3]}"
+        self.help = f"sentiment, {DATASETS[name][3]}" + (" (from the Hub)" if DATASETS[name][0] else "")
 
     def hub_datasets(self, settings: Mapping[str, Any]) -> list[str]:
         return [DATASETS[self.name][0]] if DATASETS[self.name][0] else []
