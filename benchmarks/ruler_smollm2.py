@@ -130,8 +130,8 @@ def _recovered(folder: str) -> torch.nn.Module:
 
 def write_report(record: results.Results, out: Path) -> None:
     """The heat-map and a Markdown table (a row per arm and task, a column per length)."""
-    plots.ruler_heatmap(record.runs, out.with_suffix(".png"))
     tables = [m for m in results.METRICS if m.startswith("ruler ") and any(m in run.metrics for run in record.runs)]
+    plots.heatmap(record.runs, tables, out.with_suffix(".png"), results.METRICS[tables[0]].plot)
     lengths = sorted({int(k) for run in record.runs for m in tables for k in run.metrics.get(m, {})})
     lines = ["| model | task | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
              "|---|---|" + "---|" * len(lengths)]

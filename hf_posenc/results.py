@@ -2,17 +2,12 @@
 
 A file holds one or more runs -- an evaluation has one; a training run has the original model, the
 swapped model before training and after; the demo one per scheme. Every run keeps its numbers in
-metric tables, keyed the same way wherever they come from:
-
-    perplexity               context length (tokens) -> {perplexity, loss, tokens, windows, mode, targets,
-                                                        target (same_target) | stride (sliding)}
-    passkey                  context length (tokens) -> {accuracy, by_depth: {depth: accuracy}, trials, tokens}
-    copy, reverse, addition  task length (digits)    -> {exact_match}
-    classification           dataset name            -> {accuracy, f1, examples, mode[, loss]}
-    seq2seq                  dataset name            -> {exact_match, loss, perplexity, tokens}  (train, model.task seq2seq)
-    seq2seq_copy, _reverse,  task length (digits)    -> {exact_match}  (encoder-decoders: input -> output pairs)
-      _addition
-    ruler <task>             context length (tokens) -> {score, tokens[, haystack]}  (RULER_TASKS)
+metric tables, keyed the same way wherever they come from. Which tables there are, and how each reads
+(its headline fields, what its keys count, which field is a rate, its model-index task and dataset, its
+plot), is not written here: each evaluation suite declares the tables it writes (`Metric`, registered
+with the suite; `hf-posenc eval --help` and docs/guide/eval.md list them), and `METRICS` is that registry.
+A table no registered suite declares (a plug-in not imported now) still prints: `metric` reads its
+numeric fields off the cells.
 
 Every rate (passkey accuracy, exact match, classification accuracy, RULER score) carries its trial
 count `n` and 95% Wilson interval `low`, `high` (`hf_posenc.stats`) in the same cell; tables print
@@ -38,46 +33,66 @@ import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from .errors import PosEncError
+from .registry import METRICS
 from .stats import intervals_overlap
 
-__all__ = ["FORMAT", "METRICS", "READS", "RULER_TASKS", "Metric", "Results", "Run", "field_name", "format_rate",
-           "interval", "interval_notes", "key_order", "load", "markdown", "run_label", "versions", "write_json"]
+__all__ = ["FORMAT", "METRICS", "READS", "RULER_TASKS", "Metric", "Plot", "Results", "Run", "field_name",
+           "format_rate", "interval", "interval_notes", "key_order", "load", "markdown", "metric", "run_label", "tables",
+           "versions", "write_json"]
 
 FORMAT = 3
 READS = (2, 3)  # format 2 is format 3 without n/low/high and RULER tables
 # RULER's synthetic tasks (Hsieh et al. 2024) as lm-eval 0.4.13 ships them; one metric table each.
 RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
-# Length-generalisation tasks (Kazemnejad et al. 2023) that hf_posenc.data builds; one metric table each.
-SYNTHETIC_TASKS = ("copy", "reverse", "addition")
 Kind = Literal["eval", "train", "demo"]
 KINDS: tuple[str, ...] = Kind.__args__
 
 
 @dataclasses.dataclass(frozen=True)
+class Plot:
+    """A figure of one or more metric tables (every table with an equal `Plot` goes into one file).
+
+    `kind` names one of `hf_posenc.plots.DRAWERS` ("lines", "depth_heatmap", "heatmap"), so a suite's module
+    imports no plotting library; a callable `(runs, tables, path) -> path` draws its own figure instead.
+    """
+
+    file: str
+    kind: str | Callable[..., Any] = "lines"
+    title: str = ""
+    xlabel: str = ""
+    ylabel: str = ""
+    field: str = ""  # the cell field drawn (default: the table's first headline field)
+    log_x: bool = False
+    log_y: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Metric:
-    """How a metric table reads: the headline fields of a cell, what its keys count, and which field is
-    a rate whose n and Wilson interval the cell carries."""
+    """How a metric table reads: the headline fields of a cell, what its keys count, which field is a rate
+    whose n and Wilson interval the cell carries; its model-index task (type, name) and dataset (a function of
+    the cell's key and the eval settings -> `EvalResult` dataset fields), and its plot."""
 
     fields: tuple[str, ...]
     key: str
     rate: str | None = None
+    task: tuple[str, str] = ("text-generation", "")
+    dataset: Callable[[str, Mapping[str, Any]], dict[str, Any]] | None = None
+    plot: Plot | None = None
 
 
-METRICS: dict[str, Metric] = {
-    "perplexity": Metric(("perplexity",), "tokens"),
-    "passkey": Metric(("accuracy",), "tokens", "accuracy"),
-    "copy": Metric(("exact_match",), "digits", "exact_match"),
-    "reverse": Metric(("exact_match",), "digits", "exact_match"),
-    "addition": Metric(("exact_match",), "digits", "exact_match"),
-    "classification": Metric(("accuracy", "f1"), "dataset", "accuracy"),
-    "seq2seq": Metric(("exact_match", "loss"), "dataset", "exact_match"),
-    **{f"seq2seq_{task}": Metric(("exact_match",), "digits", "exact_match") for task in ("copy", "reverse", "addition")},
-    **{f"ruler {task}": Metric(("score",), "tokens", "score") for task in RULER_TASKS},
-}
+def metric(name: str, cells: Mapping[str, Mapping[str, Any]] | None = None) -> Metric:
+    """The registered `Metric` of a table, else one read off its cells: every numeric field, keys without a
+    unit, the first field as the rate when the cells carry a Wilson interval (n, low, high)."""
+    if name in METRICS:
+        return METRICS[name]
+    fields = dict.fromkeys(f for cell in (cells or {}).values() for f, v in cell.items()
+                           if isinstance(v, (int, float)) and f not in ("n", "low", "high"))
+    rated = any("low" in cell for cell in (cells or {}).values())
+    return Metric(tuple(fields), "", next(iter(fields), None) if rated else None, task=("other", name))
 
 
 def key_order(key: str) -> tuple[int, int | str]:
@@ -213,19 +228,26 @@ def format_rate(value: float, n: int, low: float, high: float) -> str:
     return f"{value:.2f} [{low:.2f}, {high:.2f}] (n={n})"
 
 
-def interval(cell: dict[str, Any], metric: str) -> tuple[float, float] | None:
+def interval(cell: dict[str, Any], metric: str | Metric) -> tuple[float, float] | None:
     """The 95% interval of a cell's rate, or None (not a rate, skipped, or a format-2 cell)."""
-    rate = METRICS[metric].rate
+    rate = (METRICS[metric] if isinstance(metric, str) else metric).rate
     return (cell["low"], cell["high"]) if rate in cell and "low" in cell else None
+
+
+def tables(runs: list[Run]) -> list[tuple[str, Metric]]:
+    """The metric tables the runs hold, registered ones in the registry's order, then any others."""
+    held = {name: cells for run in runs for name, cells in run.metrics.items()}
+    return [(name, metric(name, held[name])) for name in sorted(held, key=[*METRICS, *held].index)]
 
 
 def markdown(runs: list[Run]) -> str:
     """One Markdown row per run, table, key and headline field: | run | metric | value |."""
     lines = ["| run | metric | value |", "|---|---|---|"]
+    held = tables(runs)
     for run in runs:
-        for metric, spec in METRICS.items():
+        for metric, spec in held:
             for key, cell in run.cells(metric):
-                unit = f" {spec.key}" if key.isdigit() else ""
+                unit = f" {spec.key}" if key.isdigit() and spec.key else ""
                 for field in spec.fields:
                     lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | "
                                  f"{_value(cell, field, spec.rate)} |")
@@ -236,15 +258,15 @@ def interval_notes(runs: list[Run]) -> list[str]:
     """For every table cell two or more runs measured as a rate, whether each pair's 95% intervals
     overlap (the runs are not shown to differ) or are apart (they differ at that level)."""
     notes = []
-    for metric, spec in METRICS.items():
+    for metric, spec in tables(runs):
         keys = sorted({key for run in runs for key, _ in run.cells(metric)}, key=key_order)
         for key in keys:
             measured = [(run.label, cell) for run in runs if (cell := run.metrics.get(metric, {}).get(key))
-                        and interval(cell, metric)]
+                        and interval(cell, spec)]
             for i, (a, ca) in enumerate(measured):
                 for b, cb in measured[i + 1:]:
-                    overlap = intervals_overlap(interval(ca, metric), interval(cb, metric))
-                    unit = f" {spec.key}" if key.isdigit() else ""
+                    overlap = intervals_overlap(interval(ca, spec), interval(cb, spec))
+                    unit = f" {spec.key}" if key.isdigit() and spec.key else ""
                     verdict = ("intervals overlap: not shown to differ" if overlap
                                else "intervals apart: they differ (95%)")
                     notes.append(f"{field_name(metric, spec.rate)} @ {key}{unit}: {a} "

@@ -1,5 +1,5 @@
-"""docs/extending.md runs as written: each example in a fresh interpreter, since registering a scheme or
-an adapter lasts for the process and would leak into the registry that tests/test_meta.py checks."""
+"""docs/extending.md runs as written: each example in a fresh interpreter, since registering a scheme, an
+adapter or a suite lasts for the process and would leak into the registry that tests/test_meta.py checks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hf_posenc.registry import ADAPTERS
 from integration_support import doc_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
-SECTIONS = ["A new score bias", "An adapter for a model type the generic adapter refuses"]
+SECTIONS = ["A new score bias", "A new evaluation suite", "An adapter for a model type the generic adapter refuses"]
 
 
 @pytest.mark.parametrize("section", SECTIONS)

@@ -365,3 +365,68 @@ def test_a_patch_goes_down_the_spine_in_a_few_steps():
     too_many = {label: n for label, n in climbs.items() if n > (15 if "layers" in matrix.SCHEMES[label] else 12)}
     assert not too_many, too_many
     assert climbs["alibi"] <= 11 and climbs["rope"] <= 12, climbs
+
+
+# The same words as suite or metric-table names, meaning something else: training tasks (`model.task`) anywhere;
+# in one module, (module, word) -> what the word means there.
+SUITE_WORDS_ELSEWHERE = {"classification": "a recipe's model.task", "seq2seq": "a recipe's model.task"}
+SUITE_WORDS_IN = {
+    **{("hf_posenc.data", task): "the synthetic tasks data builds (the suites are named after them)"
+       for task in ("copy", "reverse", "addition")},
+    ("hf_posenc.cli.recipes", "copy"): "`hf-posenc recipes copy`: copy a recipe to edit",
+    ("hf_posenc.schemes.learned", "copy"): "init='copy': start from the model's own table",
+    ("hf_posenc.schemes.t5", "copy"): "init='copy': start from the model's own bias",
+}
+PREFIX_METHODS = ("startswith", "endswith", "removeprefix", "removesuffix")
+
+
+def suite_words() -> set[str]:
+    from hf_posenc import evaluation  # noqa: F401  (import registers the built-in suites)
+    from hf_posenc.registry import METRICS, SUITES
+
+    names = {alias for suite in SUITES.values() for alias in (suite.name, *suite.aliases)}
+    return names | set(METRICS) - set(SUITE_WORDS_ELSEWHERE)
+
+
+def displayed_strings(node: ast.AST) -> list[str]:
+    """The strings a literal display holds as table entries: dict keys, tuple/list/set items, nested."""
+    if isinstance(node, ast.Dict):
+        return [*literal_strings(ast.Tuple(elts=[k for k in node.keys if k is not None])),
+                *(s for value in node.values for s in displayed_strings(value))]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [*literal_strings(node), *(s for item in node.elts for s in displayed_strings(item))]
+    if isinstance(node, (ast.DictComp, ast.SetComp, ast.ListComp, ast.GeneratorExp)):
+        return [s for gen in node.generators for s in displayed_strings(gen.iter)]
+    return []
+
+
+def suite_name_uses(names: set[str], exempt: dict[tuple[str, str], str]) -> list[str]:
+    """Where a module outside hf_posenc/evaluation branches on a suite's name (compares with it, tests a prefix
+    of it) or tables one (a module- or class-level literal keyed by or listing it, a loop over such a literal);
+    `exempt` (module, word) -> what the word means there instead."""
+    found = []
+    for module in MODULES:
+        if module == "hf_posenc.evaluation" or module.startswith("hf_posenc.evaluation."):
+            continue
+        tree = parse(module)
+        scopes = [(tree, "<module>")] + [(n, n.name) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        for scope, where in scopes:
+            for statement in scope.body:
+                if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+                    for name in sorted(set(displayed_strings(statement.value)) & names):
+                        if (module, name) not in exempt:
+                            found.append(f"{module}.{where}:{statement.lineno} tables {name!r}")
+        for node in ast.walk(tree):
+            hits = set(compared_strings(node))
+            if isinstance(node, ast.For):
+                hits |= set(displayed_strings(node.iter))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in PREFIX_METHODS:
+                hits |= {s.strip(" _:") for arg in node.args for s in literal_strings(arg)}
+            found += [f"{module}:{node.lineno} branches on {name!r}" for name in sorted(hits & names)
+                      if (module, name) not in exempt]
+    return found
+
+
+def test_no_module_outside_evaluation_branches_on_or_tables_a_suite_name():
+    """What a suite is (its flags, tables, model-index entry, plot) is asked of the suite, not of its name."""
+    assert suite_name_uses(suite_words(), SUITE_WORDS_IN) == []

@@ -15,7 +15,8 @@ from conftest import tiny_model
 from hf_posenc import PosEncError, cli, results
 from hf_posenc.evaluation import SuiteSettings, compare, run_suites
 from hf_posenc.evaluation import ruler as ruler_mod
-from hf_posenc.evaluation.suites import parse_suites, ruler_tasks
+from hf_posenc.evaluation.suite import parse_suites
+from hf_posenc.evaluation.suites.ruler import ruler_tasks
 from hf_posenc.stats import intervals_overlap, rate_fields, wilson
 from integration_support import char_tokenizer, save_tiny
 

@@ -1,4 +1,5 @@
 """`hf-posenc`: the dispatcher. Each subcommand is a module here with `make_parser(parser)`,
+optionally `prepare(argv)` (what must happen before its parser is built: eval imports suites of your own),
 optionally `check(args)` (every check that loads no model: a failure there is a usage error, exit
 2, and nothing has been written) and `main(args) -> int`; feature modules parse no argv.
 
@@ -38,8 +39,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 DEBUG_HELP = "show the full traceback of an error instead of one line"
 
 
-def _add(parser: argparse.ArgumentParser, command: str) -> ModuleType:
+def _add(parser: argparse.ArgumentParser, command: str, argv: list[str] | None) -> ModuleType:
     module = importlib.import_module(SUBCOMMANDS[command][0])
+    if hasattr(module, "prepare"):
+        module.prepare(argv)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     module.make_parser(parser)
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -62,7 +65,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, (_, help_text) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text)
         if argv is None or name == chosen:
-            _add(command, name)
+            _add(command, name, argv)
     return parser
 
 

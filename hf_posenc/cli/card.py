@@ -7,6 +7,12 @@ from pathlib import Path
 
 from ..errors import PosEncError
 from .checks import repo_id
+from .suite_flags import import_suite_modules
+
+
+def prepare(argv: list[str] | None) -> None:
+    """The suites of your own whose tables the folder's results hold (their model-index entries, plots)."""
+    import_suite_modules(argv)
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +26,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                         help="a saved model, `hf-posenc train` run or `hf-posenc eval` output folder")
     parser.add_argument("--base-model", help="Hub id of the model it derives from")
     parser.add_argument("--repo-id", help="Hub repo the card is for (used in the loading example)")
+    parser.add_argument("--suite-module", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="import a suite of your own first, as `eval --suite-module` does (repeatable)")
 
 
 def check(args: argparse.Namespace) -> None:

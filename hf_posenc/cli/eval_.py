@@ -11,20 +11,24 @@ from ..errors import PosEncError
 from ..folders import check_out, clear_out
 from ..models import display_name
 from ..progress import waiting
-from .arguments import float_list, int_list, layer_list, parse_options, scheme_config
+from .arguments import int_list, layer_list, parse_options, scheme_config
 from .checks import at_least, check_model_takes, layers_fit, model_folder, options_fit
 from .launch import accelerate_config, launch, launch_settings
+from .suite_flags import add_suite_flags, import_suite_modules, suite_values
 from .threads import limited_threads
 
 if TYPE_CHECKING:
     from ..evaluation import SuiteSettings
 
-SUITE_NAMES = ("perplexity (ppl), passkey, rotten_tomatoes, sst2 (GLUE's, online), copy, reverse, addition, "
-              "ruler (RULER's offline tasks; ruler:niah_single_1,vt,... for some); encoder-decoder models: "
-              "seq2seq_copy, seq2seq_reverse, seq2seq_addition (input -> output pairs, exact match by length)")
+
+def prepare(argv: list[str] | None) -> None:
+    """Import the suites of your own (`--suite-module`, entry points) before the parser lists suites and flags."""
+    import_suite_modules(argv)
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
+    from ..evaluation.suite import suite_help
+
     parser.description = ("Evaluate a (patched) model: perplexity by length, passkey retrieval, sentiment, "
                           "length generalisation. Prints the results table and writes OUT/results.json.")
     parser.epilog = (
@@ -40,33 +44,15 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patch", dest="scheme", metavar="SCHEME", help="apply hf_posenc.patch(model, SCHEME) first")
     parser.add_argument("--opt", action="append", default=[], metavar="K=V", help="scheme option, repeatable (e.g. factor=4)")
     parser.add_argument("--layers", metavar="I,J,...", help="with --patch: only these attention layers take the scheme")
-    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated, from: {SUITE_NAMES}")
-    parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey)")
-    parser.add_argument("--text", default="kjv", help="long text for perplexity: 'kjv' (offline) or a datasets name")
-    parser.add_argument("--text-config", default=None, help="datasets config of --text (e.g. wikitext-103-raw-v1)")
-    parser.add_argument("--text-column", default="text", help="text column of a datasets --text")
-    parser.add_argument("--stride", type=int, default=None, help="--ppl-mode sliding: window stride (default: the length)")
-    parser.add_argument("--max-windows", type=int, default=4, help="perplexity windows per length (bounds the cost)")
-    parser.add_argument("--ppl-mode", dest="perplexity_mode", default="same_target", metavar="MODE",
-                        help="same_target (default): the same last --target-tokens tokens of windows ending at the "
-                             "same places are scored at every length, so only the context grows; sliding: windows "
-                             "from the start of the text (each length scores other tokens)")
-    parser.add_argument("--target-tokens", type=int, default=None,
-                        help="same_target: tokens scored per window (default: half the shortest length)")
+    parser.add_argument("--suite", default="perplexity,passkey", help=f"comma-separated suites, from: {suite_help()}")
+    parser.add_argument("--suite-module", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="import a suite of your own first (a module name or a .py file that calls "
+                             "register_suite), repeatable; its flags then show here too")
+    parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey, ruler)")
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey needle depths in [0, 1]")
-    parser.add_argument("--trials", type=int, default=4,
-                        help="passkey prompts per length and depth (default 4 x 5 depths = 20 per length)")
-    parser.add_argument("--samples", type=int, default=20, help="RULER prompts per task and length")
-    parser.add_argument("--gen-tokens", type=int, default=None,
-                        help="RULER: cap the greedy answer at N tokens (default: each task's own, 30-128)")
-    parser.add_argument("--task-lengths", default="2,4,8,16",
-                        help="digits per example for copy/reverse/addition and their seq2seq_ suites")
-    parser.add_argument("--examples", type=int, default=20,
-                        help="examples per task length (copy/reverse/addition and their seq2seq_ suites)")
-    parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--seed", type=int, default=0)
+    add_suite_flags(parser)  # one argument group per suite settings class, from its fields
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--no-baseline", action="store_true",
@@ -108,22 +94,15 @@ def check(args: argparse.Namespace) -> None:
     check_out(args.out, args.overwrite, sources=sources, command="eval --compare" if args.compare else "eval")
     if args.compare:
         from .. import results
-        from ..evaluation.suites import differing_settings
+        from ..evaluation.comparing import differing_settings
 
         args.records = [results.load(path) for path in args.compare]  # a PNG or a missing file fails here
         differing_settings(args.records, args.mixed)
         return
     if not args.model:
         raise PosEncError("give --model (a folder, a Hub id or 'smollm2') or --compare RESULTS_JSON ...")
-    at_least(args, max_windows=1, batch_size=1, trials=1, examples=1, limit=1, stride=1, seed=0, samples=1,
-             gen_tokens=1)
+    at_least(args, batch_size=1, seed=0)
     args.lengths = int_list(args.lengths, "length")
-    args.depths, args.task_lengths = float_list(args.depths, "depth"), int_list(args.task_lengths, "task length")
-    if any(not 0 <= depth <= 1 for depth in args.depths):
-        raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {args.depths}")
-    if args.target_tokens is not None and not 0 < args.target_tokens < min(args.lengths):
-        raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(args.lengths) - 1} "
-                          f"(below the shortest of --lengths), got {args.target_tokens}")
     args.options = parse_options(args.opt)
     args.config = scheme_config(args.scheme, args.options, args.layers)  # torch-free: a scheme mistake is refused at once
     if args.layers is not None:
@@ -131,15 +110,12 @@ def check(args: argparse.Namespace) -> None:
     options_fit(args.model, args.config)
     if args.accelerate_config is not None:
         args.launch = launch_settings(accelerate_config(args.accelerate_config))
-    from ..evaluation.names import MAX_SAMPLES, check_mode, check_model_kind, parse_suites
+    from ..evaluation.suite import check_model_kind, check_one_process, parse_suites
 
     args.suites = parse_suites(args.suite.split(","))
-    check_mode(args.perplexity_mode, args.stride)
-    if any(s.startswith("ruler") for s in args.suites):
-        if args.samples > MAX_SAMPLES:
-            raise PosEncError(f"--samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {args.samples}")
-        if args.accelerate_config is not None:
-            raise PosEncError("--suite ruler runs in one process (lm-eval's generate loop); drop --accelerate-config")
+    args.values = suite_values(args, args.suites)  # every flag in its domain, the suites run checked
+    if args.accelerate_config is not None:
+        check_one_process(args.suites, "drop --accelerate-config")
     model_folder(args.model, "--model")
     from ..loading import load_config
 
@@ -197,13 +173,9 @@ def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings
     """The checked flags as `run_suites` takes them."""
     from ..evaluation import SuiteSettings
 
-    return SuiteSettings(
-        args.suites, args.lengths, name=args.model, scheme=args.scheme, options=args.options, text=args.text,
-        text_config=args.text_config, text_column=args.text_column, stride=args.stride, max_windows=args.max_windows,
-        perplexity_mode=args.perplexity_mode, target_tokens=args.target_tokens, batch_size=args.batch_size,
-        depths=args.depths, trials=args.trials, samples=args.samples, gen_tokens=args.gen_tokens,
-        task_lengths=args.task_lengths, examples=args.examples, limit=args.limit, seed=args.seed, dtype=args.dtype,
-        baseline=not args.no_baseline, distributed=distributed)
+    return SuiteSettings(args.suites, args.lengths, name=args.model, scheme=args.scheme, options=args.options,
+                         batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, baseline=not args.no_baseline,
+                         distributed=distributed, **args.values)
 
 
 def saved(args: argparse.Namespace) -> str:

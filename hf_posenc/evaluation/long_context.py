@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..errors import PosEncError
 from ..progress import bar
 from ..stats import rate_fields
-from .names import DEFAULT_MODE, PERPLEXITY_MODES, check_mode
+from .names import DEFAULT_MODE, PERPLEXITY_MODES, check_mode, default_target
 from .processes import across_processes
 from .scoring import (
     LENGTH_LIMITS,
@@ -44,11 +44,6 @@ PASSKEY_QUESTION = "What is the pass key? The pass key is"
 
 
 
-
-
-def default_target(lengths: Sequence[int]) -> int:
-    """Target tokens per window when none is given: half the shortest context, so every target has context."""
-    return max(1, min(lengths) // 2)
 
 
 def target_ends(n_tokens: int, longest: int, target: int, max_windows: int | None) -> list[int]:

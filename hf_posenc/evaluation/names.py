@@ -1,21 +1,12 @@
-"""The names `hf-posenc eval` takes (suites, RULER tasks, perplexity modes) and their checks: no torch,
-so the command line refuses a typo at once, before anything heavy is imported."""
+"""Names the suites take (RULER tasks, perplexity modes) and their checks: no torch, so the command line
+refuses a typo at once, before anything heavy is imported. The suite names are the registry's (`suite.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ..errors import PosEncError
-from ..results import RULER_TASKS, SYNTHETIC_TASKS
-
-# Sentiment suites: suite -> (datasets name, config, split scored). rotten_tomatoes is the offline set
-# `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).
-SENTIMENT = {"rotten_tomatoes": (None, None, "test"), "sst2": ("glue", "sst2", "validation")}
-# The same tasks as input -> output pairs for encoder-decoders (hf_posenc.data.seq2seq_pairs): the only
-# suites those take, and only those.
-SEQ2SEQ_SUITES = tuple(f"seq2seq_{task}" for task in SYNTHETIC_TASKS)
-SUITES = ("perplexity", "passkey", *SENTIMENT, *SYNTHETIC_TASKS, "ruler", *SEQ2SEQ_SUITES)
-ALIASES = {"ppl": "perplexity"}
+from ..results import RULER_TASKS
 
 # How `perplexity_by_length` picks the tokens it scores at each context length L.
 PERPLEXITY_MODES: dict[str, str] = {
@@ -33,6 +24,12 @@ NOT_OFFLINE = {
     "qa_hotpot": "needs HotpotQA downloaded from the web at run time",
 }
 MAX_SAMPLES = 500  # lm-eval's RULER generators make 500 prompts per task and length
+HAYSTACK = "kjv"  # the prose of RULER's essay haystack, a `hf_posenc.data.long_text` name (see ruler.py)
+
+
+def default_target(lengths: Sequence[int]) -> int:
+    """Target tokens per window when none is given: half the shortest context, so every target has context."""
+    return max(1, min(lengths) // 2)
 
 
 def check_mode(mode: str, stride: int | None = None) -> str:
@@ -57,47 +54,3 @@ def parse_tasks(names: Sequence[str]) -> list[str]:
             raise PosEncError(f"unknown RULER task {task!r}; choose from {', '.join(RULER_TASKS)} "
                               f"(e.g. --suite ruler:niah_single_1,vt; plain 'ruler' runs them all)")
     return list(dict.fromkeys(tasks))
-
-
-def parse_suites(names: Sequence[str]) -> list[str]:
-    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError.
-
-    `ruler` is every offline RULER task; `ruler:<task>` a subset, and the names after it that are not
-    suites are more of its tasks (`ruler:niah_single_1,vt,ppl`); the suite is kept as `ruler:<tasks>`.
-    """
-    suites: list[str] = []
-    named: list[str] | None = None  # the tasks of the ruler suite, while its names are being read
-    for name in (ALIASES.get(n.strip(), n.strip()) for n in names if n.strip()):
-        if name == "ruler" or name.startswith("ruler:"):
-            named = [task for task in name.partition(":")[2].split(",") if task]
-            suites.append("ruler")
-        elif named is not None and name not in SUITES:
-            named.append(name)
-        elif name in SUITES:
-            suites.append(name)
-        else:
-            raise PosEncError(f"unknown suite {name!r}; choose from {', '.join(SUITES)} (ppl = perplexity; "
-                              f"ruler:<task>,<task> for some RULER tasks)")
-    if not suites:
-        raise PosEncError(f"no suite given; choose from {', '.join(SUITES)} (ppl = perplexity)")
-    if named is not None:
-        suites[suites.index("ruler")] = _ruler_suite(named)
-    return suites
-
-
-def check_model_kind(suites: Sequence[str], encoder_decoder: bool, model: str) -> None:
-    """Encoder-decoders take the seq2seq suites only, other models every suite but those; `model` names
-    the model in the error."""
-    if encoder_decoder:
-        bad = [s for s in suites if s not in SEQ2SEQ_SUITES]
-        if bad:
-            raise PosEncError(f"{model} is an encoder-decoder model: it takes the suites {', '.join(SEQ2SEQ_SUITES)} "
-                              f"(input -> output pairs), not {', '.join(bad)}")
-    elif bad := [s for s in suites if s in SEQ2SEQ_SUITES]:
-        raise PosEncError(f"{model} is not an encoder-decoder model: the suites {', '.join(bad)} need one "
-                          "(AutoModelForSeq2SeqLM: T5, BART, ...); a causal LM takes copy, reverse, addition")
-
-
-def _ruler_suite(tasks: list[str]) -> str:
-    chosen = parse_tasks([t for t in tasks if t])
-    return "ruler" if chosen == list(RULER_TASKS) else "ruler:" + ",".join(chosen)

@@ -32,13 +32,12 @@ from .. import data
 from ..errors import PosEncError
 from ..results import RULER_TASKS
 from ..stats import rate_fields
-from .names import MAX_SAMPLES, NOT_OFFLINE, parse_tasks
+from .names import HAYSTACK, MAX_SAMPLES, NOT_OFFLINE, parse_tasks
 from .scoring import LENGTH_LIMITS, check_table, skipped
 
 # our task name -> lm-eval's (lm_eval/tasks/ruler/*.yaml)
 LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe"}.get(name, name)
                                  for name in RULER_TASKS}
-HAYSTACK = "kjv"  # the prose of the essay haystack, a `hf_posenc.data.long_text` name
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
 # lm-eval's advice to users of its own command line, logged at every task and length; here the lengths and

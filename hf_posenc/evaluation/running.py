@@ -1,0 +1,109 @@
+"""`run_suites`: the registered suites a `SuiteSettings` names, on an in-memory model, written to results.json as
+each cell finishes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .. import plots, results
+from ..patching import describe, unpatch
+from ..seq2seq import is_seq2seq
+from .processes import rank_and_world
+from .scoring import check_lengths
+from .suite import (Scoring, SuiteSettings, check_model_kind, check_one_process, check_settings, parse_suites,
+                    suite_of)
+
+Planned = list[tuple[Any, Any, str]]  # (suite, its settings, its argument) in the order asked
+
+
+def _checked(model: PreTrainedModel, settings: SuiteSettings) -> tuple[SuiteSettings, Planned]:
+    """The settings with suites and lengths resolved, and each suite with its own settings checked and
+    resolved: refused before anything runs."""
+    suites = parse_suites(settings.suites)
+    check_model_kind(suites, is_seq2seq(model), type(model).__name__)
+    if settings.distributed:
+        check_one_process(suites, "run it without distributed")
+    lengths = check_lengths(settings.lengths)
+    planned = []
+    for name in suites:
+        suite, argument = suite_of(name)
+        own = settings.of(suite)
+        check_settings(suite, own, lengths)
+        planned.append((suite, suite.resolve(own, lengths), argument))
+    return settings.replace(suites=suites, lengths=lengths), planned
+
+
+def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: SuiteSettings,
+               out: str | Path) -> results.Results:
+    """Run suites on an in-memory model; `out/results.json` is rewritten after every cell, so what
+    finished survives a crash, and the plots are drawn at the end.
+
+    Args:
+        settings: what to score and how (see `SuiteSettings`).
+        out: the folder of results.json and the plots.
+    """
+    s, planned = _checked(model, settings)
+    out = Path(out)
+    rank, world = rank_and_world(s.distributed)
+    main = rank == 0
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    name = s.name or type(model).__name__
+    run = results.Run(results.run_label(name, s.scheme, s.options), s.scheme, dict(s.options),
+                      getattr(model.config, "posenc", None) if describe(model) else None)
+    recorded = {key: value for suite, own, argument in planned for key, value in suite.recorded(own, argument).items()}
+    record = results.Results("eval", name, runs=[run], settings={
+        "suite": s.suites, "lengths": s.lengths, **recorded, "batch_size": s.batch_size, "seed": s.seed,
+        "dtype": s.dtype or str(model.dtype).removeprefix("torch.")}, details={"processes": world})
+    path = out / "results.json"
+
+    def save(complete: bool = False) -> None:
+        if main:
+            record.save(path, complete=complete)
+
+    save()
+    scoring = Scoring(model, tokenizer, s.lengths, s.batch_size, s.seed, s.distributed, progress=main)
+    peaks = record.details.setdefault("peak_memory_mb", {})
+    reset_peak_memory(model.device)
+    _score(scoring, planned, run, save)
+    peaks[run.label] = peak_memory_mb(model.device)
+    if s.baseline and describe(model) is not None:
+        unpatch(model)
+        record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        reset_peak_memory(model.device)
+        _score(scoring, planned, record.runs[-1], save)
+        peaks[record.runs[-1].label] = peak_memory_mb(model.device)
+    save(complete=True)
+    if main:
+        plots.results_by_length(record.runs, out)
+    return record
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process's run: the CUDA allocator's peak since `reset_peak_memory`, else the
+    resident set's high-water mark since the process started (the OS keeps no resettable one)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def _score(scoring: Scoring, planned: Planned, run: results.Run, save: Callable[[], None]) -> None:
+    """One run's suites, in the order asked, saving the record after every cell."""
+    for suite, own, argument in planned:
+        for table, key, cell in suite.cells(scoring, own, argument):
+            run.put(table, key, cell)
+            save()

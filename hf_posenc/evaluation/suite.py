@@ -1,0 +1,250 @@
+"""The `Suite` contract: what `hf-posenc eval --suite NAME` runs, one module per suite (`evaluation/suites/`),
+registered with `hf_posenc.registry.register_suite` on its last line, as a scheme is. Torch-free: the command
+line builds its flags and refuses a typo from the registry before anything heavy is imported.
+
+A suite says its name, its settings (a dataclass whose fields, with their help and domain, are its `eval`
+flags), the metric tables it writes (`results.Metric`: headline fields, rate, model-index task and dataset,
+plot), which models it takes, and the cells it scores. `SuiteSettings` is what `run_suites` takes: the suites,
+the lengths, what every suite shares, and each suite's own settings by field name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from ..domains import domain_of
+from ..errors import PosEncError
+from ..registry import SUITES
+from ..results import Metric
+
+Cell = tuple[str, "int | str", dict[str, Any]]  # (metric table, key, cell)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """What every suite scores with: the model and tokenizer, the context lengths, what all suites share."""
+
+    model: Any
+    tokenizer: Any
+    lengths: list[int]
+    batch_size: int = 1
+    seed: int = 0
+    distributed: bool = False
+    progress: bool = False
+
+
+class Suite:
+    """One evaluation suite. Subclass, set the class attributes, write `cells`, and `register_suite(YourSuite())`.
+
+    Attributes:
+        name: what `--suite` takes; aliases: other names for it (`ppl`).
+        help: one line for `--suite`'s help.
+        Settings: a dataclass of its settings, each field `domains.option(default, help, domain)` (one `eval`
+            flag each, `--field-name`, or `metadata["flag"]`); suites that share one class share its flags.
+        metrics: the results.json tables it writes, name -> `results.Metric`.
+        measured_by: the settings its numbers depend on (`compare` refuses files that differ there).
+        encoder_decoder: what the model's config must say (True: encoder-decoders only, False: not them,
+            None: either): the check against the model, from config.json before any weights load.
+        one_process: why it cannot be split over processes (`accelerate launch`), or "" when it can.
+        arguments: what `NAME:a,b` names (RULER tasks, lm-eval tasks), or "" when it takes none.
+        order: where it lists and its tables print (built-ins 10..90; plug-ins default after them).
+    """
+
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    help: ClassVar[str] = ""
+    Settings: ClassVar[type | None] = None
+    metrics: ClassVar[Mapping[str, Metric]] = {}
+    measured_by: ClassVar[tuple[str, ...]] = ()
+    encoder_decoder: ClassVar[bool | None] = False
+    one_process: ClassVar[str] = ""
+    arguments: ClassVar[str] = ""
+    order: ClassVar[int] = 100
+
+    def argument(self, names: Sequence[str]) -> str:
+        """`names` after `NAME:` checked and canonical ("" for the default set); only suites with `arguments`."""
+        raise PosEncError(f"suite {self.name!r} takes no arguments (got {self.name}:{','.join(names)})")
+
+    def check(self, settings: Any, lengths: Sequence[int]) -> None:
+        """Relations between its settings (each field's own domain is checked for it), torch-free."""
+
+    def resolve(self, settings: Any, lengths: Sequence[int]) -> Any:
+        """The checked settings with defaults that depend on the lengths filled in (what runs and is recorded)."""
+        return settings
+
+    def recorded(self, settings: Any, argument: str) -> dict[str, Any]:
+        """What results.json records of this suite's settings (default: every field, tuples as lists)."""
+        values = dataclasses.asdict(settings) if settings is not None else {}
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+    def hub_datasets(self, settings: Mapping[str, Any]) -> list[str]:
+        """The Hub datasets it read, given a results file's settings (a card links them)."""
+        return []
+
+    def cells(self, scoring: Scoring, settings: Any, argument: str) -> Iterator[Cell]:
+        """Score the model: yield (table, key, cell) as each cell finishes (run_suites saves after each)."""
+        raise NotImplementedError
+
+
+def setting_fields() -> dict[str, tuple[dataclasses.Field, type]]:
+    """Every registered suite setting: field name -> (field, its settings class), in the suites' order."""
+    return {field.name: (field, suite.Settings) for suite in SUITES.values() if suite.Settings
+            for field in dataclasses.fields(suite.Settings)}
+
+
+def flag(field: dataclasses.Field) -> str:
+    """A setting's `eval` flag: `metadata["flag"]`, else `--` and the field's name with dashes."""
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
+def check_domains(settings: Any) -> None:
+    """Each setting within the domain its field declares (`domains.option`), named by its flag."""
+    for field in dataclasses.fields(settings) if settings is not None else ():
+        value, domain = getattr(settings, field.name), domain_of(field)
+        if value is not None and domain is not None and domain.problem(value):
+            raise PosEncError(f"{flag(field)} must be {domain.text().replace('an int ', 'an integer ')}, got {value}")
+
+
+def check_settings(suite: Suite, settings: Any, lengths: Sequence[int]) -> None:
+    """A suite's settings each within its domain, then the suite's own `check` of their relations."""
+    check_domains(settings)
+    suite.check(settings, lengths)
+
+
+def setting_groups() -> dict[type, list[str]]:
+    """Each settings class -> the suites that take it, in the suites' order: one `eval` argument group each."""
+    groups: dict[type, list[str]] = {}
+    for suite in SUITES.values():
+        if suite.Settings:
+            groups.setdefault(suite.Settings, []).append(suite.name)
+    return groups
+
+
+def suite_names() -> str:
+    """The suites as `--suite`'s help and errors list them: 'perplexity (ppl), passkey, ...'."""
+    return ", ".join(f"{s.name} ({', '.join(s.aliases)})" if s.aliases else s.name for s in SUITES.values())
+
+
+def suite_help() -> str:
+    """The suites with their one-line help, for `--suite`."""
+    named = ((f"{s.name} ({', '.join(s.aliases)})" if s.aliases else s.name, s.help) for s in SUITES.values())
+    return "; ".join(f"{name}: {text}" for name, text in named)
+
+
+def suite_of(name: str) -> tuple[Suite, str] | None:
+    """The registered suite of a parsed suite name ('ruler:vt' -> (ruler, 'vt')), or None (a plug-in not
+    imported now, e.g. when reading an old results file)."""
+    base, _, argument = name.partition(":")
+    return (SUITES[base], argument) if base in SUITES else None
+
+
+def _resolve(name: str) -> str:
+    return next((s.name for s in SUITES.values() if name in s.aliases), name)
+
+
+def parse_suites(names: Sequence[str]) -> list[str]:
+    """Suite names (or aliases) to suites, in the order given; unknown names are a PosEncError.
+
+    A suite that takes `arguments` is `NAME` (its default set) or `NAME:a,b`, and the names after it that are
+    not suites are more of its arguments (`ruler:niah_single_1,vt,ppl`): kept as `NAME:<canonical arguments>`.
+    """
+    parsed: list[list[Any]] = []  # [name, arguments or None]
+    for name in (_resolve(n.strip()) for n in names if n.strip()):
+        base, colon, rest = name.partition(":")
+        if base in SUITES and SUITES[base].arguments:
+            parsed.append([base, [a for a in rest.split(",") if a]])
+        elif parsed and parsed[-1][1] is not None and base not in SUITES:
+            parsed[-1][1].append(name)
+        elif name in SUITES:
+            parsed.append([name, None])
+        else:
+            raise PosEncError(f"unknown suite {name!r}; choose from {suite_names()}"
+                              + "".join(f"; {s.name}:<a>,<b> for some {s.arguments}" for s in SUITES.values()
+                                        if s.arguments))
+    if not parsed:
+        raise PosEncError(f"no suite given; choose from {suite_names()}")
+    suites = []
+    for name, arguments in parsed:
+        argument = SUITES[name].argument(arguments) if arguments is not None else ""
+        suites.append(f"{name}:{argument}" if argument else name)
+    return list(dict.fromkeys(suites))
+
+
+def check_model_kind(suites: Sequence[str], encoder_decoder: bool, model: str) -> None:
+    """Each suite's check against the model: encoder-decoders take the suites made for them only, other models
+    every suite but those; `model` names the model in the error."""
+    takes = [s for s in suites if SUITES[s.partition(":")[0]].encoder_decoder in (None, encoder_decoder)]
+    bad = [s for s in suites if s not in takes]
+    if not bad:
+        return
+    if encoder_decoder:
+        made = [s.name for s in SUITES.values() if s.encoder_decoder]
+        raise PosEncError(f"{model} is an encoder-decoder model: it takes the suites {', '.join(made)} "
+                          f"(input -> output pairs), not {', '.join(bad)}")
+    raise PosEncError(f"{model} is not an encoder-decoder model: the suites {', '.join(bad)} need one "
+                      "(AutoModelForSeq2SeqLM: T5, BART, ...)")
+
+
+def check_one_process(suites: Sequence[str], what: str) -> None:
+    """Suites that run in one process refuse a split over several (`what` says how it was asked for)."""
+    for name in suites:
+        suite = SUITES[name.partition(":")[0]]
+        if suite.one_process:
+            raise PosEncError(f"the {suite.name} suite runs in one process ({suite.one_process}): {what}")
+
+
+@dataclasses.dataclass(init=False)
+class SuiteSettings:
+    """What `run_suites` scores and how: `hf-posenc eval` builds it from its flags; results.json records it.
+
+    Args:
+        suites, lengths: the suites (names, aliases, `NAME:arguments`) and context lengths in tokens.
+        name: the model's name or path, for the results; scheme, options: the patch applied after loading.
+        batch_size, seed: shared by every suite that batches or draws.
+        dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
+        baseline: if the model is patched, then unpatch it and score it again with the same settings
+            (the run "<name> (unpatched)": for a model patched without training, the original one);
+            the model stays unpatched.
+        distributed: split windows, prompts and sentences over the processes of the torch.distributed
+            group (`accelerate launch`); every process must call `run_suites` alike, and gets the same
+            results as one process would; only the first writes files.
+        **values: the suites' own settings by field name (`max_windows=1`, `samples=3`; `hf-posenc eval --help`
+            lists them by suite); a suite not run ignores them.
+    """
+
+    suites: Sequence[str]
+    lengths: Sequence[int]
+    name: str | None
+    scheme: str | None
+    options: dict[str, Any]
+    batch_size: int
+    seed: int
+    dtype: str | None
+    baseline: bool
+    distributed: bool
+    values: dict[str, Any]
+
+    def __init__(self, suites: Sequence[str], lengths: Sequence[int], name: str | None = None,
+                 scheme: str | None = None, options: dict[str, Any] | None = None, *, batch_size: int = 1,
+                 seed: int = 0, dtype: str | None = None, baseline: bool = False, distributed: bool = False,
+                 **values: Any) -> None:
+        known = setting_fields()
+        if unknown := sorted(set(values) - set(known)):
+            raise PosEncError(f"unknown suite settings {', '.join(unknown)}; the registered suites take "
+                              f"{', '.join(known)}")
+        self.suites, self.lengths, self.name, self.scheme = suites, lengths, name, scheme
+        self.options, self.batch_size, self.seed, self.dtype = dict(options or {}), batch_size, seed, dtype
+        self.baseline, self.distributed, self.values = baseline, distributed, values
+
+    def of(self, suite: Suite) -> Any:
+        """The suite's own settings (its `Settings` built from the values given, defaults for the rest)."""
+        if suite.Settings is None:
+            return None
+        names = {f.name for f in dataclasses.fields(suite.Settings)}
+        return suite.Settings(**{k: v for k, v in self.values.items() if k in names})
+
+    def replace(self, **changes: Any) -> SuiteSettings:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "values"}
+        return SuiteSettings(**{**fields, **self.values, **changes})

@@ -1,0 +1,102 @@
+"""`lm_eval:<task>,<task>`: any lm-evaluation-harness task by name, run by lm-eval itself on the in-memory
+(patched) model (`hf_posenc.integrations.lm_eval.PosEncLM`), with the package's offline tasks (`posenc_kjv`,
+`posenc_sentiment`, `posenc_passkey`; tag `posenc`) beside lm-eval's own. One table, keyed by task and metric.
+
+lm-eval's own command line with the `hf-posenc` model type stays for lm-eval users
+(`python -m hf_posenc.integrations.lm_eval`); this suite is the same tasks inside `hf-posenc eval`: one
+results.json, the comparison table, the card. Rates whose per-sample scores are 0/1 (`BINARY`) carry n and a
+95% Wilson interval; every other metric its value, lm-eval's standard error and the sample count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ...domains import at_least, option
+from ...errors import PosEncError, did_you_mean
+from ...registry import register_suite
+from ...results import Metric
+from ..suite import Cell, Scoring, Suite
+
+BINARY = ("acc", "acc_norm", "exact_match")  # lm-eval metrics that average 0/1 per-sample scores
+
+
+@dataclasses.dataclass(frozen=True)
+class LmEvalSettings:
+    """lm-eval tasks by name"""
+
+    lm_eval_limit: int | None = option(None, "lm-eval: score only the first N documents of each task",
+                                       at_least(1, int))
+    num_fewshot: int | None = option(None, "lm-eval: few-shot examples per prompt (default: each task's own)",
+                                     at_least(0, int))
+
+
+def _dataset(key: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    task = key.split()[0]
+    return {"dataset_type": task, "dataset_name": f"lm-evaluation-harness task {task}"}
+
+
+@functools.cache
+def task_manager() -> Any:
+    """lm-eval's tasks and the package's offline ones (indexed once per process: it reads every task's YAML)."""
+    from lm_eval.tasks import TaskManager
+
+    from ...integrations.lm_eval import LM_EVAL_TASK_DIR
+
+    return TaskManager(include_path=str(LM_EVAL_TASK_DIR))
+
+
+class LmEval(Suite):
+    name = "lm_eval"
+    help = "lm-evaluation-harness tasks by name (lm_eval:<task>,<task>; the offline posenc_* tasks too)"
+    Settings = LmEvalSettings
+    metrics = {"lm_eval": Metric(("value",), "", "value", task=("text-generation", "lm-evaluation-harness"),
+                                 dataset=_dataset)}
+    measured_by = ("lm_eval_limit", "num_fewshot", "seed")
+    one_process = "lm-eval's own loop"
+    arguments = "lm-eval tasks"
+    order = 60
+
+    def argument(self, names: Sequence[str]) -> str:
+        """Task names lm-eval knows: its task index is read here (the one suite whose names are checked after
+        lm-eval, and so torch, is imported), still before a model loads or a result is written."""
+        if not names:
+            raise PosEncError("name the lm-eval tasks to run: --suite lm_eval:<task>,<task> (e.g. "
+                              "lm_eval:posenc_kjv,posenc_sentiment)")
+        known = set(task_manager().all_tasks)
+        for task in names:
+            if task not in known:
+                raise PosEncError(f"unknown lm-eval task {task!r}{did_you_mean(task, known)}; `lm-eval ls tasks` "
+                                  f"lists them (offline here: posenc_kjv, posenc_sentiment, posenc_passkey)")
+        return ",".join(dict.fromkeys(names))
+
+    def cells(self, scoring: Scoring, s: LmEvalSettings, argument: str) -> Iterator[Cell]:
+        from lm_eval import simple_evaluate
+
+        from ...integrations.lm_eval import PosEncLM
+        from ...stats import rate_fields
+
+        lm = PosEncLM(pretrained=scoring.model, tokenizer=scoring.tokenizer, batch_size=scoring.batch_size,
+                      max_length=max(scoring.lengths))
+        for task in argument.split(","):
+            out = simple_evaluate(model=lm, tasks=[task], task_manager=task_manager(), limit=s.lm_eval_limit,
+                                  num_fewshot=s.num_fewshot, random_seed=scoring.seed, numpy_random_seed=scoring.seed,
+                                  torch_random_seed=scoring.seed, fewshot_random_seed=scoring.seed)
+            for name, values in out["results"].items():
+                n = int(out["n-samples"].get(name, {}).get("effective", 0))
+                for key, value in values.items():
+                    metric, _, _ = key.partition(",")
+                    if not isinstance(value, (int, float)) or metric.endswith("_stderr"):
+                        continue
+                    cell: dict[str, Any] = {"value": value, "samples": n}
+                    if metric in BINARY and n:
+                        cell.update(rate_fields(round(value * n), n))
+                    elif isinstance(values.get(f"{metric}_stderr,{key.partition(',')[2]}"), (int, float)):
+                        cell["stderr"] = values[f"{metric}_stderr,{key.partition(',')[2]}"]
+                    yield "lm_eval", f"{name} {metric}", cell
+
+
+register_suite(LmEval())
