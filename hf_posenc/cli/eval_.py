@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
-from ..folders import check_out, clear_out
+from ..folders import check_out, clear_out, finished, incomplete
 from ..models import display_name
 from ..progress import waiting
 from .arguments import float_list, int_list, layer_list, parse_options, scheme_config
 from .checks import at_least, check_model_takes, layers_fit, model_folder, options_fit
+from .cost import announce
 from .launch import accelerate_config, launch, launch_settings
 from .threads import limited_threads
 
@@ -148,6 +149,7 @@ def check(args: argparse.Namespace) -> None:
     check_model_kind(args.suites, encoder_decoder, f"--model {args.model!r} ({config.model_type})")
     args.task = "seq2seq" if encoder_decoder else "causal_lm"  # the class `load` builds
     check_model_takes(args.model, args.config)
+    announce(args, config)  # every check passed: a long run is announced before the model loads
 
 
 def main(args: argparse.Namespace) -> int:
@@ -158,8 +160,11 @@ def main(args: argparse.Namespace) -> int:
                       mixed=args.mixed))
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
-        clear_out(args.out, "eval", [args.model])
-        return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
+        clear_out(args.out, "eval", [args.model], until_finished=True)
+        code = launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
+        if code == 0:
+            finished(args.out)
+        return code
     # a launched process (WORLD_SIZE > 1) keeps the threads its launcher gave it
     with limited_threads("eval: importing torch and transformers", active=os.environ.get("WORLD_SIZE", "1") == "1"):
         return _evaluate(args)
@@ -185,11 +190,13 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         patch(model, args.config)
     # launched: cleared (and marked) once, before the launch
-    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])
+    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model], until_finished=True)
     record = run_suites(model, tokenizer, suite_settings(args, distributed), out)
     if state.is_main_process:
         print(results.markdown(record.runs))
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
+    if not distributed:
+        finished(out)
     return 0
 
 
@@ -208,6 +215,7 @@ def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings
 
 def saved(args: argparse.Namespace) -> str:
     path = Path(args.out) / "results.json"
-    if args.compare or not path.is_file():
+    if args.compare or not incomplete(args.out, "eval"):
         return "nothing was saved"
-    return f"the suites that finished are in {path} (complete: false)"
+    done = f"the suites that finished are in {path} (complete: false)" if path.is_file() else "no suite finished"
+    return f"{done}; the same command run again replaces {args.out}, no --overwrite needed"
