@@ -45,6 +45,24 @@ def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
 
 # ---------------------------------------------------------------- results
 
+MARKERS = "osD^v<>p*h"
+
+
+def dodged(runs: Sequence[Run], metric: str, field: str) -> list[tuple[float, str, str]]:
+    """(x factor, legend label, marker) per run: a run whose series equals an earlier one's is drawn shifted a
+    little along the (log) length axis with its own marker, and its label says whose it equals -- drawn on top
+    of each other, one legend entry had no visible line (the original under "yarn x2" on passkey)."""
+    seen: list[tuple[Any, str]] = []
+    drawn = []
+    for run in runs:
+        points = series(run, metric, field)
+        same = [label for other, label in seen if other == points]
+        shift = 2 ** (0.06 * len(same))  # 4% apart per copy on a log2 axis: visible, still at its length
+        label = f"{run.label} (same as {same[0]}; shifted)" if same else run.label
+        drawn.append((shift, label, MARKERS[len(same) % len(MARKERS)]))
+        seen.append((points, run.label))
+    return drawn
+
 
 def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
     """perplexity.png (a line per run), passkey.png (a length x depth heatmap for one run, mean accuracy
@@ -61,15 +79,16 @@ def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
         if not drawn:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for run in drawn:
+        for run, (shift, label, marker) in zip(drawn, dodged(drawn, metric, field)):
             lengths, values = series(run, metric, field)
+            lengths = [length * shift for length in lengths]
             bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(metric) if field in cell and "low" in cell]
             if len(bounds) == len(values):  # the rate's 95% Wilson interval as error bars
                 errors = [[v - lo for v, (lo, _) in zip(values, bounds)],
                           [hi - v for v, (_, hi) in zip(values, bounds)]]
-                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=run.label)
+                ax.errorbar(lengths, values, yerr=errors, marker=marker, capsize=3, label=label)
             else:
-                ax.plot(lengths, values, marker="o", label=run.label)
+                ax.plot(lengths, values, marker=marker, label=label)
         ax.set(xlabel="context length (tokens)", ylabel=ylabel, title=title)
         if metric == "perplexity":
             ax.set_yscale("log")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -194,10 +195,30 @@ def _evaluate(args: argparse.Namespace) -> int:
     record = run_suites(model, tokenizer, suite_settings(args, distributed), out)
     if state.is_main_process:
         print(results.markdown(record.runs))
+        if "perplexity" in record.settings["suite"]:
+            print(results.scored_places(record.settings))
+        if (original := original_model(args.model)) and any("its own weights" in run.label for run in record.runs):
+            print(f"the baseline is {display_name(args.model)}'s own weights with its native positions, not the "
+                  f"original model; to score the original ({original}) with the same settings: hf-posenc eval "
+                  f"--model {original} ... --out OUT2, then hf-posenc eval --compare")
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     if not distributed:
         finished(out)
     return 0
+
+
+def original_model(name: str) -> str | None:
+    """The model a saved folder was trained or patched from, where the folder says (run.json's recipe, or its
+    card's base_model); None for anything else."""
+    import json
+
+    from ..models import origin
+
+    run = Path(name) / "run.json"
+    if run.is_file():
+        with contextlib.suppress(ValueError, AttributeError):
+            return json.loads(run.read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"]
+    return origin(name)[0] if Path(name).is_dir() else None
 
 
 def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings:

@@ -47,7 +47,8 @@ class SuiteSettings:
         limit: score only the first `limit` sentences of a sentiment suite.
         dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
         baseline: if the model is patched, then unpatch it and score it again with the same settings
-            (the run "<name> (unpatched)": for a model patched without training, the original one);
+            (the run "<name> (unpatched)": the original model, when `scheme` patched it here; "<name> (its own
+            weights, <native> positions)" when it came patched: a trained folder with its native scheme back);
             the model stays unpatched.
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
             group (`accelerate launch`); every process must call `run_suites` alike, and gets the same
@@ -134,8 +135,11 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
     _score(model, tokenizer, s, run, save, progress=main)
     peaks[run.label] = peak_memory_mb(model.device)
     if s.baseline and describe(model) is not None:
+        native = (getattr(model.config, "posenc", None) or {}).get("from") or "native"
         unpatch(model)
-        record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        # patched here: unpatched is the original model; loaded patched (a trained folder): its own weights
+        label = "(unpatched)" if s.scheme else f"(its own weights, {native} positions)"
+        record.runs.append(results.Run(f"{Path(name).name or name} {label}"))
         reset_peak_memory(model.device)
         _score(model, tokenizer, s, record.runs[-1], save, progress=main)
         peaks[record.runs[-1].label] = peak_memory_mb(model.device)
