@@ -115,7 +115,8 @@ def load_model(
         name_or_path: a name from `hf_posenc.models.NAMED_MODELS`, a local folder or a Hub id.
         task: a key of `TASK_MODEL_CLASSES`: the head to load ("saved": the class the checkpoint names).
         dtype: parameter dtype (GGUF weights are unpacked to it); None leaves transformers' default.
-        scheme, options: apply `hf_posenc.patch(model, scheme, **options)` after loading.
+        scheme: apply `hf_posenc.patch(model, scheme, **options)` after loading.
+        options: the scheme's options.
         config: an already loaded config (the remote-code entry point gets one from transformers).
         **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision,
             device_map (see `inference_device_map`), ...).

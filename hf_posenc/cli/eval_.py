@@ -55,7 +55,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                              "from the start of the text (each length scores other tokens)")
     parser.add_argument("--target-tokens", type=int, default=None,
                         help="same_target: tokens scored per window (default: half the shortest length)")
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=1, help="sequences per forward pass")
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey needle depths in [0, 1]")
     parser.add_argument("--trials", type=int, default=4,
                         help="passkey prompts per length and depth (default 4 x 5 depths = 20 per length)")
@@ -67,8 +67,9 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=20,
                         help="examples per task length (copy/reverse/addition and their seq2seq_ suites)")
     parser.add_argument("--limit", type=int, default=None, help="sentiment suites: score only the first N sentences")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the dtype the model is loaded and scored in")
+    parser.add_argument("--seed", type=int, default=0, help="seed of passkey keys, task examples and a random patch init")
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--no-baseline", action="store_true",
