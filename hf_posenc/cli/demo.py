@@ -33,7 +33,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 RECOVERS = "alibi"  # the scheme the demo recovers: the smoke recipe's (RECIPE), scored before and after
 RECOVERED = "alibi, {steps} recovery steps"
 # what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
-LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32"}
+LOADING = {"smollm2": " (its Q4_1 GGUF dequantized to fp32 on first use, then read from the user's cache)"}
 RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
