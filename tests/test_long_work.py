@@ -67,3 +67,17 @@ def test_a_long_length_is_announced_and_an_interrupted_run_is_replaced_by_its_re
     # a finished folder is protected as before
     again = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--out", str(out), cwd=tmp_path)
     assert again.returncode == 2 and "not empty" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_a_failed_run_leaves_a_folder_its_rerun_replaces(tiny, tmp_path, capsys):
+    from hf_posenc import cli
+
+    out = tmp_path / "out"
+    small = ["eval", "--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+             "--out", str(out)]
+    # a text that cannot be read offline fails after the folder was begun
+    assert cli.main([*small, "--text", "no-such-owner/no-such-dataset"]) != 0
+    assert json.loads((out / folders.MARKER).read_text())["complete"] is False
+    capsys.readouterr()
+    assert cli.main(small) == 0  # the same command, fixed, without --overwrite
+    assert json.loads((out / folders.MARKER).read_text())["complete"] is True
