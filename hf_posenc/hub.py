@@ -303,7 +303,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     """Write the repo `push` would upload into the new folder `out`; `folder` is only read.
 
     `out` holds the folder's files (minus training checkpoints), the model card as README.md
-    (the folder's own README.md if it has one, else `model_card(...)`) and, for a patched model,
+    (the folder's own README.md if it has one, its loading snippet naming `repo_id`; else `model_card(...)`) and, for a patched model,
     the remote-code file plus `auto_map` in config.json so `trust_remote_code=True` reloads the patch.
 
     Args:
