@@ -282,8 +282,38 @@ def write_report(record: results.Results, out: Path) -> None:
 
 
 def _short(label: str) -> str:
-    """An arm's label in the plot: a recovered arm's qualifiers dropped (its marker says it)."""
-    return f"{label.split(',')[0]} (recovered)" if label.endswith(RECOVERED) else label
+    """An arm's label in the plot: a recovered arm's recipe dropped (its marker says it), its other qualifiers kept
+    (the fine-tuned control and the original were both "original" once)."""
+    label = label.replace("original (rope), same fine-tuning (control)", "rope, fine-tuned (control)")
+    return f"{label.removesuffix(f', {RECOVERED}')}, recovered" if label.endswith(RECOVERED) else label
+
+
+def _annotations(points: list[tuple[str, float, float]], right: float) -> list[tuple[str, tuple[float, float], str]]:
+    """(text, offset in points, alignment) of each (label, x, y) given in points on the page, for one panel: texts
+    made distinct (a label met twice gets its count); each goes to the first free place near its point (right of
+    it, else left, a line up or down, then further out), left of it near the panel's `right` edge, where a
+    clipped text once read "original" for two different arms."""
+    seen: dict[str, int] = {}
+    boxes: list[tuple[float, float, float, float]] = []
+    notes = []
+    for label, x, y in points:
+        seen[_short(label)] = seen.get(_short(label), 0) + 1
+        text = _short(label) if seen[_short(label)] == 1 else f"{_short(label)} #{seen[_short(label)]}"
+        width = 3.3 * len(text)  # 6-point text, average glyph
+        sides = ("left",) if x + 5 + width > right else ("right", "left")
+        tries = [(side, dy) for step in range(12) for dy in ((3.0 + 9 * step, -9.0 - 9 * step) if step else (3.0, -9.0))
+                 for side in sides]
+
+        def free(side: str, dy: float) -> bool:
+            x0 = x + 5 if side == "right" else x - 5 - width
+            return not any(x0 < bx1 and bx0 < x0 + width and y + dy < by1 and by0 < y + dy + 8
+                           for bx0, by0, bx1, by1 in boxes)
+
+        side, dy = next((t for t in tries if free(*t)), tries[0])
+        x0 = x + 5 if side == "right" else x - 5 - width
+        boxes.append((x0, y + dy, x0 + width, y + dy + 8))
+        notes.append((text, (5.0 if side == "right" else -5.0, dy), "left" if side == "right" else "right"))
+    return notes
 
 
 def _plot(record: results.Results, path: Path) -> None:
@@ -302,6 +332,7 @@ def _plot(record: results.Results, path: Path) -> None:
             if row >= len(lengths):
                 ax.set_axis_off()
                 continue
+            points = []
             for run in record.runs:
                 arm = record.details["arms"].get(run.label, {})
                 cell = run.metrics.get(metric, {}).get(str(lengths[row]), {})
@@ -312,15 +343,19 @@ def _plot(record: results.Results, path: Path) -> None:
                 marker, colour = FAMILIES[arm["family"]]
                 handles[arm["family"]] = ax.errorbar([x], [y], yerr=yerr, marker=marker, color=colour,
                                                      linestyle="none", capsize=3, markersize=8)
-                note = ax.annotate(_short(run.label), (x, y), fontsize=6, textcoords="offset points",
-                                   xytext=(5, 3), clip_on=True)
-                note.set_in_layout(False)  # a long label must not squeeze the panel
+                points.append((run.label, x, y))
             ax.set(xlabel="share of positions kept (layers x rotary pairs still rotating)", ylabel=shown,
                    title=f"{shown} @ {lengths[row]} tokens", xlim=(-0.05, 1.1))
             if metric == "perplexity":
                 ax.set_yscale("log")
             else:
                 ax.set_ylim(-0.05, 1.05)
+            to_points = lambda xy: ax.transData.transform(xy) * 72 / fig.dpi  # noqa: E731
+            placed = [(label, *to_points((x, y))) for label, x, y in points]
+            right = (ax.transAxes.transform((1, 0)) * 72 / fig.dpi)[0]
+            for (text, offset, align), (_, x, y) in zip(_annotations(placed, right), points):
+                note = ax.annotate(text, (x, y), fontsize=6, textcoords="offset points", xytext=offset, ha=align)
+                note.set_in_layout(False)  # a long label must not squeeze the panel
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
     fig.suptitle(f"SmolLM2-135M-Instruct: where it needs positions (rates: 95% Wilson interval, n={record.settings['samples']};"
                  " no point: skipped after 0/n at a shorter length)")

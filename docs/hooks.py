@@ -1,11 +1,16 @@
-"""mkdocs hooks: the tables the registry knows are generated when the site is built, never pasted.
+"""mkdocs hooks: the tables the registry knows are generated, never pasted, and written into the pages.
+
+Each table sits in its page between `<!-- posenc:KIND [ARG] -->` and `<!-- /posenc -->`, so the Markdown files read
+right as files too (on GitHub, in an editor); `python docs/hooks.py` rewrites them from the registry,
+tests/test_doc_files.py fails when one is stale, and the site build fills them afresh all the same:
 
 - `<!-- posenc:support-matrix -->`: the support matrix, schemes with identical columns grouped, from
   `hf-posenc list --json` (the registry's snapshot, which tests/test_cli.py keeps equal to the registry);
 - `<!-- posenc:support-matrix-full -->`: one column per scheme, as `hf-posenc list --wide` prints it;
 - `<!-- posenc:schemes -->`: every scheme with its site and source (`hf-posenc list --wide`);
 - `<!-- posenc:scheme-options NAME -->`: the options of NAME (`hf-posenc list --scheme NAME`);
-- `<!-- posenc:model-types -->`: the causal-LM model types (`hf-posenc list --model-types`).
+- `<!-- posenc:model-types -->`: the causal-LM model types (`hf-posenc list --model-types`);
+- `<!-- posenc:eval-options -->`: every `hf-posenc eval` option, its default and help, from its parser.
 
 Everything comes from running the package's own command line, so the pages say what `hf-posenc list`
 says. Images and plots outside docs/ (benchmarks/) are served under `assets/<path in the repository>`.
@@ -90,18 +95,48 @@ def model_types() -> str:
     return text[:text.index("\n\n")] + "\n"  # the causal-LM table; encoder-decoders have their own section
 
 
+def eval_options() -> str:
+    """Every `hf-posenc eval` option with its default and help, from the parser itself."""
+    proc = subprocess.run([sys.executable, "-c", "from hf_posenc import cli; import json; p = cli.build_parser(['eval']); "
+                           "e = p._subparsers._group_actions[0].choices['eval']; print(json.dumps([[a.option_strings, "
+                           "a.metavar or (a.dest.upper() if a.nargs != 0 else None), repr(a.default) if a.default is not None and "
+                           "a.default is not False else '', a.help] for a in e._actions if a.option_strings and a.dest not in "
+                           "('help', 'debug')]))"], cwd=REPO, capture_output=True, text=True, check=True)
+    lines = ["| option | default | what it does |", "|---|---|---|"]
+    for flags, metavar, default, text in json.loads(proc.stdout):
+        flag = " / ".join(f"`{f}{f' {metavar}' if metavar else ''}`" for f in flags)
+        lines.append(f"| {flag} | {default.replace('|', '/')} | {(text or '').replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATED = {"support-matrix": grouped_matrix, "support-matrix-full": full_matrix, "schemes": scheme_table,
-             "model-types": model_types}
+             "model-types": model_types, "eval-options": eval_options}
+
+
+END = "<!-- /posenc -->"
+# an opening marker, then the table written earlier up to its end marker (none yet: the marker alone)
+BLOCK = re.compile(r"^<!-- posenc:([\w-]+)(?: (\w+))? -->\n(?:(?:(?!^<!-- posenc:).)*?^<!-- /posenc -->$)?",
+                   flags=re.M | re.S)
+PAGES = ("*.md", "*/*.md")
+
+
+def fill(markdown: str) -> str:
+    """The page with every generated table (re)written between its markers."""
+    def replace(match: re.Match) -> str:
+        kind, arg = match.group(1), match.group(2)
+        table = scheme_options(arg) if kind == "scheme-options" else GENERATED[kind]()
+        return f"<!-- posenc:{kind}{f' {arg}' if arg else ''} -->\n{table}{END}"
+
+    return BLOCK.sub(replace, markdown)
+
+
+def pages() -> list[Path]:
+    return sorted({path for pattern in PAGES for path in (REPO / "docs").glob(pattern) if BLOCK.search(path.read_text())})
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    def replace(match: re.Match) -> str:
-        kind, arg = match.group(1), match.group(2)
-        if kind == "scheme-options":
-            return scheme_options(arg)
-        return GENERATED[kind]()
-
-    return re.sub(r"^<!-- posenc:([\w-]+)(?: (\w+))? -->$", replace, markdown, flags=re.M)
+    """The page with fresh tables and without their markers (blank lines instead, so each table is a block)."""
+    return re.sub(r"^<!-- (?:posenc:[\w-]+(?: \w+)?|/posenc) -->$", "", fill(markdown), flags=re.M)
 
 
 def on_files(files, config):
@@ -110,3 +145,11 @@ def on_files(files, config):
             rel = path.relative_to(REPO).as_posix()
             files.append(File.generated(config, f"assets/{rel}", abs_src_path=str(path)))
     return files
+
+
+if __name__ == "__main__":
+    for path in pages():
+        text = path.read_text(encoding="utf-8")
+        if fill(text) != text:
+            path.write_text(fill(text), encoding="utf-8")
+            print(f"wrote the generated tables of {path.relative_to(REPO)}")

@@ -9,7 +9,10 @@ said only "hf-posenc wrote this". Any other file (a config.json, a results.json)
 transformers and other tools write those too, so a folder without the marker -- including output of
 hf-posenc versions before the marker -- is refused, and the user deletes it or picks a new one. A marker
 from before kinds is read by its command, and a folder whose files hold a model (weights, a config.json,
-checkpoints) counts as a model whatever its marker says.
+checkpoints) counts as a model whatever its marker says. A command whose run takes long (eval) marks its
+folder incomplete until it is done: a run interrupted or failed leaves a folder that was the command's own
+and half-written, which a rerun of the same command replaces without --overwrite (and so never answers the
+rerun's next mistake with "the folder is not empty").
 
 A folder that is, holds, or lies inside one of the command's sources (the model it reads, the recipe's
 data, the results files it compares) is refused whatever the flags: writing there changes the input.
@@ -31,8 +34,8 @@ from typing import Any
 from .errors import PosEncError
 from .version import __version__
 
-__all__ = ["GGUF_MARK", "KINDS", "MARKER", "check_out", "gguf_mark", "check_replace", "check_separate", "clear_out", "is_marked",
-           "kind_of", "mark", "read_marker", "replaceable"]
+__all__ = ["GGUF_MARK", "KINDS", "MARKER", "check_out", "check_replace", "check_separate", "clear_out", "finished",
+           "gguf_mark", "incomplete", "is_marked", "kind_of", "mark", "read_marker", "replaceable"]
 
 MARKER = ".hf-posenc.json"
 GGUF_MARK = "hf_posenc.posenc"  # the key of a GGUF file hf-posenc wrote: what it keeps, as JSON
@@ -57,12 +60,13 @@ HOLDS_MODEL = frozenset({"model", "run", "demo", "staged repo"})
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.ckpt", "checkpoints")
 
 
-def mark(folder: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
-    """Write the marker into `folder` (which must exist): this folder is hf-posenc output, of `command`'s kind."""
+def mark(folder: str | os.PathLike, command: str, sources: Iterable[str] = (), complete: bool = True) -> Path:
+    """Write the marker into `folder` (which must exist): this folder is hf-posenc output, of `command`'s kind;
+    `complete=False` until the command has written all of it (`finished`)."""
     path = Path(folder) / MARKER
     record = {"tool": TOOL, "version": __version__, "command": command, "kind": KINDS[command],
               "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "sources": [str(s) for s in sources]}
+              "sources": [str(s) for s in sources], "complete": complete}
     tmp = path.with_name(f".tmp{MARKER}")
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -81,6 +85,20 @@ def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
 
 def is_marked(folder: str | os.PathLike) -> bool:
     return read_marker(folder) is not None
+
+
+def finished(folder: str | os.PathLike) -> None:
+    """Mark a folder `clear_out(..., until_finished=True)` began as complete: the command wrote all of it."""
+    record = read_marker(folder)
+    if record is not None:
+        mark(folder, record["command"], record.get("sources", ()))
+
+
+def incomplete(folder: str | os.PathLike, command: str) -> bool:
+    """Whether `folder` is this command's own output of a run that was interrupted or failed: the same command
+    may take it back (replace it) without --overwrite, as the user's rerun of that run."""
+    record = read_marker(folder)
+    return record is not None and record.get("complete") is False and replaceable(folder, command)
 
 
 def holds_model(folder: str | os.PathLike) -> bool:
@@ -163,7 +181,7 @@ def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[
     check_separate(out, sources or {}, flag)
     if out.is_file():
         raise PosEncError(f"{flag} {path} is a file; give a folder (new or empty)")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()) and not incomplete(out, command):
         if is_marked(out) and not replaceable(out, command):  # another kind: --overwrite would not help
             check_replace(path, command, flag)
         if not overwrite:
@@ -176,9 +194,11 @@ def check_out(path: str, overwrite: bool, flag: str = "--out", sources: Mapping[
     return out
 
 
-def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Path:
+def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = (), until_finished: bool = False
+              ) -> Path:
     """Make the (checked) output folder exist, empty but for a new marker: partial output of an
-    interrupted run is marked too, so --overwrite can replace it."""
+    interrupted run is marked too, so --overwrite can replace it; with `until_finished` it is marked
+    incomplete until `finished`, so a rerun of the same command replaces it without --overwrite."""
     out = Path(path)
     if out.is_dir() and any(out.iterdir()):
         if not is_marked(out):  # check_out ran earlier; this guards a folder that changed since
@@ -186,7 +206,7 @@ def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()
         check_replace(out, command, "folder")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    mark(out, command, sources)
+    mark(out, command, sources, complete=not until_finished)
     return out
 
 

@@ -28,7 +28,7 @@ from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
 from .evaluation.suite import suite_of
 from .folders import MARKER, gguf_mark
-from .models import display_name, origin
+from .models import display_name, origin, provenance
 
 __all__ = ["auto_classes", "export", "model_card", "push"]
 
@@ -204,7 +204,9 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     classes = auto_classes(config)
     model_name = (repo_id or folder.resolve().name).split("/")[-1]
     entries = [entry for record, run in indexed for entry in _entries(record, run)]
-    tables = [{"source": source, "kind": record.kind, **dict(zip(("columns", "rows"), _table(record)))}
+    tables = [{"source": source, "kind": record.kind, **dict(zip(("columns", "rows"), _table(record))),
+               "note": results.scored_places(record.settings) if "perplexity_mode" in record.settings
+               and any(run.metrics.get("perplexity") for run in record.runs) else None}
               for source, record in found]
 
     posenc_view = None
@@ -232,7 +234,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     versions = next((record.versions for _, record in found), None)
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
-        card_data, template_str=template, model_name=model_name, posenc=posenc_view,
+        card_data, template_str=template, model_name=model_name, posenc=posenc_view, provenance=provenance(source),
         architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
         loadable=bool(config), native=bool(posenc and config) and loading.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
@@ -252,6 +254,12 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def _staged_card(text: str, folder: Path, repo_id: str | None) -> str:
+    """The folder's own card as staged for `repo_id`: the loading snippet `hf-posenc card` wrote for the local
+    folder (`"./<name>"`) names the repo it is pushed to; the rest as the user left it."""
+    return text if repo_id is None else text.replace(f'"./{folder.resolve().name}"', f'"{repo_id}"')
 
 
 def _write_new(path: Path, text: str) -> None:
@@ -289,7 +297,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     """Write the repo `push` would upload into the new folder `out`; `folder` is only read.
 
     `out` holds the folder's files (minus training checkpoints), the model card as README.md
-    (the folder's own README.md if it has one, else `model_card(...)`) and, for a patched model,
+    (the folder's own README.md if it has one, its loading snippet naming `repo_id`; else `model_card(...)`) and, for a patched model,
     the remote-code file plus `auto_map` in config.json so `trust_remote_code=True` reloads the patch.
 
     Args:
@@ -318,14 +326,14 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
         native = loading.native_config(config)
-    card = None if (folder / "README.md").is_file() else model_card(folder, base_model, repo_id=repo_id)
+    card = model_card(folder, base_model, repo_id=repo_id) if not (folder / "README.md").is_file() else \
+        _staged_card((folder / "README.md").read_text(encoding="utf-8"), folder, repo_id)
     mark = gguf_of(gguf, config) if gguf is not None else None
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
     if config.get("posenc"):
         saving.mark_folder(out, native)  # writes new files, never through the links
-    if card is not None:
-        _write_new(out / "README.md", str(card))
+    _write_new(out / "README.md", str(card))
     if gguf is not None:
         stage_gguf(gguf, mark, out, link)
     return out

@@ -34,6 +34,7 @@ from .models import NAMED_MODELS, recorded_config, source
 from .patching import describe_modules, patch
 from .saving import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
 from .state import STATE_ATTR
+from .unpacked import cached_folder, unpacked_folder
 
 __all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
            "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
@@ -50,9 +51,14 @@ TASK_MODEL_CLASSES: dict[str, Any] = {
 
 
 def failed(name_or_path: str, what: str, err: Exception) -> PosEncError:
-    """The error of a read that failed: what could not be read, why, and what to give instead."""
+    """The error of a read that failed: what could not be read, why, and what to give instead (never the name
+    that just failed: a packaged model that does not load is reinstalled)."""
+    if name_or_path in NAMED_MODELS:
+        return PosEncError(f"cannot load the {what} of the packaged model {name_or_path!r} ({type(err).__name__}: "
+                           f"{err}); reinstall it with `{NAMED_MODELS[name_or_path][4]}`")
+    others = [name for name in NAMED_MODELS if name != name_or_path]
     return PosEncError(f"cannot load the {what} of {name_or_path!r} ({type(err).__name__}: {err}); give a saved "
-                       f"model folder, a reachable Hub id or one of {', '.join(NAMED_MODELS)}")
+                       f"model folder, a reachable Hub id or one of {', '.join(others)}")
 
 
 def load_config(name_or_path: str) -> PretrainedConfig:
@@ -109,14 +115,15 @@ def load_model(
         name_or_path: a name from `hf_posenc.models.NAMED_MODELS`, a local folder or a Hub id.
         task: a key of `TASK_MODEL_CLASSES`: the head to load ("saved": the class the checkpoint names).
         dtype: parameter dtype (GGUF weights are unpacked to it); None leaves transformers' default.
-        scheme, options: apply `hf_posenc.patch(model, scheme, **options)` after loading.
+        scheme: apply `hf_posenc.patch(model, scheme, **options)` after loading.
+        options: the scheme's options.
         config: an already loaded config (the remote-code entry point gets one from transformers).
         **kwargs: passed to `from_pretrained` (attn_implementation, num_labels, revision,
             device_map (see `inference_device_map`), ...).
     """
     path, source_kwargs = source(name_or_path)
-    if "gguf_file" in source_kwargs:
-        source_kwargs.update(compat.dense_gguf_kwargs(source_kwargs["gguf_file"]))
+    if name_or_path in NAMED_MODELS:  # a GGUF is read from its unpacked copy (unpacked once, then cached)
+        path, source_kwargs = str(unpacked_folder(name_or_path)), {}
     cls = model_class(name_or_path, task, config)
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -148,7 +155,11 @@ def damaged(folder: str) -> str | None:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder, Hub id or packaged name (from the unpacked copy once there is one:
+    reading it out of the GGUF takes 8-15 s)."""
     path, kwargs = source(name_or_path)
+    if name_or_path in NAMED_MODELS and (cached := cached_folder(name_or_path)) is not None:
+        path, kwargs = str(cached), {}
     extra = {k: v for k, v in kwargs.items() if k == "gguf_file"}
     if has_own_model_type(path):  # AutoTokenizer reads the model config first: give it the stock one
         extra["config"] = read_config(path)
@@ -225,12 +236,16 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
     re-applies `config.posenc` before the patch's weights load.
 
     Args:
-        path: a local folder or Hub repo id.
+        path: a local folder, a Hub repo id, or the name of a packaged model (`smollm2`, `minilm`, `gemma3-270m`,
+            see `hf_posenc.models.NAMED_MODELS`), which loads offline: a GGUF one from its copy unpacked once
+            into the user's cache (`hf_posenc.unpacked`).
         model_cls: the transformers Auto class or model class (default `AutoModelForCausalLM`).
         **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...);
             `output_loading_info=True` returns (model, its load report without the patch's own keys).
     """
     kwargs.pop("trust_remote_code", None)
+    if str(path) in NAMED_MODELS:
+        path = str(unpacked_folder(str(path)))
     config = kwargs.pop("config", None)
     if config is None:
         # as transformers' Auto classes do: the config takes its kwargs, the model the rest and the dtype

@@ -86,6 +86,18 @@ def gemma3_270m_folder() -> Path:
     return assemble().parent
 
 
+def provenance(name: str | None) -> str | None:
+    """Where a packaged model's weights came from, for a model card: the GGUF ones are 4-bit quantized files
+    dequantized to fp32, so they differ from the original checkpoint by the quantization error."""
+    if name not in NAMED_MODELS or "gguf_file" not in NAMED_MODELS[name][2]:
+        return None
+    dist, _, kwargs, display, _ = NAMED_MODELS[name]
+    hub_id = ORIGINS[name][0]
+    return (f"The starting weights are {display} as the `{dist}` package ships it: the 4-bit GGUF "
+            f"`{kwargs['gguf_file']}` (a quantization of `{hub_id}`), dequantized to fp32 by transformers; they "
+            "differ from the original checkpoint by the quantization error.")
+
+
 def display_name(name: str) -> str:
     return NAMED_MODELS[name][3] if name in NAMED_MODELS else Path(name).name
 

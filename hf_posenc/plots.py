@@ -47,6 +47,24 @@ def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
 
 # ---------------------------------------------------------------- results
 
+MARKERS = "osD^v<>p*h"
+
+
+def dodged(runs: Sequence[Run], metric: str, field: str) -> list[tuple[float, str, str]]:
+    """(x factor, legend label, marker) per run: a run whose series equals an earlier one's is drawn shifted a
+    little along the (log) length axis with its own marker, and its label says whose it equals -- drawn on top
+    of each other, one legend entry had no visible line (the original under "yarn x2" on passkey)."""
+    seen: list[tuple[Any, str]] = []
+    drawn = []
+    for run in runs:
+        points = series(run, metric, field)
+        same = [label for other, label in seen if other == points]
+        shift = 2 ** (0.06 * len(same))  # 4% apart per copy on a log2 axis: visible, still at its length
+        label = f"{run.label} (same as {same[0]}; shifted)" if same else run.label
+        drawn.append((shift, label, MARKERS[len(same) % len(MARKERS)]))
+        seen.append((points, run.label))
+    return drawn
+
 
 def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
     """One PNG per `Plot` the runs' metric tables declare (every table with an equal plot in one figure, drawn
@@ -71,18 +89,19 @@ def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> 
     plt = pyplot()
     field = plot.field or METRICS[names[0]].fields[0]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        for name in names:
+    for name in names:
+        drawn = [run for run in runs if series(run, name, field)[0]]
+        for run, (shift, label, marker) in zip(drawn, dodged(drawn, name, field)):
             keys, values = series(run, name, field)
-            if not keys:
-                continue
-            label = run.label if len(names) == 1 else f"{run.label} {name}"
+            keys = [key * shift for key in keys]
+            if len(names) > 1:
+                label = f"{run.label} {name}{label.removeprefix(run.label)}"
             bounds = [(cell["low"], cell["high"]) for _, cell in run.cells(name) if field in cell and "low" in cell]
             if len(bounds) == len(values):
                 errors = [[v - lo for v, (lo, _) in zip(values, bounds)], [hi - v for v, (_, hi) in zip(values, bounds)]]
-                ax.errorbar(keys, values, yerr=errors, marker="o", capsize=3, label=label)
+                ax.errorbar(keys, values, yerr=errors, marker=marker, capsize=3, label=label)
             else:
-                ax.plot(keys, values, marker="o", label=label)
+                ax.plot(keys, values, marker=marker, label=label)
     ax.set(xlabel=plot.xlabel, ylabel=plot.ylabel, title=plot.title)
     if plot.log_y:
         ax.set_yscale("log")

@@ -195,10 +195,11 @@ def load(path: str | os.PathLike) -> Results:
 
 
 def run_label(model: str, scheme: str | None, options: dict[str, Any]) -> str:
-    """'<model> <scheme>(<options>)', or '<model> (as loaded)' when nothing was patched."""
+    """'<model> <scheme>(<options>)' ('<model> <scheme>' without options: a column headed `smollm2 alibi()` read
+    as a call), or '<model> (as loaded)' when nothing was patched."""
     name = Path(model).name or model
     opts = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
-    return f"{name} {scheme}({opts})" if scheme else f"{name} (as loaded)"
+    return (f"{name} {scheme}({opts})" if opts else f"{name} {scheme}") if scheme else f"{name} (as loaded)"
 
 
 def versions() -> dict[str, str]:
@@ -252,6 +253,22 @@ def markdown(runs: list[Run]) -> str:
                     lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | "
                                  f"{_value(cell, field, spec.rate)} |")
     return "\n".join(lines)
+
+
+def scored_places(settings: dict[str, Any]) -> str:
+    """What a perplexity table scored, said beside it: in same_target mode the windows' end places and the number
+    of target tokens follow from the whole set of lengths (the longest sets the room left before the first end,
+    the shortest the default target), so the same model at the same length scores differently in a run with
+    another set of lengths (7.54 in one eval, 10.90 in the demo)."""
+    mode, lengths = settings.get("perplexity_mode", "same_target"), settings.get("lengths") or []
+    where = f"{settings.get('max_windows')} windows of {settings.get('text', 'the text')}"
+    if mode == "same_target":
+        return (f"perplexity scored the same last {settings.get('target_tokens')} tokens of {where} at every length; "
+                f"where those windows end depends on the set of lengths ({', '.join(map(str, lengths))}): compare "
+                "only runs with the same lengths, text, windows and targets (eval --compare checks it)")
+    return (f"perplexity scored sliding windows from the start of {settings.get('text', 'the text')} (each length "
+            f"other tokens; stride {settings.get('stride') or 'the length'}, at most {settings.get('max_windows')} "
+            "windows)")
 
 
 def interval_notes(runs: list[Run]) -> list[str]:

@@ -153,7 +153,11 @@ def test_card_and_push_commands(tmp_path, saved, capsys):
     card = ModelCard.load(folder / "README.md")
     assert card.data.base_model == "openai-community/gpt2" and len(card.data.eval_results) == 6
     assert cli.main(["push", str(folder), "me/gpt2-rope", "--dry-run", str(tmp_path / "staged")]) == 0
-    assert (tmp_path / "staged" / "README.md").read_text() == (folder / "README.md").read_text()
+    # the staged card names the repo it goes to, not the local folder; the weights are hard links, not copies
+    local_card = (folder / "README.md").read_text()
+    assert '"./gpt2-rope"' in local_card
+    assert (tmp_path / "staged" / "README.md").read_text() == local_card.replace('"./gpt2-rope"', '"me/gpt2-rope"')
+    assert (tmp_path / "staged" / "model.safetensors").stat().st_ino == (folder / "model.safetensors").stat().st_ino
     assert cli.main(["card", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
 

@@ -56,3 +56,17 @@ def test_the_table_marks_cells_not_reached_and_skipped(tmp_path):
     row = next(line for line in (tmp_path / "layers.md").read_text().splitlines() if line.startswith("| a |"))
     assert "0.00 [0.00, 0.28] (n=10)" in row and "skipped (0/10 at 2048)" in row and "–" in row  # niah not reached
     assert (tmp_path / "layers.png").stat().st_size > 0
+
+
+def test_plot_labels_are_distinct_unclipped_and_do_not_overlap():
+    # (label, x, y) in points on the page: three arms on one spot, one alone, one at the panel's right edge
+    points = [("original (rope)", 100.0, 50.0), ("original (rope)", 100.0, 52.0), ("hope", 101.0, 50.0),
+              ("nope (all layers)", 10.0, 300.0), ("original (rope), same fine-tuning (control), after recovery "
+                                                    "(smoke recipe)", 390.0, 200.0)]
+    notes = bench._annotations(points, right=400.0)
+    texts = [text for text, _, _ in notes]
+    assert len(set(texts)) == len(texts) and texts[1] == "original (rope) #2"
+    assert texts[4] == "rope, fine-tuned (control), recovered"
+    assert len({(offset, side) for _, offset, side in notes[:3]}) == 3  # three points on one spot: three places
+    assert notes[3][1] == notes[0][1] == (5.0, 3.0) and notes[3][2] == "left"  # a point alone keeps the first place
+    assert notes[4][2] == "right" and notes[4][1][0] < 0  # near the right edge: the text goes left, not clipped

@@ -133,7 +133,8 @@ def test_shell_block_runs(index, assets, tmp_path):
 
 PYTHON_BLOCKS = fenced("python")
 # Hub ids the blocks load -> the tiny asset that stands in for it
-PYTHON_STAND_INS = {"HuggingFaceTB/SmolLM2-135M": "llama"}
+# (tests/test_unpacked.py runs the README's example on the real packaged SmolLM2, offline)
+PYTHON_STAND_INS = {"HuggingFaceTB/SmolLM2-135M": "llama", "smollm2": "llama"}
 # names a block uses as given (a model the reader already has) -> the code that builds a tiny one
 _SEQ2SEQ = ("import importlib.util as _u; _s = _u.spec_from_file_location('seq2seq_catalog', "
             f"{str(REPO / 'benchmarks' / 'seq2seq_catalog.py')!r}); _c = _u.module_from_spec(_s); _s.loader.exec_module(_c)")

@@ -91,7 +91,8 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     # every model, every length: the same target tokens
     assert len({cell["targets"] for run in record.runs for cell in run.metrics["perplexity"].values()}) == 1
     table = (out / "results.md").read_text().splitlines()
-    assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 4
+    assert table[0] == "| model | ppl @ 16 | ppl @ 48 | passkey @ 16 | passkey @ 48 |" and len(table) == 2 + 4 + 2
+    assert table[-1].startswith("Scored places: perplexity scored the same last 8 tokens of 2 windows of kjv")
     assert table[3].startswith(f"| yarn x2 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |")
     # passkey: 2 keys x 5 depths per length (48 one-character tokens are too few for its prompt: skipped)
     assert record.settings["trials"] * len(record.settings["depths"]) == 10
@@ -103,6 +104,8 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     assert results.load(recovered / "eval" / "results.json").runs[0].metrics == record.runs[-1].metrics
     card = (out / "hub-staged" / "README.md").read_text()
     assert "model-index:" in card and "name: perplexity @ 48 tokens" in card
+    # its results table: the recovered model as labelled in the demo, the original beside it (the baseline)
+    assert "| metric | setting | alibi, 2 recovery steps | original (rope) |" in card and "alibi()" not in card
     assert (out / "hub-staged" / "config.json").is_file()
     printed = capsys.readouterr().out
     assert str(out / "hub-staged") in printed and str(out / "inspect" / "rotary.png") in printed

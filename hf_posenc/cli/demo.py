@@ -33,7 +33,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any]]] = [
 RECOVERS = "alibi"  # the scheme the demo recovers: the smoke recipe's (RECIPE), scored before and after
 RECOVERED = "alibi, {steps} recovery steps"
 # what loading a packaged model involves, for the status line before it (the GGUF is dequantized)
-LOADING = {"smollm2": " from its Q4_1 GGUF, dequantized to fp32"}
+LOADING = {"smollm2": " (its Q4_1 GGUF dequantized to fp32 on first use, then read from the user's cache)"}
 RECIPE = "smollm2-135m/alibi/smoke"  # shipped in the package (`hf-posenc recipes`)
 REPO_ID = "your-name/smollm2-135m-alibi-demo"  # only names the staged repo; nothing is uploaded
 # Passkey prompts per length: 2 keys at each of 5 depths = 10, so each cell has a 95% interval no
@@ -125,8 +125,9 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
         with waiting(f"reloading the recovered model from {folder}"):
             model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
-        # the recovered model's own eval results: the card's model-index
-        record.runs.append(_score(model, tokenizer, label, RECOVERS, {}, folder / "eval", args))
+        # the recovered model's own eval results: the card's model-index; the original beside it (the baseline)
+        record.runs.append(_score(model, tokenizer, label, RECOVERS, {}, folder / "eval", args,
+                                  baseline=record.runs[0]))
         print(_row(record.runs[-1], args.lengths), flush=True)
         staged = hub.export(folder, out / "hub-staged", repo_id=REPO_ID, link=True)  # = push --dry-run
         where.update({"recovered model (reload: hf_posenc.from_pretrained)": folder,
@@ -138,6 +139,7 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
              " | ".join(f"passkey @ {n}" for n in args.lengths) + " |"
     table = "\n".join([header, "|---" * (2 * len(args.lengths) + 1) + "|",
                        *(_row(run, args.lengths) for run in record.runs)])
+    table += f"\n\nScored places: {results.scored_places(record.settings)}."
     record.save(out / "results.json", complete=True)
     (out / "results.md").write_text(table + "\n")
     plots.results_by_length(record.runs, out)
@@ -155,8 +157,10 @@ def _slug(label: str) -> str:
 
 
 def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: dict[str, Any], out: Path,
-           args: argparse.Namespace) -> results.Run:
-    """One model's perplexity (same targets) and passkey, as the eval suites score it, written to `out`."""
+           args: argparse.Namespace, baseline: results.Run | None = None) -> results.Run:
+    """One model's perplexity (same targets) and passkey, as the eval suites score it, written to `out` under
+    `label` (with `baseline`'s run beside it: the card's baseline column)."""
+    from .. import plots
     from ..evaluation import SuiteSettings, run_suites
 
     t0 = time.perf_counter()
@@ -166,6 +170,10 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
     scored = run_suites(model, tokenizer, settings, out)
     run = scored.runs[0]
     run.label, run.seconds = label, round(time.perf_counter() - t0, 1)
+    if baseline is not None:
+        scored.runs.append(baseline)
+    scored.save(out / "results.json", complete=True)  # as labelled here, not `smollm2 alibi`
+    plots.results_by_length(scored.runs, out)
     return run
 
 

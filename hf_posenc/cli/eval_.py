@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
-from ..folders import check_out, clear_out
+from ..folders import check_out, clear_out, finished, incomplete
 from ..models import display_name
 from ..progress import waiting
 from .arguments import int_list, layer_list, parse_options, scheme_config
 from .checks import at_least, check_model_takes, layers_fit, model_folder, options_fit
+from .cost import announce
 from .launch import accelerate_config, launch, launch_settings
 from .suite_flags import add_suite_flags, import_suite_modules, suite_values
 from .threads import limited_threads
@@ -49,9 +51,10 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                         help="import a suite of your own first (a module name or a .py file that calls "
                              "register_suite), repeatable; its flags then show here too")
     parser.add_argument("--lengths", default="512,1024,2048", help="context lengths in tokens (perplexity, passkey, ruler)")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=1, help="sequences per forward pass")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the dtype the model is loaded and scored in")
+    parser.add_argument("--seed", type=int, default=0, help="seed of passkey keys, task examples and a random patch init")
     add_suite_flags(parser)  # one argument group per suite settings class, from its fields
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
@@ -124,6 +127,7 @@ def check(args: argparse.Namespace) -> None:
     check_model_kind(args.suites, encoder_decoder, f"--model {args.model!r} ({config.model_type})")
     args.task = "seq2seq" if encoder_decoder else "causal_lm"  # the class `load` builds
     check_model_takes(args.model, args.config)
+    announce(args, config)  # every check passed: a long run is announced before the model loads
 
 
 def main(args: argparse.Namespace) -> int:
@@ -134,8 +138,11 @@ def main(args: argparse.Namespace) -> int:
                       mixed=args.mixed))
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
-        clear_out(args.out, "eval", [args.model])
-        return launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
+        clear_out(args.out, "eval", [args.model], until_finished=True)
+        code = launch(accelerate_config(args.accelerate_config), args.launch, ["eval", *_argv(args)], "evaluation")
+        if code == 0:
+            finished(args.out)
+        return code
     # a launched process (WORLD_SIZE > 1) keeps the threads its launcher gave it
     with limited_threads("eval: importing torch and transformers", active=os.environ.get("WORLD_SIZE", "1") == "1"):
         return _evaluate(args)
@@ -161,12 +168,34 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         patch(model, args.config)
     # launched: cleared (and marked) once, before the launch
-    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model])
+    out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model], until_finished=True)
     record = run_suites(model, tokenizer, suite_settings(args, distributed), out)
     if state.is_main_process:
         print(results.markdown(record.runs))
+        if "perplexity" in record.settings["suite"]:
+            print(results.scored_places(record.settings))
+        if (original := original_model(args.model)) and any("its own weights" in run.label for run in record.runs):
+            print(f"the baseline is {display_name(args.model)}'s own weights with its native positions, not the "
+                  f"original model; to score the original ({original}) with the same settings: hf-posenc eval "
+                  f"--model {original} ... --out OUT2, then hf-posenc eval --compare")
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
+    if not distributed:
+        finished(out)
     return 0
+
+
+def original_model(name: str) -> str | None:
+    """The model a saved folder was trained or patched from, where the folder says (run.json's recipe, or its
+    card's base_model); None for anything else."""
+    import json
+
+    from ..models import origin
+
+    run = Path(name) / "run.json"
+    if run.is_file():
+        with contextlib.suppress(ValueError, AttributeError):
+            return json.loads(run.read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"]
+    return origin(name)[0] if Path(name).is_dir() else None
 
 
 def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings:
@@ -180,6 +209,7 @@ def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings
 
 def saved(args: argparse.Namespace) -> str:
     path = Path(args.out) / "results.json"
-    if args.compare or not path.is_file():
+    if args.compare or not incomplete(args.out, "eval"):
         return "nothing was saved"
-    return f"the suites that finished are in {path} (complete: false)"
+    done = f"the suites that finished are in {path} (complete: false)" if path.is_file() else "no suite finished"
+    return f"{done}; the same command run again replaces {args.out}, no --overwrite needed"

@@ -59,9 +59,13 @@ def main(args: argparse.Namespace) -> int:
     from ..hub import export, push
 
     if args.dry_run:
-        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id, gguf=args.gguf)
+        # hard links where the file system allows (517 MB of SmolLM2 weights copied otherwise); the files export
+        # writes (card, config, remote code) are new files, never written through a link
+        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id, link=True,
+                     gguf=args.gguf)
         mark(out, "push --dry-run", [args.dir])  # not part of what is uploaded: export leaves markers out
-        print(f"staged {args.repo_id} in {out}; nothing uploaded")
+        print(f"staged {args.repo_id} in {out}; nothing uploaded (the weights are hard links to {args.dir}'s "
+              "where the file system allows: replace a staged file rather than edit it in place)")
         return 0
     url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,
                base_model=args.base_model, gguf=args.gguf)

@@ -74,8 +74,11 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
     _score(scoring, planned, run, save)
     peaks[run.label] = peak_memory_mb(model.device)
     if s.baseline and describe(model) is not None:
+        native = (getattr(model.config, "posenc", None) or {}).get("from") or "native"
         unpatch(model)
-        record.runs.append(results.Run(f"{Path(name).name or name} (unpatched)"))
+        # patched here: unpatched is the original model; loaded patched (a trained folder): its own weights
+        label = "(unpatched)" if s.scheme else f"(its own weights, {native} positions)"
+        record.runs.append(results.Run(f"{Path(name).name or name} {label}"))
         reset_peak_memory(model.device)
         _score(scoring, planned, record.runs[-1], save)
         peaks[record.runs[-1].label] = peak_memory_mb(model.device)

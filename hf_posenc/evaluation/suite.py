@@ -83,6 +83,10 @@ class Suite:
         """The Hub datasets it read, given a results file's settings (a card links them)."""
         return []
 
+    def sequences(self, settings: Any, argument: str) -> int:
+        """The sequences it scores at each context length, for `eval`'s cost estimate (0: none to count)."""
+        return 0
+
     def cells(self, scoring: Scoring, settings: Any, argument: str) -> Iterator[Cell]:
         """Score the model: yield (table, key, cell) as each cell finishes (run_suites saves after each)."""
         raise NotImplementedError
@@ -205,7 +209,8 @@ class SuiteSettings:
         batch_size, seed: shared by every suite that batches or draws.
         dtype: the model's dtype as loaded, recorded for `compare` (default: read from the model).
         baseline: if the model is patched, then unpatch it and score it again with the same settings
-            (the run "<name> (unpatched)": for a model patched without training, the original one);
+            (the run "<name> (unpatched)": the original model, when `scheme` patched it here; "<name> (its own
+            weights, <native> positions)" when it came patched: a trained folder with its native scheme back);
             the model stays unpatched.
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
             group (`accelerate launch`); every process must call `run_suites` alike, and gets the same

@@ -29,7 +29,8 @@ import hf_posenc
 
 from ..catalog import why_not
 from ..loading import read_config
-from ..models import model_source
+from ..models import NAMED_MODELS
+from ..unpacked import unpacked_folder
 
 __all__ = ["LM_EVAL_TASK_DIR", "LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "main"]
 
@@ -78,9 +79,8 @@ class PosEncLM(HFLM):
             )
         # Validated before anything loads: a typo costs no model load.
         self.posenc = hf_posenc.PosEncConfig(scheme, **options) if scheme else None
-        if isinstance(pretrained, str):
-            pretrained, source_kwargs = model_source(pretrained)
-            kwargs = {**source_kwargs, **kwargs}
+        if isinstance(pretrained, str) and pretrained in NAMED_MODELS:  # a packaged GGUF: its copy unpacked once
+            pretrained = str(unpacked_folder(pretrained))
         super().__init__(pretrained=pretrained, **kwargs)
         if not isinstance(pretrained, str) and self.posenc is not None:
             hf_posenc.patch(self.model, self.posenc)

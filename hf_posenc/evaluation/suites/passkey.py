@@ -43,6 +43,9 @@ class Passkey(Suite):
         if any(not 0 <= depth <= 1 for depth in settings.depths):
             raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {list(settings.depths)}")
 
+    def sequences(self, settings: PasskeySettings, argument: str) -> int:
+        return settings.trials * len(settings.depths)
+
     def cells(self, scoring: Scoring, s: PasskeySettings, argument: str) -> Iterator[Cell]:
         from ..long_context import passkey
 

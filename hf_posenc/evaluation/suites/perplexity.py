@@ -71,6 +71,9 @@ class Perplexity(Suite):
         text = settings.get("text")
         return [text] if isinstance(text, str) and text not in OFFLINE_TEXTS else []
 
+    def sequences(self, settings: PerplexitySettings, argument: str) -> int:
+        return settings.max_windows or 1
+
     def cells(self, scoring: Scoring, s: PerplexitySettings, argument: str) -> Iterator[Cell]:
         from ... import data
         from ..long_context import perplexity_by_length, tokens_needed

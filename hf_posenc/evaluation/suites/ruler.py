@@ -56,6 +56,9 @@ class Ruler(Suite):
     def recorded(self, settings: RulerSettings, argument: str) -> dict[str, Any]:
         return {**super().recorded(settings, argument), "haystack": HAYSTACK}
 
+    def sequences(self, settings: RulerSettings, argument: str) -> int:
+        return settings.samples * len(parse_tasks(argument.split(",")))
+
     def cells(self, scoring: Scoring, s: RulerSettings, argument: str) -> Iterator[Cell]:
         from ..ruler import ruler_scores
 
