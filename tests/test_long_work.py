@@ -53,9 +53,9 @@ def test_a_long_length_is_announced_and_an_interrupted_run_is_replaced_by_its_re
     assert json.loads((out / folders.MARKER).read_text())["complete"] is False
 
     # the next mistake is the one reported, not the folder
-    typo = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--depths", "2", "--out", str(out),
-                 cwd=tmp_path)
-    assert typo.returncode == 2 and "--depths" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
+    typo = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "0", "--out",
+                 str(out), cwd=tmp_path)
+    assert typo.returncode == 2 and "--max-windows" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
 
     # the rerun takes its own incomplete folder back without --overwrite; a short run is not announced
     rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--out", str(out), cwd=tmp_path)

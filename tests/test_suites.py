@@ -178,7 +178,7 @@ def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_p
                                      tasks=["posenc_sentiment"], device="cpu", task_manager=manager, limit=12)
     assert cell["value"] == direct["results"]["posenc_sentiment"]["acc,none"] and cell["n"] == 12
     assert cell["low"] <= cell["value"] <= cell["high"]
-    assert "| tiny alibi() | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs)
+    assert "| tiny alibi | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs)
     with pytest.raises(PosEncError, match="unknown lm-eval task 'posenc_sentimnt' \\(did you mean 'posenc_sentiment'"):
         evaluation.run_suites(model, char_tokenizer(), settings.replace(suites=["lm_eval:posenc_sentimnt"]),
                               tmp_path / "refused")
