@@ -59,8 +59,11 @@ demo: $(STAMP)
 JOBS ?= 2
 PYTEST_JOBS = -n $(JOBS) --dist loadgroup --durations=25
 
+# transformers' own suites run apart, after the rest: each family is itself a 2-process pytest, and inside the
+# 2-worker run both workers were seen running the same families at once (twice the work, ~40 min of a 75-min suite).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra $(PYTEST_JOBS) tests
+	$(BIN)/python -m pytest -q -ra $(PYTEST_JOBS) tests --ignore=tests/test_transformers_suites.py
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 tests/test_transformers_suites.py
 	$(MAKE) --no-print-directory test-min
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-llamacpp
