@@ -168,17 +168,26 @@ def check_relative(model_type: str) -> None:
                                atol=SHIFTED_ATOL, rtol=SHIFTED_ATOL)
 
 
-def check_cache(model_type: str, site: str | None) -> None:
-    """Prefill then token-by-token decoding == one uncached forward."""
+def _cached_and_full(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from transformers import DynamicCache
 
-    model, x = patched(model_type, site), inputs(length=10)
     full = logits(model, x)
     cache = DynamicCache(config=model.config)
     steps = [logits(model, x[:, :6], past_key_values=cache, use_cache=True)]
     for t in range(6, 10):
         steps.append(logits(model, x[:, t : t + 1], past_key_values=cache, use_cache=True))
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+    return torch.cat(steps, dim=1), full
+
+
+def check_cache(model_type: str, site: str | None) -> None:
+    """Prefill then token-by-token decoding == one uncached forward. A float32 difference over the
+    tolerance is settled in float64, where rounding cannot hide or fake a wrong position: deep
+    looped stacks round apart in float32 (hrm_text on transformers 5.24: 2.9e-4 in float32, 0 in float64)."""
+    model, x = patched(model_type, site), inputs(length=10)
+    try:
+        torch.testing.assert_close(*_cached_and_full(model, x), atol=1e-4, rtol=1e-4)
+    except AssertionError:
+        torch.testing.assert_close(*_cached_and_full(model.double(), x), atol=1e-9, rtol=1e-9)
 
 
 def check_left_padding(model_type: str, site: str | None) -> None:
