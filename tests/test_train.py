@@ -280,9 +280,11 @@ def test_lora_trains_projections_plus_new_positional_params_norms_embeddings(tmp
     assert new and all("wpe" in n for n in new)  # the learned table the patch installed
     wrapped = modeling.select_trainable(model, recipe, new)
     trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
-    assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.weight") for n in trainable)
-    assert any(".ln_1." in n for n in trainable) and not any("wte" in n for n in trainable)
-    assert not any(n.endswith("c_attn.base_layer.weight") for n in trainable)  # frozen under LoRA
+    # the groups trained in full are peft's `modules_to_save`: a trained copy each, saved with the adapter (so a
+    # checkpoint holds them), the original frozen
+    assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.modules_to_save.default.weight") for n in trainable)
+    assert any(".ln_1.modules_to_save." in n for n in trainable) and not any("wte" in n for n in trainable)
+    assert not any(n.endswith("c_attn.base_layer.weight") or "original_module" in n for n in trainable)  # frozen
 
 
 def test_deterministic_holds_for_the_run_only(assets, tmp_path, monkeypatch):
