@@ -324,3 +324,50 @@ def test_a_bf16_run_then_an_fp32_run_in_one_process(assets, tmp_path):
     train(load_recipe(write_recipe(tmp_path / "own.yaml", data)))
     assert own.state.mixed_precision == "bf16" and AcceleratorState().mixed_precision == "bf16"
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("objective", ["lm", "lm+distill"])
+def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective):
+    """Two rows, one padded to a third of its length: accumulated as two micro-batches of one row, the step's loss
+    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective divides by), as in
+    one micro-batch of both rows, not the mean of the two rows' means."""
+    from transformers import TrainingArguments
+
+    from hf_posenc.train import objectives
+    from hf_posenc.train.inputs import Rows
+    from hf_posenc.train.trainer import PosEncTrainer
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "o",
+                                                                        training={"objective": objective})))
+    ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0  # the second row: 8 tokens, then padding
+    labels = ids.masked_fill(mask == 0, -100)
+    rows = Rows([{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2)])
+
+    def step_loss(micro: int) -> float:
+        model = tiny_model("llama")
+        objective_, _ = objectives.build(recipe, model)
+        hf_posenc.patch(model, "alibi")
+        args = TrainingArguments(output_dir=str(tmp_path / f"t{micro}"), max_steps=1, per_device_train_batch_size=micro,
+                                 gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none",
+                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
+        trainer = PosEncTrainer(model=model, args=args, train_dataset=rows, objective=objective_,
+                                data_collator=lambda batch: {k: torch.stack([b[k] for b in batch]) for k in batch[0]})
+        trainer.train()
+        return trainer.state.log_history[0]["loss"]
+
+    accumulated, whole = step_loss(1), step_loss(2)
+    assert accumulated == pytest.approx(whole, rel=1e-5)
+    model = hf_posenc.patch(tiny_model("llama"), "alibi")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    per_token = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    scored = labels[:, 1:] != -100
+    by_tokens = float(per_token[scored].mean())
+    by_rows = float(torch.stack([per_token[i][scored[i]].mean() for i in range(2)]).mean())
+    assert abs(by_tokens - by_rows) > 0.01  # the two weightings differ on these rows
+    if objective == "lm":
+        assert accumulated == pytest.approx(by_tokens, rel=1e-5)
+    else:  # the distillation term on top, weighted alike
+        assert accumulated > by_tokens
