@@ -371,3 +371,43 @@ def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective)
         assert accumulated == pytest.approx(by_tokens, rel=1e-5)
     else:  # the distillation term on top, weighted alike
         assert accumulated > by_tokens
+
+
+def test_the_thread_count_does_not_change_the_losses(assets, tmp_path):
+    """`training.threads` holds torch's CPU threads for the run: the same recipe started from a process at 1 thread
+    and from one at 2 gives the same losses and held-out scores, bit for bit, and the caller's count is back after."""
+    from hf_posenc.train import train
+
+    caller, runs = torch.get_num_threads(), {}
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            data = recipe_dict(assets, tmp_path / f"t{count}", training={"max_steps": 3, "threads": 2},
+                               evaluation={"original": False}, output={"save_model": False})
+            record = train(load_recipe(write_recipe(tmp_path / f"t{count}.yaml", data)))
+            assert torch.get_num_threads() == count
+            losses = [row["loss"] for row in json.loads((tmp_path / f"t{count}" / "loss.json").read_text())]
+            runs[count] = losses, record.run("after training").metrics
+    finally:
+        torch.set_num_threads(caller)
+    assert len(runs[1][0]) == 3 and runs[1] == runs[2]
+
+
+def test_the_trainer_section_takes_training_arguments_by_their_own_names(tmp_path, assets):
+    """`trainer:` passes further transformers.TrainingArguments fields through; a name the recipe sets elsewhere, an
+    unknown name or a bad value is refused, naming the field, before anything loads."""
+    from hf_posenc.train.runner import _arguments
+
+    def recipe(trainer: dict):
+        data = {**recipe_dict(assets, tmp_path / "out"), "trainer": trainer}
+        return load_recipe(write_recipe(tmp_path / "r.yaml", data))
+
+    args = _arguments(recipe({"optim": "adamw_torch", "adam_beta2": 0.95}), tmp_path / "out", 1, cpu=True)
+    assert args.optim == "adamw_torch" and args.adam_beta2 == 0.95 and args.learning_rate == 3e-3
+    for trainer, pieces in [({"learning_rate": 1e-4}, ["trainer.learning_rate", "training.lr"]),
+                            ({"adam_beta3": 0.9}, ["trainer", "'adam_beta3'", "did you mean 'adam_beta2'"]),
+                            ({"optim": "sgdd"}, ["trainer:", "sgdd"]),
+                            (["report_to"], ["trainer: a mapping"])]:
+        with pytest.raises(PosEncError) as err:
+            recipe(trainer)
+        assert all(piece in str(err.value) for piece in pieces), str(err.value)

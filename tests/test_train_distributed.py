@@ -91,7 +91,7 @@ def _kill_after_checkpoint(args: list[str], out: Path, step: int) -> None:
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             names = os.listdir(root) if root.is_dir() else []
-            if f".tmp-checkpoint-{step}" in names or f"checkpoint-{step}" in names:
+            if f"checkpoint-{step}" in names:  # Trainer's folder, being written
                 break
             time.sleep(0.001)
     finally:

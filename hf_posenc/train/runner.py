@@ -31,6 +31,10 @@ from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints,
 from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # recipe -> Trainer's
+# what a recipe's `trainer` mapping may change: no reporting unless asked, the rows as the tasks make them, and DDP
+# without the search for unused parameters (every trained parameter takes part in every step)
+TRAINER_DEFAULTS = {"report_to": "none", "remove_unused_columns": False, "label_names": ["labels"],
+                    "ddp_find_unused_parameters": False, "dataloader_drop_last": True}
 
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
@@ -72,7 +76,8 @@ class Session:
 
 
 def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool) -> TrainingArguments:
-    """The recipe's `training` section as Trainer's arguments; checkpoints go to `out/checkpoints`."""
+    """The recipe's `training` section as Trainer's arguments (`recipe.TRAINER_FIELDS`), with its `trainer` mapping
+    on top; checkpoints go to `out/checkpoints`."""
     t = recipe.training
     return TrainingArguments(
         output_dir=str(out / CHECKPOINTS), max_steps=t.max_steps, per_device_train_batch_size=t.micro_batch_size,
@@ -81,9 +86,8 @@ def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool) -> TrainingArgu
         max_grad_norm=t.max_grad_norm, bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
         gradient_checkpointing=t.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         seed=t.seed, data_seed=t.seed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 1,
-        save_total_limit=t.save_total_limit or None, logging_steps=t.logging_steps, report_to="none", use_cpu=cpu,
-        remove_unused_columns=False, label_names=["labels"], ddp_find_unused_parameters=False,
-        disable_tqdm=not sys.stderr.isatty(), dataloader_drop_last=True,
+        save_total_limit=t.save_total_limit or None, logging_steps=t.logging_steps, use_cpu=cpu,
+        **{**TRAINER_DEFAULTS, "disable_tqdm": not sys.stderr.isatty(), **recipe.trainer},
     )
 
 
@@ -94,15 +98,16 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo
     world = joined.num_processes
     raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
+    fsdp = _fsdp(recipe, joined.distributed_type)
     record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())  # its clock starts
     if overwrite and joined.is_main_process and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     joined.wait_for_everyone()
     latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
     args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu")
-    fsdp = _fsdp(recipe, joined.distributed_type)
     if recipe.training.deterministic:
         scope.deterministic()
+    scope.threads(recipe.training.threads)
     set_seed(recipe.training.seed)  # the patch's and LoRA's initialisation; Trainer seeds the run itself
     with waiting(f"loading {recipe.model.name_or_path} and preparing the data ({recipe.data.dataset})",
                  show=joined.is_main_process):
