@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments, set_seed
 from transformers.trainer_callback import ProgressCallback
@@ -75,9 +76,10 @@ class Session:
         return Path(self.recipe.output.dir)
 
 
-def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool) -> TrainingArguments:
+def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False) -> TrainingArguments:
     """The recipe's `training` section as Trainer's arguments (`recipe.TRAINER_FIELDS`), with its `trainer` mapping
-    on top; checkpoints go to `out/checkpoints`."""
+    on top; checkpoints go to `out/checkpoints`. `configured`: the caller made an Accelerator before the run, whose
+    state (its precision, its FSDP plugin) Trainer then uses instead of resetting it."""
     t = recipe.training
     return TrainingArguments(
         output_dir=str(out / CHECKPOINTS), max_steps=t.max_steps, per_device_train_batch_size=t.micro_batch_size,
@@ -87,7 +89,8 @@ def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool) -> TrainingArgu
         gradient_checkpointing=t.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         seed=t.seed, data_seed=t.seed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 1,
         save_total_limit=t.save_total_limit or None, logging_steps=t.logging_steps, use_cpu=cpu,
-        **{**TRAINER_DEFAULTS, "disable_tqdm": not sys.stderr.isatty(), **recipe.trainer},
+        **{**TRAINER_DEFAULTS, "disable_tqdm": not sys.stderr.isatty(),
+           **({"accelerator_config": {"use_configured_state": True}} if configured else {}), **recipe.trainer},
     )
 
 
@@ -95,6 +98,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     """Preflight (unless done), the model before the swap scored, the swap, the Trainer; the run folder marked and
     run.json written. Training (and its evaluation before the first step) is `Trainer.train`'s."""
     out = Path(recipe.output.dir)
+    configured = bool(AcceleratorState._shared_state)  # an Accelerator of the caller's: Trainer keeps its state
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo
     world = joined.num_processes
     raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
@@ -104,7 +108,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
         shutil.rmtree(out)
     joined.wait_for_everyone()
     latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
-    args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu")
+    args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu", configured=configured)
     if recipe.training.deterministic:
         scope.deterministic()
     scope.threads(recipe.training.threads)
@@ -157,8 +161,6 @@ def _fsdp(recipe: Recipe, launched: DistributedType) -> bool:
     """Whether the launch shards the model (FSDP), refusing a distillation that FSDP1 cannot shard a teacher for."""
     if launched != DistributedType.FSDP:
         return False
-    from accelerate.state import AcceleratorState
-
     plugin = AcceleratorState._shared_state.get("fsdp_plugin")  # a state made before the run, else the launch's
     version = plugin.fsdp_version if plugin is not None else int(os.environ.get("FSDP_VERSION", "1"))
     if version != 2 and recipe.training.objective != "lm":
