@@ -86,9 +86,11 @@ def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: boo
         gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world), learning_rate=t.lr,
         weight_decay=t.weight_decay, warmup_steps=t.warmup_steps, lr_scheduler_type=SCHEDULERS[t.scheduler],
         max_grad_norm=t.max_grad_norm, bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
-        gradient_checkpointing=t.gradient_checkpointing, gradient_checkpointing_kwargs={"use_reentrant": False},
         seed=t.seed, data_seed=t.seed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 1,
         save_total_limit=t.save_total_limit or None, logging_steps=t.logging_steps, use_cpu=cpu,
+        # named only when on: transformers 5.24 warns that the names will change in v6
+        **({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+           if t.gradient_checkpointing else {}),
         **{**TRAINER_DEFAULTS, "disable_tqdm": not sys.stderr.isatty(),
            **({"accelerator_config": {"use_configured_state": True}} if configured else {}), **recipe.trainer},
     )

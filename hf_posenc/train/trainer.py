@@ -11,6 +11,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
+from ..progress import bar
 from . import curve, objectives
 
 Evaluate = Callable[[torch.nn.Module], dict[str, dict[str, dict[str, Any]]]]
@@ -117,12 +118,13 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 
 
 class LabelledProgress(ProgressCallback):
-    """Trainer's progress bar, labelled, with the loss beside it (not a printed dict per row)."""
+    """Trainer's progress bar as the project draws its bars (`progress.bar`: labelled, with an estimate, drawn in a
+    terminal that reports 0 columns too), the loss beside it rather than a printed dict per row."""
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        super().on_train_begin(args, state, control, **kwargs)
-        if self.training_bar is not None:
-            self.training_bar.set_description("train (optimizer steps)")
+        if state.is_world_process_zero:
+            self.training_bar = bar(total=state.max_steps, initial=state.global_step, desc="train", unit="step")
+        self.current_step = state.global_step
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if self.training_bar is not None and logs and "loss" in logs:
