@@ -228,6 +228,7 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     assert "trained 6 steps on 1 process(es)" in proc.stdout and "| after training | perplexity @ 32 tokens |" in proc.stdout
     log = json.loads((out / "loss.json").read_text())
     assert [r["step"] for r in log] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in log)
+    assert all(b["elapsed_s"] > a["elapsed_s"] > 0 for a, b in zip(log, log[1:]))
     assert (out / "loss.png").stat().st_size > 0
     assert record.kind == "train" and record.complete and record.settings["training"]["max_steps"] == 6
     assert record.details["world_size"] == 1 and record.details["samples_per_rank"] == [24]

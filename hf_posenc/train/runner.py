@@ -230,7 +230,7 @@ def _finish(run: Session) -> results.Results:
     after = run.callback.evaluate(trainer.model_wrapped) if recipe.evaluation.after else None
     measured = run.callback.snapshot()
     log = [{"step": row["step"], "loss": row["loss"], "lr": row.get("learning_rate"),
-            **{k: row[k] for k in ("grad_norm", "tokens_per_s", "cpu_s") if k in row}}
+            **{k: row[k] for k in ("grad_norm", "tokens_per_s", "elapsed_s", "cpu_s") if k in row}}
            for row in trainer.state.log_history if "loss" in row]
     record = _record(run, after, measured)
     if accelerator.is_main_process:

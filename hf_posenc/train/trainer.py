@@ -113,6 +113,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
             return
         seconds, tokens = time.perf_counter() - self.tick, self.trainer.counts[1]
         row["tokens_per_s"] = (tokens - self.last_tokens) * self.trainer.accelerator.num_processes / seconds
+        row["elapsed_s"] = self.meter.elapsed()  # training wall seconds so far (benchmarks/train_throughput.py)
         row["cpu_s"] = time.process_time() - self.cpu0  # this process's: robust to a busy machine
         self.tick, self.last_tokens = time.perf_counter(), tokens
 
