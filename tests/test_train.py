@@ -228,6 +228,7 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     assert "trained 6 steps on 1 process(es)" in proc.stdout and "| after training | perplexity @ 32 tokens |" in proc.stdout
     log = json.loads((out / "loss.json").read_text())
     assert [r["step"] for r in log] == list(range(1, 7)) and all(r["tokens_per_s"] > 0 for r in log)
+    assert all(b["elapsed_s"] > a["elapsed_s"] > 0 for a, b in zip(log, log[1:]))
     assert (out / "loss.png").stat().st_size > 0
     assert record.kind == "train" and record.complete and record.settings["training"]["max_steps"] == 6
     assert record.details["world_size"] == 1 and record.details["samples_per_rank"] == [24]
@@ -280,9 +281,11 @@ def test_lora_trains_projections_plus_new_positional_params_norms_embeddings(tmp
     assert new and all("wpe" in n for n in new)  # the learned table the patch installed
     wrapped = modeling.select_trainable(model, recipe, new)
     trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
-    assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.weight") for n in trainable)
-    assert any(".ln_1." in n for n in trainable) and not any("wte" in n for n in trainable)
-    assert not any(n.endswith("c_attn.base_layer.weight") for n in trainable)  # frozen under LoRA
+    # the groups trained in full are peft's `modules_to_save`: a trained copy each, saved with the adapter (so a
+    # checkpoint holds them), the original frozen
+    assert any("lora_A" in n for n in trainable) and any(n.endswith("wpe.modules_to_save.default.weight") for n in trainable)
+    assert any(".ln_1.modules_to_save." in n for n in trainable) and not any("wte" in n for n in trainable)
+    assert not any(n.endswith("c_attn.base_layer.weight") or "original_module" in n for n in trainable)  # frozen
 
 
 def test_deterministic_holds_for_the_run_only(assets, tmp_path, monkeypatch):
@@ -322,3 +325,90 @@ def test_a_bf16_run_then_an_fp32_run_in_one_process(assets, tmp_path):
     train(load_recipe(write_recipe(tmp_path / "own.yaml", data)))
     assert own.state.mixed_precision == "bf16" and AcceleratorState().mixed_precision == "bf16"
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("objective", ["lm", "lm+distill"])
+def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective):
+    """Two rows, one padded to a third of its length: accumulated as two micro-batches of one row, the step's loss
+    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective divides by), as in
+    one micro-batch of both rows, not the mean of the two rows' means."""
+    from transformers import TrainingArguments
+
+    from hf_posenc.train import objectives
+    from hf_posenc.train.inputs import Rows
+    from hf_posenc.train.trainer import PosEncTrainer
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "o",
+                                                                        training={"objective": objective})))
+    ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0  # the second row: 8 tokens, then padding
+    labels = ids.masked_fill(mask == 0, -100)
+    rows = Rows([{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2)])
+
+    def step_loss(micro: int) -> float:
+        model = tiny_model("llama")
+        objective_, _ = objectives.build(recipe, model)
+        hf_posenc.patch(model, "alibi")
+        args = TrainingArguments(output_dir=str(tmp_path / f"t{micro}"), max_steps=1, per_device_train_batch_size=micro,
+                                 gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none",
+                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
+        trainer = PosEncTrainer(model=model, args=args, train_dataset=rows, objective=objective_,
+                                data_collator=lambda batch: {k: torch.stack([b[k] for b in batch]) for k in batch[0]})
+        trainer.train()
+        return trainer.state.log_history[0]["loss"]
+
+    accumulated, whole = step_loss(1), step_loss(2)
+    assert accumulated == pytest.approx(whole, rel=1e-5)
+    model = hf_posenc.patch(tiny_model("llama"), "alibi")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    per_token = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    scored = labels[:, 1:] != -100
+    by_tokens = float(per_token[scored].mean())
+    by_rows = float(torch.stack([per_token[i][scored[i]].mean() for i in range(2)]).mean())
+    assert abs(by_tokens - by_rows) > 0.01  # the two weightings differ on these rows
+    if objective == "lm":
+        assert accumulated == pytest.approx(by_tokens, rel=1e-5)
+    else:  # the distillation term on top, weighted alike
+        assert accumulated > by_tokens
+
+
+def test_the_thread_count_does_not_change_the_losses(assets, tmp_path):
+    """`training.threads` holds torch's CPU threads for the run: the same recipe started from a process at 1 thread
+    and from one at 2 gives the same losses and held-out scores, bit for bit, and the caller's count is back after."""
+    from hf_posenc.train import train
+
+    caller, runs = torch.get_num_threads(), {}
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            data = recipe_dict(assets, tmp_path / f"t{count}", training={"max_steps": 3, "threads": 2},
+                               evaluation={"original": False}, output={"save_model": False})
+            record = train(load_recipe(write_recipe(tmp_path / f"t{count}.yaml", data)))
+            assert torch.get_num_threads() == count
+            losses = [row["loss"] for row in json.loads((tmp_path / f"t{count}" / "loss.json").read_text())]
+            runs[count] = losses, record.run("after training").metrics
+    finally:
+        torch.set_num_threads(caller)
+    assert len(runs[1][0]) == 3 and runs[1] == runs[2]
+
+
+def test_the_trainer_section_takes_training_arguments_by_their_own_names(tmp_path, assets):
+    """`trainer:` passes further transformers.TrainingArguments fields through; a name the recipe sets elsewhere, an
+    unknown name or a bad value is refused, naming the field, before anything loads."""
+    from hf_posenc.train.runner import _arguments
+
+    def recipe(trainer: dict):
+        data = {**recipe_dict(assets, tmp_path / "out"), "trainer": trainer}
+        return load_recipe(write_recipe(tmp_path / "r.yaml", data))
+
+    args = _arguments(recipe({"optim": "adamw_torch", "adam_beta2": 0.95}), tmp_path / "out", 1, cpu=True)
+    assert args.optim == "adamw_torch" and args.adam_beta2 == 0.95 and args.learning_rate == 3e-3
+    for trainer, pieces in [({"learning_rate": 1e-4}, ["trainer.learning_rate", "training.lr"]),
+                            ({"adam_beta3": 0.9}, ["trainer", "'adam_beta3'", "did you mean 'adam_beta2'"]),
+                            ({"optim": "sgdd"}, ["trainer:", "sgdd"]),
+                            (["report_to"], ["trainer: a mapping"])]:
+        with pytest.raises(PosEncError) as err:
+            recipe(trainer)
+        assert all(piece in str(err.value) for piece in pieces), str(err.value)

@@ -91,7 +91,7 @@ def _kill_after_checkpoint(args: list[str], out: Path, step: int) -> None:
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             names = os.listdir(root) if root.is_dir() else []
-            if f".tmp-checkpoint-{step}" in names or f"checkpoint-{step}" in names:
+            if f"checkpoint-{step}" in names:  # Trainer's folder, being written
                 break
             time.sleep(0.001)
     finally:
@@ -113,7 +113,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, assets):
     from hf_posenc.train.run_folder import checkpoints
 
     kept = checkpoints(tmp_path / "cut")
-    assert kept and all((p / "model.safetensors").is_file() and (p / "trainer_state.json").is_file() for p in kept)
+    # a LoRA run's checkpoint holds its adapter (with the groups trained in full, peft's modules_to_save)
+    assert kept and all((p / "adapter_model.safetensors").is_file() and (p / "trainer_state.json").is_file()
+                        for p in kept)
     assert int(kept[-1].name.split("-")[1]) in (2, 4)
 
     refused = run_cli([str(cut)])
@@ -131,7 +133,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, assets):
     la = json.loads((tmp_path / "full" / "loss.json").read_text())
     lb = json.loads((tmp_path / "cut" / "loss.json").read_text())
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
-    assert [p.name for p in checkpoints(tmp_path / "cut")] == ["checkpoint-4", "checkpoint-6"]
+    assert [p.name for p in checkpoints(tmp_path / "cut")] == ["checkpoint-6", "checkpoint-8"]  # Trainer saves the last step too
 
 
 def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
@@ -141,15 +143,15 @@ def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
     from hf_posenc.train.run_folder import checkpoints
 
     root = tmp_path / "cut" / "checkpoints"
-    # simulate the worst case too: a save killed half way leaves a temp folder with partial files
-    partial = root / ".tmp-checkpoint-8"
+    # simulate the worst case too: a save killed half way leaves a folder with partial files and no state file
+    partial = root / "checkpoint-8"
     partial.mkdir(parents=True, exist_ok=True)
-    (partial / "model.safetensors").write_bytes(b"\0" * 10)
+    (partial / "adapter_model.safetensors").write_bytes(b"\0" * 10)
     latest = checkpoints(tmp_path / "cut")[-1]
     assert latest.name in ("checkpoint-4", "checkpoint-6")
     state = json.loads((latest / "trainer_state.json").read_text())
-    assert state["step"] == int(latest.name.split("-")[1])
-    load_file(latest / "model.safetensors")  # readable, not truncated
+    assert state["global_step"] == int(latest.name.split("-")[1])
+    load_file(latest / "adapter_model.safetensors")  # readable, not truncated
     proc = run_cli([str(cut), "--resume"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results.load(tmp_path / "cut" / "results.json").details["steps"] == 8

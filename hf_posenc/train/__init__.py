@@ -1,4 +1,4 @@
-"""Fine-tuning recipes: swap a model's positional scheme, then recover it with accelerate + peft.
+"""Fine-tuning recipes: swap a model's positional scheme, then recover it on transformers' Trainer + peft.
 
 The same code runs under every launcher (the command line lives in `hf_posenc.cli.train`):
 
@@ -8,10 +8,11 @@ The same code runs under every launcher (the command line lives in `hf_posenc.cl
 
     recipe      the recipe dataclasses and their cross-field checks
     reading     a recipe YAML and its --section.field overrides into a Recipe
-    inputs      the data: load, check columns, tokenize, a resumable sampler
-    modeling    the model: load, swap the scheme, choose what trains (peft), save
-    run_folder  preflight (every check before compute, once per run), run.json, checkpoints
-    runner      a run under one Accelerator as setup -> loop -> finish, results.json
+    inputs      the data: load, check columns, tokenize
+    modeling    the model: load, swap the scheme, choose what trains (peft, modules_to_save), save
+    run_folder  preflight (every check before compute, once per run), run.json, the checkpoints Trainer wrote
+    trainer     what Trainer takes: the objective's compute_loss, the recovery curve's callback, a labelled bar
+    runner      a run as setup -> Trainer.train -> finish, results.json
 """
 
 import importlib

@@ -32,6 +32,11 @@ class Clock:
             self.cpu += time.process_time() - self._tick[1]
             self._tick = None
 
+    def elapsed(self) -> float:
+        """Wall seconds of training so far over every session, on this process (no collective), running on."""
+        running = time.perf_counter() - self._tick[0] if self._tick is not None else 0.0
+        return self.base_wall + self.wall + running
+
     def totals(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float]:
         """(wall, cpu) seconds so far over every session; `reduce` sums a tensor over processes (collective).
         Leaves the clock paused: `resume` when training goes on. `reduce` gets fp32, which any device holds

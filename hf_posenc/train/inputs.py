@@ -1,10 +1,10 @@
-"""Data side of a recipe: load the source, check its columns, tokenize, and a resumable sampler."""
+"""Data side of a recipe: load the source, check its columns, tokenize (the order and sharding are Trainer's)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import datasets
 import torch
@@ -187,31 +187,3 @@ def _pad(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.T
 
     labels = padded("labels", IGNORE_INDEX) if batch[0]["labels"].ndim else torch.stack([b["labels"] for b in batch])
     return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0), "labels": labels}
-
-
-class EpochSampler(torch.utils.data.Sampler[int]):
-    """Seeded permutation per epoch, cut to whole optimizer steps, that can start mid-epoch.
-
-    The order depends only on (seed, epoch), not on the process count: accelerate shards the
-    micro-batches between processes, so a step sees the same samples on 1 process or N. The
-    position (epoch, offset) is the data state saved in a checkpoint.
-    """
-
-    def __init__(self, size: int, batch_size: int, seed: int) -> None:
-        self.size, self.batch_size, self.seed = size, batch_size, seed
-        self.epoch, self.offset = 0, 0
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.size // self.batch_size
-
-    def set_position(self, epoch: int, offset: int) -> None:
-        self.epoch, self.offset = epoch, offset
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch * self.batch_size - self.offset
-
-    def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.size, generator=g)[: self.steps_per_epoch * self.batch_size]
-        return iter(order[self.offset:].tolist())

@@ -85,8 +85,9 @@ def _group_names(model: torch.nn.Module, groups: list[str], posenc_names: set[st
 def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[str]) -> torch.nn.Module:
     """Full fine-tuning, or LoRA on the projections plus the configured groups trained in full.
 
-    The groups are chosen on the bare model, then LoRA wraps it and those parameters are unfrozen
-    again (peft freezes everything that is not an adapter).
+    The groups are peft's `modules_to_save` (the modules owning their parameters, chosen on the bare model): peft
+    trains a copy of each and saves it with the adapter, so a checkpoint and `--resume` hold them, the originals
+    stay frozen (the distillation teacher shares them), and tied embeddings stay tied (`ensure_weight_tying`).
     """
     p = recipe.peft
     if p.method == "full":
@@ -97,22 +98,23 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     full = _group_names(model, p.trainable, posenc_names)
     patterns = [re.compile(rx) for rx in p.extra_trainable]
     full |= {n for n, _ in model.named_parameters() if any(rx.search(n) for rx in patterns)}
+    owners = sorted({n.rpartition(".")[0] for n in full})
+    owners = [m for m in owners if not any(m.startswith(f"{o}.") for o in owners)]  # a listed parent covers it
     config = peft.LoraConfig(
         r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
-        exclude_modules=list(HEAD_MODULES) if recipe.model.task == "classification" else None,
+        exclude_modules=[*(HEAD_MODULES if recipe.model.task == "classification" else ()), *owners] or None,
+        modules_to_save=owners or None, ensure_weight_tying="embeddings" in p.trainable and _tied(model),
     )
     try:
-        wrapped = compat.get_peft_model(model, config)
+        return compat.get_peft_model(model, config)
     except ValueError as err:
         raise PosEncError(f"{recipe.source}: peft.target_modules: {err}") from None
-    base = wrapped.get_base_model()
-    params = dict(base.named_parameters())
-    for name in full:
-        # LoRA-wrapped layers keep the original weight under `<module>.base_layer.`
-        key = name if name in params else re.sub(r"\.(weight|bias)$", r".base_layer.\1", name)
-        if key in params:
-            params[key].requires_grad_(True)
-    return wrapped
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    """Whether the output head is the input embedding (SmolLM2): a copy trained of one must stay the other."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embedding is not None and head.weight is embedding.weight
 
 
 def unsharded(recipe: Recipe, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:

@@ -104,43 +104,52 @@ def token_weights(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, weights: torch.Tensor,
-                  temperature: float) -> torch.Tensor:
+                  temperature: float, total: Any = None) -> torch.Tensor:
     """Forward KL(p_teacher || p_student) at temperature T, times T^2 (Hinton et al. 2015, so gradients keep
-    their scale across T), averaged over the positions `weights` marks."""
+    their scale across T), summed over the positions `weights` marks and divided by `total` (the target tokens of
+    the whole accumulated batch, so that micro-batches weigh by their tokens), or averaged when it is None."""
     log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     per_token = (log_t.exp() * (log_t - log_s)).sum(-1)
-    return (per_token * weights).sum() / weights.sum() * temperature**2
+    return (per_token * weights).sum() / (weights.sum() if total is None else total) * temperature**2
 
 
-def hidden_mse(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, ...], weights: torch.Tensor) -> torch.Tensor:
+def hidden_mse(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, ...], weights: torch.Tensor,
+               total: Any = None) -> torch.Tensor:
     """Mean squared error of each layer's output hidden states (the embeddings' output left out), averaged
-    over layers and the positions `weights` marks (LongReD-style hidden-state distillation)."""
+    over layers and over the positions `weights` marks (or summed over them and divided by `total`, as
+    `kl_to_teacher`): LongReD-style hidden-state distillation."""
     w = weights[..., None]
-    per_layer = [((s.float() - t.float()) ** 2 * w).sum() / (w.sum() * s.shape[-1]) for s, t in zip(student[1:], teacher[1:])]
+    count = w.sum() if total is None else total
+    per_layer = [((s.float() - t.float()) ** 2 * w).sum() / (count * s.shape[-1]) for s, t in zip(student[1:], teacher[1:])]
     return torch.stack(per_layer).mean()
 
 
 class Objective:
-    """`objective(model, batch) -> loss` for the recipe's `training.objective` (see `OBJECTIVES`)."""
+    """`objective(model, batch, num_items) -> loss` for the recipe's `training.objective` (see `OBJECTIVES`).
+
+    `num_items`: the target tokens of the whole accumulated batch over every process (Trainer's
+    `num_items_in_batch`); each term is then a sum over this micro-batch divided by it, so the step's loss is the
+    mean over its tokens however they fall into micro-batches. None: each term is this micro-batch's mean."""
 
     def __init__(self, recipe: Recipe, teacher: Teacher | None) -> None:
         t = recipe.training
         self.lm, self.distil = OBJECTIVES[t.objective]
         self.teacher, self.options = teacher, t.distill
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: Any = None) -> torch.Tensor:
+        extra = {"num_items_in_batch": num_items} if num_items is not None else {}
         if not self.distil:
-            return model(**batch).loss
+            return model(**batch, **extra).loss
         o = self.options
         hidden = o["hidden_weight"] > 0
-        inputs = batch if self.lm else {k: v for k, v in batch.items() if k != "labels"}
+        inputs = {**batch, **extra} if self.lm else {k: v for k, v in batch.items() if k != "labels"}
         out = model(**inputs, output_hidden_states=hidden)
         target = self.teacher(batch, hidden)
         weights = token_weights(batch)
-        loss = o["weight"] * kl_to_teacher(out.logits, target.logits, weights, o["temperature"])
+        loss = o["weight"] * kl_to_teacher(out.logits, target.logits, weights, o["temperature"], num_items)
         if hidden:
-            loss = loss + o["hidden_weight"] * hidden_mse(out.hidden_states, target.hidden_states, weights)
+            loss = loss + o["hidden_weight"] * hidden_mse(out.hidden_states, target.hidden_states, weights, num_items)
         return loss + out.loss if self.lm else loss
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import PosEncError
 from ..domains import matches
-from .recipe import SECTIONS, Recipe, unknown_field, validate
+from .recipe import SECTIONS, TRAINER_FIELDS, Recipe, unknown_field, validate
 from .shipped import recipe_path
 
 
@@ -154,8 +154,8 @@ def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = N
     if not isinstance(data, dict):
         raise PosEncError(f"{source}: a recipe is a mapping of sections {', '.join(SECTIONS)}")
     for name in data:
-        if name not in SECTIONS:
-            raise unknown_field(name, list(SECTIONS), f"{source}: top level")
+        if name not in SECTIONS and name != "trainer":
+            raise unknown_field(name, [*SECTIONS, "trainer"], f"{source}: top level")
     missing = [n for n in ("model", "data", "training", "output") if n not in data]
     if missing:
         raise PosEncError(f"{source}: missing section(s) {', '.join(missing)}")
@@ -163,4 +163,26 @@ def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = N
     values = {name: _section_values(cls, data.get(name), f"{source}: {name}") for name, cls in SECTIONS.items()}
     sections = {name: _build_section(cls, values[name], routed.get(name, []), f"{source}: {name}")
                 for name, cls in SECTIONS.items()}
-    return validate(Recipe(**sections, source=source))
+    return validate(Recipe(**sections, trainer=_trainer_fields(data.get("trainer"), source), source=source))
+
+
+def _trainer_fields(values: Any, source: str) -> dict[str, Any]:
+    """The recipe's `trainer` mapping: fields of transformers' TrainingArguments that no section of the recipe sets,
+    checked by TrainingArguments itself (names, then values) before any model or data loads."""
+    if not values:
+        return {}
+    if not isinstance(values, dict):
+        raise PosEncError(f"{source}: trainer: a mapping of transformers.TrainingArguments fields, got {values!r:.80}")
+    from transformers import TrainingArguments
+
+    names = [f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in TRAINER_FIELDS]
+    for name in values:
+        if name in TRAINER_FIELDS:
+            raise PosEncError(f"{source}: trainer.{name}: the recipe sets it as {TRAINER_FIELDS[name]}; set it there")
+        if name not in names:
+            raise unknown_field(name, names, f"{source}: trainer (transformers.TrainingArguments)")
+    try:
+        TrainingArguments(output_dir="unused", **values)
+    except (TypeError, ValueError) as err:
+        raise PosEncError(f"{source}: trainer: {' '.join(str(err).split())}") from None
+    return dict(values)

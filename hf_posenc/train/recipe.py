@@ -147,6 +147,9 @@ class TrainingArgs:
     save_total_limit: int = field(2, help="checkpoints kept")
     logging_steps: int = field(1, help="loss log interval")
     deterministic: bool = field(False, help="torch.use_deterministic_algorithms, for bit-exact resumes")
+    threads: int = field(1, help="torch's CPU threads for the run (0: leave torch's count): CPU kernels split their "
+                         "sums by thread, so a fixed count gives the same losses and perplexities whatever the "
+                         "machine's cores or load (docs/guide/train.md: what it costs)")
     objective: Literal["lm", "distill", "lm+distill"] = field(
         "lm", help="LM only: next-token loss, distillation from the model before the swap (forward KL on every "
         "position, Hinton et al. 2015), or both summed")
@@ -189,6 +192,9 @@ class Recipe:
     posenc: PosEncArgs = dataclasses.field(default_factory=PosEncArgs)
     peft: PeftArgs = dataclasses.field(default_factory=PeftArgs)
     evaluation: EvaluationArgs = dataclasses.field(default_factory=EvaluationArgs)
+    trainer: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={
+        "help": "further fields of transformers' TrainingArguments, by their own names (report_to, optim, "
+        "use_liger_kernel, torch_compile, ...); those the other sections set are refused (`TRAINER_FIELDS`)"})
     source: str = dataclasses.field(default="<dict>", compare=False, metadata={"help": "file the recipe came from"})
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,6 +205,19 @@ class Recipe:
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Recipe)
 SECTIONS.pop("source")
+SECTIONS.pop("trainer")  # a mapping checked against TrainingArguments (`reading`), not a section of ours
+# transformers.TrainingArguments fields the recipe's sections set -> the recipe field that sets them
+TRAINER_FIELDS = {
+    "output_dir": "output.dir", "max_steps": "training.max_steps", "per_device_train_batch_size":
+    "training.micro_batch_size", "gradient_accumulation_steps": "training.batch_size", "learning_rate": "training.lr",
+    "weight_decay": "training.weight_decay", "warmup_steps": "training.warmup_steps",
+    "lr_scheduler_type": "training.scheduler", "max_grad_norm": "training.max_grad_norm",
+    "bf16": "training.mixed_precision", "fp16": "training.mixed_precision", "seed": "training.seed",
+    "data_seed": "training.seed", "gradient_checkpointing": "training.gradient_checkpointing",
+    "save_strategy": "training.save_steps", "save_steps": "training.save_steps",
+    "save_total_limit": "training.save_total_limit", "logging_steps": "training.logging_steps",
+    "full_determinism": "training.deterministic", "use_cpu": "the launch (--accelerate-config)",
+}
 
 
 def unknown_field(name: str, allowed: list[str], where: str) -> PosEncError:
@@ -221,7 +240,8 @@ def validate(recipe: Recipe) -> Recipe:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")
     for where, value in [("training.warmup_steps", t.warmup_steps), ("training.save_steps", t.save_steps),
                          ("training.save_total_limit", t.save_total_limit), ("training.max_grad_norm", t.max_grad_norm),
-                         ("training.weight_decay", t.weight_decay), ("training.seed", t.seed)]:
+                         ("training.weight_decay", t.weight_decay), ("training.seed", t.seed),
+                         ("training.threads", t.threads)]:
         _check(value >= 0, s, where, f"must be >= 0, got {value}")
     for where, value in [("data.max_train_samples", d.max_train_samples), ("data.max_eval_samples", d.max_eval_samples),
                          ("evaluation.max_windows", e.max_windows)]:

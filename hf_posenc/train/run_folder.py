@@ -1,14 +1,11 @@
-"""The run folder: whether a run may write there (`preflight`, once per run), its run file, its
-checkpoints and the trainer state they hold."""
+"""The run folder: whether a run may write there (`preflight`, once per run), its run file, and the
+checkpoints Trainer writes in it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import datasets
 
@@ -17,36 +14,16 @@ from ..errors import PosEncError
 from . import inputs, modeling, tasks
 from .recipe import Recipe
 
-if TYPE_CHECKING:
-    from accelerate import Accelerator
-
 RUN_FILE = "run.json"
-STATE_FILE = "trainer_state.json"
+STATE_FILE = "trainer_state.json"  # Trainer writes it last into a checkpoint: its presence means complete
 CHECKPOINTS = "checkpoints"
 # Fields that may change between a run and its resume; anything else means a different run.
 RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
                      "training.logging_steps", "evaluation", "output"}
 
 
-@dataclasses.dataclass
-class TrainerState:
-    """Everything besides model/optimizer/scheduler/RNG (saved by accelerate) that a resume needs."""
-
-    step: int = 0
-    epoch: int = 0
-    offset: int = 0  # samples of this epoch already consumed (all processes together)
-    samples: list[int] = dataclasses.field(default_factory=list)  # per rank, for the proof of who trained
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    log: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    original: dict[str, Any] | None = None
-    before: dict[str, Any] | None = None
-    train_seconds: float = 0.0
-    clock: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])  # training wall, CPU s (curve.Clock)
-    curve: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluation.every_steps points
-
-
 def checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints, oldest first. Temp dirs of an interrupted save are never listed."""
+    """Complete checkpoints (Trainer's `checkpoint-N`, its state file written last), oldest first."""
     root = out / CHECKPOINTS
     found = [p for p in root.glob("checkpoint-*") if (p / STATE_FILE).is_file()] if root.is_dir() else []
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
@@ -137,27 +114,3 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
     tasks.check_model(recipe, config)
     modeling.check_scheme(recipe, config)
     return Checked(inputs.load_raw(recipe), resume, overwrite)
-
-
-def save_checkpoint(accelerator: Accelerator, out: Path, state: TrainerState, keep: int) -> None:
-    """accelerate.save_state into a temp folder, then rename: a crash leaves the last good one intact."""
-    root = out / CHECKPOINTS
-    name = f"checkpoint-{state.step}"
-    tmp, final = root / f".tmp-{name}", root / name
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    tmp.mkdir(parents=True, exist_ok=True)
-    accelerator.save_state(str(tmp))  # model, optimizer, scheduler, and one RNG file per process
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(dataclasses.asdict(state), indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        old = checkpoints(out)
-        for path in old[: max(0, len(old) - keep)] if keep else []:
-            doomed = path.with_name(f".tmp-delete-{path.name}")
-            os.replace(path, doomed)  # stops being a checkpoint before its files go
-            shutil.rmtree(doomed)
-    accelerator.wait_for_everyone()
