@@ -223,7 +223,7 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
     evaluated = _autocast_seen(original)
     data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
     loader = torch.utils.data.DataLoader(data.eval, 4, collate_fn=data.collate)
-    runner.evaluator(bf16_accelerator, loader, recipe, data, tokenizer)(original)
+    runner.evaluator(bf16_accelerator, loader, recipe, data, tokenizer)(original, "the original model")
     assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
 
 

@@ -150,7 +150,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
         callback.restore(saved)
         original = json.loads((out / RUN_FILE).read_text()).get("original")
     elif recipe.evaluation.original and recipe.posenc.scheme and task.original:
-        original = evaluate(before_swap.to(trainer.accelerator.device))
+        original = evaluate(before_swap.to(trainer.accelerator.device), "the model before the swap (reference)")
     del before_swap
     if joined.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -178,12 +178,13 @@ def evaluator(accelerator: Any, loader: Any, recipe: Recipe, data: inputs.Prepar
     which the model before the swap (never prepared) would otherwise run without: another model than the one trained."""
     task = tasks.TRAINING_TASKS[recipe.model.task]
 
-    def evaluate(model: torch.nn.Module) -> dict[str, dict[str, dict[str, Any]]]:
+    def evaluate(model: torch.nn.Module, why: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """`why` names the pass on its progress bar: a run makes several, before its first step too."""
         was_training = model.training
         model.eval()
         gathered: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad(), accelerator.autocast():
-            for batch in bar(loader, desc="held-out evaluation", unit="batch", show=accelerator.is_main_process):
+            for batch in bar(loader, desc=f"held-out evaluation: {why}", unit="batch", show=accelerator.is_main_process):
                 for name, values in task.scores(model, batch).items():
                     gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
             scores = {name: torch.cat(values) for name, values in gathered.items()}
@@ -227,7 +228,7 @@ def _finish(run: Session) -> results.Results:
     """Score the trained model, write results.json, loss.json, the plots and the model; end the run."""
     recipe, trainer = run.recipe, run.trainer
     accelerator = trainer.accelerator
-    after = run.callback.evaluate(trainer.model_wrapped) if recipe.evaluation.after else None
+    after = run.callback.evaluate(trainer.model_wrapped, "after training") if recipe.evaluation.after else None
     measured = run.callback.snapshot()
     log = [{"step": row["step"], "loss": row["loss"], "lr": row.get("learning_rate"),
             **{k: row[k] for k in ("grad_norm", "tokens_per_s", "elapsed_s", "cpu_s") if k in row}}
