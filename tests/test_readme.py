@@ -82,7 +82,7 @@ def tiny_stand_ins(line: str, assets: dict[str, dict[str, Path]]) -> str:
         line += " --schemes nope"
     if line.startswith("hf-posenc inspect "):  # the default paragraph is longer than a tiny model's 64 positions
         line += " --text 'the cat sat on the mat.'"
-    if re.search(r"\btrain (recipes/\S+\.yaml|[\w.-]+/[\w.-]+/[\w.-]+ )", line):  # a recipe path or shipped name
+    if re.search(r"\btrain (recipes/\S+\.yaml|[\w.-]+/[\w.-]+/[\w.-]+)( |$)", line):  # a recipe path or shipped name
         line += (f" --model.name_or_path {assets['llama']['model']} --data.dataset {assets['llama']['data']}"
                  " --data.seq_len 32 --training.max_steps 2 --training.save_steps 0 --evaluation.perplexity_lengths 48")
     return line
@@ -118,7 +118,7 @@ def test_shell_block_runs(index, assets, tmp_path):
         reason = next((why for prefix, why in SKIPPED.items() if line.startswith(prefix)), None)
         if reason:
             continue
-        assert line.startswith(("hf-posenc ", "python ")), (
+        assert line.startswith(("hf-posenc ", "python ", "accelerate launch ")), (
             f"{page} line not covered by tests/test_readme.py: {line!r}; map it to a tiny run or add it to SKIPPED")
         command = tiny_stand_ins(line, assets)
         start = time.perf_counter()

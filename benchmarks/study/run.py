@@ -101,7 +101,9 @@ def one_run(name: str, arm: Arm, seed: int, s: Settings, tokenizer: Any, ids: to
     if where.type != "cpu":
         metrics["train_seconds"] = round(seconds, 1)
     if arm.added:
-        steps = [(0, None), *((int(c.name.split("-")[1]), c) for c in run_folder.checkpoints(folder / "run"))]
+        # Trainer also keeps a checkpoint at the last step: that point is the trained model, measured below
+        saved = ((int(c.name.split("-")[1]), c) for c in run_folder.checkpoints(folder / "run"))
+        steps = [(0, None), *((step, c) for step, c in saved if step < s.steps)]
         trace = [{"step": step, **geometry(checkpoint_model(recipe, ckpt), ids, s.seq_len)} for step, ckpt in steps]
         metrics["geometry"] = [*trace, {"step": s.steps, **geometry(model, ids, s.seq_len)}]
     return {"arm": name, "seed": seed, "tokens": sum(trained.details["tokens_per_rank"]),
