@@ -1,7 +1,7 @@
 """What a patch leaves on the model as a whole, once its plan is installed: `config.posenc` (the config the folder
 reloads from), `save_pretrained` (folders that load back patched, `hf_posenc.saving`), the model's init (which
-derives the patch's buffers again), and, when plain transformers can rebuild the patched model from its config
-alone, the stock values of what the patch changed in that config. Recorded in the patch's state, like every
+draws the patch's parameters and derives its buffers again), and, when plain transformers can rebuild the patched
+model from its config alone, the stock values of what the patch changed in that config. Recorded in the patch's state, like every
 change the sites make, so `unpatch` takes it back."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import nn
 from . import compat, saving
 from .config import BEFORE
 from .plan import Plan
-from .schemes.base import rederive_buffers
+from .schemes.base import initialise
 from .state import Missing, PatchState, Restore
 
 
@@ -37,10 +37,10 @@ def record(model: nn.Module, plan: Plan, state: PatchState) -> None:
 
 def initialize_weights(model: nn.Module) -> None:
     """A patched model's `initialize_weights` (what `init_weights` and transformers' loading call): the class's
-    own, then the buffers of the patch's modules, which the class's init does not know (a model built on the meta
-    device has them empty after `to_empty`)."""
+    own, then the parameters and buffers of the patch's modules, which the class's init does not know or draws with
+    its own std (a model built on the meta device has them empty after `to_empty`)."""
     type(model).initialize_weights(model)
-    rederive_buffers(model)
+    initialise(model)
     for module in model.modules():  # the rotary modules the patch put in, as transformers' own
         if isinstance(module, compat.rotary_module_class()):
             compat.rederive_rotary(module)

@@ -215,7 +215,7 @@ class DerivedBuffers(nn.Module):
     """A module whose buffers are functions of its options (ALiBi slopes, frequencies, kept pairs, zeros), not
     state: `derived()` computes them, and they are not saved. A model built on the meta device (big models,
     FSDP2) gets them back empty from `to_empty`, and the model's own init does not know them, so a patched
-    model's init calls `rederive` (`rederive_buffers`); trained weights are not touched."""
+    model's init calls `rederive` (`initialise`); trained weights are not touched."""
 
     def derived(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -231,10 +231,10 @@ class DerivedBuffers(nn.Module):
 
 
 class EmbeddingDerived(nn.Module):
-    """A module whose saved buffers come from the model's input embeddings when the patch is applied (concat's
-    token/position split): state, kept through training and saving, so loading gives them. A model built on the
-    meta device and initialised instead (`to_empty` + `init_weights`, nothing loaded) has them empty: its init
-    derives them from the embeddings it has just initialised (`rederive_from`), as the patch would have; what was
+    """A module whose saved state comes from the model's own weights when the patch is applied (concat's
+    token/position split, a copied position table): kept through training and saving, so loading gives it. A model
+    built on the meta device and initialised instead (`to_empty` + `init_weights`, nothing loaded) has it empty:
+    its init derives it from the embeddings it has just initialised (`rederive_from`), as the patch would have; what was
     loaded (transformers marks it `_is_hf_initialized`; on the tensors, as the class's own init marks every module
     it visits) is kept."""
 
@@ -247,10 +247,24 @@ def loaded(tensor: torch.Tensor | None) -> bool:
     return getattr(tensor, "_is_hf_initialized", False)
 
 
-def rederive_buffers(model: nn.Module) -> None:
-    """Re-derive the buffers of every `DerivedBuffers` module in `model`, and what loading did not fill of every
-    `EmbeddingDerived` one."""
+class OwnParameters(nn.Module):
+    """A scheme module with parameters of its own (FIRE's MLP, KERPLE's r1 and r2, T5's buckets, ...). Their init is
+    the module's: `reset_parameters` draws them as a direct build does (the constructor calls it, so the two cannot
+    drift), each only where loading did not fill it. A model built on the meta device and initialised (`to_empty` +
+    `init_weights`, nothing loaded) reaches it through the patched model's init (`initialise`): the class's own init
+    knows only the `nn.Linear`s and `nn.Embedding`s inside, drawn with its own std, and leaves the rest as
+    uninitialised memory. PyTorch's name: FSDP's meta-device init calls it on every module too."""
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError
+
+
+def initialise(model: nn.Module) -> None:
+    """The patch's part of `model`'s init, after the class's: every `OwnParameters` module's parameters that were not
+    loaded, the buffers of every `DerivedBuffers` one, and what loading did not fill of every `EmbeddingDerived` one."""
     for module in model.modules():
+        if isinstance(module, OwnParameters):
+            module.reset_parameters()
         if isinstance(module, DerivedBuffers):
             module.rederive()
         if isinstance(module, EmbeddingDerived):

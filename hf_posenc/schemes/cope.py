@@ -28,7 +28,7 @@ from torch import nn
 
 from ..domains import at_least, option
 from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts
+from .base import AttentionScheme, ModelFacts, OwnParameters, loaded
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,22 @@ class CopeOptions:
                              at_least(0))
 
 
-class ContextualPositions(nn.Module):
+class ContextualPositions(OwnParameters):
     """`forward(query, key, q_pos, k_pos, mask)` -> fp32 logits q.k + q.e[p] (token positions are not used)."""
 
     reads_mask = True  # the posenc attention function passes its additive fp32 mask as `mask`
 
     def __init__(self, head_dim: int, npos_max: int, init_std: float) -> None:
         super().__init__()
-        self.embeddings = nn.Parameter(torch.randn(npos_max, head_dim) * init_std)
+        self.init_std = init_std
+        self.embeddings = nn.Parameter(torch.empty(npos_max, head_dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The position embeddings N(0, init_std^2); zeros at the paper's init_std=0 (unless loaded)."""
+        if not loaded(self.embeddings):
+            self.embeddings.normal_(0.0, self.init_std) if self.init_std else self.embeddings.zero_()
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

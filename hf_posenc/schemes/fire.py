@@ -13,7 +13,7 @@ from torch import nn
 
 from ..domains import at_least, one_of, option, positive
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, RelativeBias
+from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded
 
 
 @dataclass(frozen=True)
@@ -24,20 +24,33 @@ class FireOptions:
     init: str = option("zeros", "'zeros' (output layer starts at 0: NoPE) or 'random'", one_of("zeros", "random"))
 
 
-class FireBias(RelativeBias):
+class FireBias(RelativeBias, OwnParameters):
     """b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1); c, L learned (kept > 0)."""
 
     flex_backward = False  # `score` indexes the MLP's weights once per hidden unit
 
     def __init__(self, heads: int, hidden: int, c: float, threshold: float, zero_init: bool) -> None:
         super().__init__()
-        self.heads = heads
-        self.log_c = nn.Parameter(torch.tensor(math.log(c)))
-        self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))
+        self.heads, self.c, self.threshold, self.zero_init = heads, c, threshold, zero_init
+        self.log_c = nn.Parameter(torch.empty(()))
+        self.log_threshold = nn.Parameter(torch.empty(()))
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
-        if zero_init:
-            nn.init.zeros_(self.mlp[2].weight)
-            nn.init.zeros_(self.mlp[2].bias)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """c and L as the options give them, the MLP as PyTorch draws a Linear, its output layer zeros unless
+        `init='random'` (what loading filled is kept)."""
+        for param, value in ((self.log_c, math.log(self.c)), (self.log_threshold, math.log(self.threshold))):
+            if not loaded(param):
+                param.fill_(value)
+        for layer, zero in ((self.mlp[0], False), (self.mlp[2], self.zero_init)):
+            if loaded(layer.weight):
+                continue
+            layer.reset_parameters()
+            if zero:
+                layer.weight.zero_()
+                layer.bias.zero_()
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         c = self.log_c.float().exp()

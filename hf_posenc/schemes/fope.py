@@ -24,7 +24,7 @@ from torch import nn
 
 from ..domains import at_least, option
 from ..registry import register_scheme
-from .base import DerivedBuffers, ModelFacts
+from .base import DerivedBuffers, ModelFacts, OwnParameters, loaded
 from .hope import TRAINED
 from .rope import PARTIAL, THETA, Rope
 
@@ -39,17 +39,25 @@ class FopeOptions:
     partial: float | None = option(None, "fraction of each head's dims that rotate; default: model's own or 1", PARTIAL)
 
 
-class FourierRotary(DerivedBuffers):
+class FourierRotary(DerivedBuffers, OwnParameters):
     """`forward(x, position_ids) -> (cos, sin)` over the full head dim, the first `pairs` pairs Fourier series,
     the rest unrotated; the coefficients are the module's weights, the series is computed in fp32."""
 
     def __init__(self, head_dim: int, pairs: int, theta: float, trained: int, sigma: float) -> None:
         super().__init__()
-        self.head_dim, self.pairs, self.theta, self.trained = head_dim, pairs, theta, trained
+        self.head_dim, self.pairs, self.theta, self.trained, self.sigma = head_dim, pairs, theta, trained, sigma
         self.register_derived()
-        eye = torch.eye(pairs)
-        self.cos_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
-        self.sin_coef = nn.Parameter(eye + sigma * torch.randn(pairs, pairs) * (1 - eye))
+        self.cos_coef = nn.Parameter(torch.empty(pairs, pairs))
+        self.sin_coef = nn.Parameter(torch.empty(pairs, pairs))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Each coefficient matrix the identity (RoPE) plus N(0, sigma^2) off the diagonal (unless loaded)."""
+        eye = torch.eye(self.pairs, device=self.cos_coef.device)
+        for coef in (self.cos_coef, self.sin_coef):
+            if not loaded(coef):
+                coef.copy_(eye + self.sigma * torch.randn_like(eye) * (1 - eye))
 
     def derived(self) -> dict[str, torch.Tensor]:
         # RoPE's frequencies over the rotating dims, as transformers computes them

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..domains import Relation, one_of, option, positive
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, RelativeBias
+from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,22 @@ class KerpleOptions:
                           when=("variant", "power")),)
 
 
-class KerpleBias(RelativeBias):
+class KerpleBias(RelativeBias, OwnParameters):
     """Per-head r1, r2 kept positive through a log parametrisation."""
 
     def __init__(self, heads: int, variant: str, r1: float, r2: float) -> None:
         super().__init__()
-        self.heads, self.variant = heads, variant
-        self.log_r1 = nn.Parameter(torch.full((heads,), math.log(r1)))
-        self.log_r2 = nn.Parameter(torch.full((heads,), math.log(r2)))
+        self.heads, self.variant, self.r1, self.r2 = heads, variant, r1, r2
+        self.log_r1 = nn.Parameter(torch.empty(heads))
+        self.log_r2 = nn.Parameter(torch.empty(heads))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Every head's r1 and r2 as the options give them (what loading filled is kept)."""
+        for param, value in ((self.log_r1, self.r1), (self.log_r2, self.r2)):
+            if not loaded(param):
+                param.fill_(math.log(value))
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         distance = distance.abs().float()

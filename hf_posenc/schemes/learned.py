@@ -12,7 +12,7 @@ from torch import nn
 
 from ..domains import at_least, one_of, option
 from ..registry import register_scheme
-from .base import InputScheme, ModelFacts, check_positions, table_rows
+from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, table_rows
 from .sinusoidal import sinusoidal_code
 
 
@@ -27,16 +27,26 @@ class LearnedOptions:
                               one_of(*INITS))
 
 
-class LearnedPositions(nn.Module):
+class LearnedPositions(EmbeddingDerived):
     """`forward(position_ids) -> table[position_ids]`, refusing positions past the table.
 
     The table keeps the model's `offset` leading rows (RoBERTa's padding rows), so its parameter
-    has the stock name and layout and plain transformers reloads it."""
+    has the stock name and layout and plain transformers reloads it. A model built on the meta device and
+    initialised has no table of its own to copy: its init draws the table as `init` draws new rows, scaled by the
+    initialised tokens."""
 
-    def __init__(self, table: torch.Tensor, offset: int = 0) -> None:
+    def __init__(self, table: torch.Tensor, offset: int = 0, init: str = "normal") -> None:
         super().__init__()
         self.weight = nn.Parameter(table)
-        self.offset = offset
+        self.offset, self.init = offset, init
+
+    @torch.no_grad()
+    def rederive_from(self, embeddings: torch.Tensor) -> None:
+        if loaded(self.weight):
+            return
+        init = "normal" if self.init in ("copy", "interpolate") else self.init
+        scale = float(embeddings.float().pow(2).mean().sqrt())
+        self.weight.copy_(initial_table(init, self.weight.shape[0], self.weight.shape[1], None, self.weight.dtype, scale))
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         position_ids = table_rows(position_ids, "learned")
@@ -94,7 +104,7 @@ class Learned(InputScheme):
         table = initial_table(options["init"], options["max_positions"], facts.hidden_size, logical, facts.dtype,
                               facts.token_rms)
         head = old[:offset].to("cpu", facts.dtype) if old is not None else torch.zeros(offset, facts.hidden_size)
-        return LearnedPositions(torch.cat((head.to(facts.dtype), table)), offset)
+        return LearnedPositions(torch.cat((head.to(facts.dtype), table)), offset, options["init"])
 
 
 register_scheme(Learned())

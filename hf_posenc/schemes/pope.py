@@ -27,7 +27,7 @@ from torch import nn
 
 from ..domains import one_of, option
 from ..registry import register_scheme
-from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
+from .base import AttentionScheme, DerivedBuffers, ModelFacts, OwnParameters, TransformedQK, loaded
 from .rope import THETA, native_theta
 
 
@@ -40,14 +40,21 @@ class PopeOptions:
                              one_of("learned", "none"))
 
 
-class PolarAttention(TransformedQK, DerivedBuffers):
+class PolarAttention(TransformedQK, DerivedBuffers, OwnParameters):
     """`forward(query, key, q_pos, k_pos)` -> fp32 PoPE logits; `transformed` -> the (q', k') whose dot product they are."""
 
     def __init__(self, heads: int, head_dim: int, theta: float, phase_bias: bool) -> None:
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
         self.register_derived()
-        self.phase = nn.Parameter(torch.zeros(heads, head_dim)) if phase_bias else None
+        self.phase = nn.Parameter(torch.empty(heads, head_dim)) if phase_bias else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The learned phase bias starts at zero: PoPE as published (unless loaded)."""
+        if self.phase is not None and not loaded(self.phase):
+            self.phase.zero_()
 
     def derived(self) -> dict[str, torch.Tensor]:
         return {"freqs": (self.theta ** -(torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)).float()}

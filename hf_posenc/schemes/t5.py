@@ -12,7 +12,7 @@ from torch import nn
 
 from ..domains import Relation, at_least, one_of, option
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, RelativeBias
+from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded
 
 
 T5_INITS = ("copy", "normal", "zeros")
@@ -50,19 +50,25 @@ def t5_bucket(distance: torch.Tensor, causal: bool, num_buckets: int, max_distan
     return (offset + torch.where(n < exact, n, large)).long()
 
 
-class T5Bias(RelativeBias):
+class T5Bias(RelativeBias, OwnParameters):
     def __init__(self, heads: int, causal: bool, num_buckets: int, max_distance: int, init_std: float,
                  table: torch.Tensor | None = None) -> None:
         super().__init__()
         self.heads, self.causal, self.num_buckets, self.max_distance = heads, causal, num_buckets, max_distance
+        # a copied table is drawn again (a model built on meta, nothing loaded) with the spread it had
+        self.init_std = float(table.float().std()) if table is not None and table.numel() > 1 else init_std
         self.relative_attention_bias = nn.Embedding(num_buckets, heads)
-        with torch.no_grad():
-            if table is not None:
+        self.reset_parameters()
+        if table is not None:
+            with torch.no_grad():
                 self.relative_attention_bias.weight.copy_(table)
-            elif init_std:
-                nn.init.normal_(self.relative_attention_bias.weight, std=init_std)
-            else:
-                nn.init.zeros_(self.relative_attention_bias.weight)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The bucket table N(0, init_std^2), zeros at init_std=0 (unless loaded)."""
+        weight = self.relative_attention_bias.weight
+        if not loaded(weight):
+            weight.normal_(0.0, self.init_std) if self.init_std else weight.zero_()
 
     def by_distance(self, head: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         bucket = t5_bucket(distance, self.causal, self.num_buckets, self.max_distance)

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..domains import at_least, option
 from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, check_positions, table_rows
+from .base import BiasScheme, EmbeddingDerived, ModelFacts, OwnParameters, check_positions, loaded, table_rows
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,34 @@ class UntiedOptions:
     init_std: float = option(0.02, "std of the projections (and of the table when the model has none)", at_least(0))
 
 
-class UntiedBias(nn.Module):
+class UntiedBias(OwnParameters, EmbeddingDerived):
     """The bias is low rank (head_dim per head), so fused paths append its factors to q and k
-    instead of evaluating a (q, k) table: see `factors` and `hf_posenc.fast_attention`."""
+    instead of evaluating a (q, k) table: see `factors` and `hf_posenc.fast_attention`. The table starts as the
+    model's own where it has one: a model built on the meta device and initialised draws it as the rows past the
+    model's are drawn."""
 
-    def __init__(self, table: torch.Tensor, heads: int, head_dim: int, init_std: float) -> None:
+    def __init__(self, table: torch.Tensor, heads: int, head_dim: int, init_std: float, copied: bool = False) -> None:
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.init_std, self.copied = heads, head_dim, init_std, copied
         self.positions = nn.Parameter(table)
-        self.query = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
-        self.key = nn.Parameter(torch.randn(table.shape[1], heads * head_dim) * init_std)
+        self.query = nn.Parameter(torch.empty(table.shape[1], heads * head_dim))
+        self.key = nn.Parameter(torch.empty(table.shape[1], heads * head_dim))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The projections N(0, init_std^2) (zeros at 0), unless loaded; the table is `rederive_from`'s."""
+        for weight in (self.query, self.key):
+            if not loaded(weight):
+                weight.normal_(0.0, self.init_std) if self.init_std else weight.zero_()
+
+    @torch.no_grad()
+    def rederive_from(self, embeddings: torch.Tensor) -> None:
+        """The table N(0, s^2): s the init_std, as `Untied.module` draws rows the model has none of, or the
+        tokens' RMS where the table started as the model's own (drawn by its class as its tokens) or init_std is 0."""
+        if not loaded(self.positions):
+            rms = float(embeddings.float().pow(2).mean().sqrt())
+            self.positions.normal_(0.0, rms if self.copied or not self.init_std else self.init_std)
 
     def factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 (B, H, q, head_dim) and (B, H, k, head_dim) whose product is the bias: the projected
@@ -83,7 +101,8 @@ class Untied(BiasScheme):
         if facts.position_table is not None:
             old = facts.position_table[facts.position_offset:].float().cpu()
             table[: min(n, old.shape[0])] = old[:n]
-        return UntiedBias(table.to(facts.dtype), facts.num_heads, facts.head_dim, options["init_std"]).to(facts.dtype)
+        return UntiedBias(table.to(facts.dtype), facts.num_heads, facts.head_dim, options["init_std"],
+                          copied=facts.position_table is not None).to(facts.dtype)
 
 
 register_scheme(Untied())

@@ -32,7 +32,7 @@ PROPERTIES = {  # one or two tests per property, chosen for the contracts each c
     "save_load": r"test_save_load$|test_base_model_prefix_loads_base_weights$",
     "eager_sdpa": r"test_eager_matches_sdpa_inference_09_fp32_pad_left$|test_can_set_attention_dynamically$"
                   r"|test_config_attn_implementation_setter$|test_attention_outputs$",
-    "init": r"test_can_be_initialized_on_meta$|test_init_weights_can_init_buffers$",
+    "init": r"test_can_be_initialized_on_meta$|test_init_weights_can_init_buffers$|test_from_pretrained_no_checkpoint$",
     "training": r"test_training_gradient_checkpointing_use_reentrant_false$",
 }
 # torch.compile(fullgraph) of generate: 3-8 s a cell, the costliest property; every scheme on Llama, where a static
