@@ -26,11 +26,10 @@ def record(model: nn.Module, plan: Plan, state: PatchState) -> None:
     state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
     if callable(getattr(type(model), "initialize_weights", None)):
         state.set_attr(model, "initialize_weights", functools.partial(initialize_weights, model), instance=True)
-    # plain transformers rebuilds the model from its config alone when the patch left the model's own rotary module
-    # in place (rebuilt from new `rope_parameters`), which no hook, bias or weight does
-    stack = plan.stacks[0]
-    state.native = stack.name is None and not stack.per_layer and stack.adapter.rotary is not None and \
-        type(model.base_model.get_submodule(stack.adapter.rotary)).__module__.startswith("transformers.")
+    # plain transformers rebuilds the model from its config alone when the installer reports that it rebuilt the
+    # model's own rotary module from new `rope_parameters` (a q/k entry of a per-layer map never does), which no
+    # hook, bias or weight does; an encoder-decoder's stacks keep their own configs
+    state.native = plan.stacks[0].name is None and state.rebuilt_rotary
     if state.native:
         record_before(model.config, state)
 

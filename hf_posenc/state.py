@@ -105,6 +105,9 @@ class PatchState:
     undo: list[Callable[[], None]] = field(default_factory=list)
     new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
     native: bool = False  # transformers rebuilds the patched model from its config alone (saving.mark_folder)
+    # what an installer did that the record reads, reported by it: the model's own transformers rotary class
+    # rebuilt from new `rope_parameters` in the config (sites.qk), nothing else of the positions changed
+    rebuilt_rotary: bool = False
     notes: dict[str, Any] = field(default_factory=dict)  # what an install measured, recorded in config.posenc
 
     def set_attr(self, obj: Any, name: str, value: Any, instance: bool = False) -> None:

@@ -131,6 +131,7 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
         state.set_attr(config, "rope_parameters", params)
         old = base.get_submodule(adapter.rotary)
         state.replace(base, adapter.rotary, place(type(old)(config=compat.with_head_dim(config)), facts))
+        state.rebuilt_rotary = type(old).__module__.startswith("transformers.")
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = place(spec.rotary(options, facts, facts.max_positions + facts.ids_offset), facts)
