@@ -304,7 +304,12 @@ def test_peft_lora_modules_to_save_then_merge_save_reload_in_a_new_process(tmp_p
                 assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters()), f"{name}: no gradient"
             optimizer.step()
         after = [p.detach() for m in trained for p in m.parameters()]
-        assert all(not torch.equal(a, b) for a, b in zip(start, after)), f"{name}: the posenc module did not change"
+        # every parameter with a real gradient moves; a per-head constant added to every score of a row (FIRE's
+        # output bias) cancels in the softmax, its gradient is rounding noise (~1e-8) and may not move it at lr 0.05
+        noise = [p.grad.abs().max() < 1e-6 for m in trained for p in m.parameters()]
+        assert not noise or not all(noise), f"{name}: no parameter of the posenc module has a gradient beyond rounding"
+        assert all(quiet or not torch.equal(a, b) for a, b, quiet in zip(start, after, noise)), (
+            f"{name}: the posenc module did not change")
         wrapped.eval()
         with torch.no_grad():
             tuned = wrapped(input_ids=x).logits
