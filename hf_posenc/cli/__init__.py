@@ -114,6 +114,8 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         if debug:
             raise
         _fail(prog, err)
+        if stage == "main" and getattr(module, "saved", None) is not None:  # what the failed run left, and how on
+            print(f"{prog}: {module.saved(args)}", file=sys.stderr)
         return 2 if stage == "check" and isinstance(err, PosEncError) else 1
 
 
