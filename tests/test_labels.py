@@ -123,3 +123,25 @@ def test_a_card_of_a_model_not_from_a_packaged_gguf_claims_no_provenance(tmp_pat
     folder = tmp_path / "m"
     hp.patch(tiny_model("gpt2"), "rope").save_pretrained(folder)
     assert "GGUF" not in hub.model_card(folder, "openai-community/gpt2").text
+
+
+def test_compare_states_the_scored_places_and_refuses_files_whose_places_differ(tmp_path, capsys):
+    model = tiny_assets(tmp_path / "assets", "llama")["model"]
+    paths = {}
+    for lengths in ("16,32", "16,48"):
+        out = tmp_path / lengths.replace(",", "-")
+        assert cli.main(["eval", "--model", str(model), "--suite", "ppl", "--lengths", lengths, "--max-windows", "2",
+                         "--target-tokens", "8", "--out", str(out)]) == 0
+        paths[lengths] = str(out / "results.json")
+    a, b = (results.load(path).runs[0].metrics["perplexity"]["16"] for path in paths.values())
+    assert a["perplexity"] != b["perplexity"]  # the same model, length, windows and target: other places
+    capsys.readouterr()
+    assert cli.main(["eval", "--compare", *paths.values(), "--out", str(tmp_path / "refused")]) == 2
+    assert "longest_length differ" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert cli.main(["eval", "--compare", *paths.values(), "--mixed", "--out", str(tmp_path / "mixed")]) == 0
+    table = (tmp_path / "mixed" / "compare.md").read_text()
+    assert "Scored places:\n- perplexity scored the same last 8 tokens" in table
+    assert "set of lengths (16, 32)" in table and "set of lengths (16, 48)" in table
+    assert f"[1] {paths['16,32']}: longest_length=32" in table
+    assert cli.main(["eval", "--compare", paths["16,32"], "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "compare.md").read_text().count("- perplexity scored") == 1
