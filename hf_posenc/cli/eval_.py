@@ -60,7 +60,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--no-baseline", action="store_true",
-                        help="score only the patched model (by default the model unpatched is scored too, same settings)")
+                        help="score only the patched model (by default the model unpatched is scored too, same "
+                             "settings, and the original a trained or patched folder came from, where it says)")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
     parser.add_argument("--mixed", action="store_true",
                         help="with --compare: allow runs whose settings differ (the table flags them)")
