@@ -156,3 +156,21 @@ def test_a_suite_that_raises_leaves_what_finished_and_says_how_to_rerun(tiny, tm
                   str(out), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "boom" not in json.dumps(_cells(out)) and json.loads((out / folders.MARKER).read_text())["complete"]
+
+
+def test_the_estimate_counts_every_row_the_eval_will_score(tiny, tmp_path, capsys):
+    from hf_posenc import cli
+    from hf_posenc.cli import eval_
+
+    assert cli.main(["patch", str(tiny), "alibi", "--out", str(tmp_path / "patched")]) == 0
+    counted = {}
+    for name, model, extra in [("plain", tiny, []), ("patched", tmp_path / "patched", []),
+                               ("alone", tmp_path / "patched", ["--no-baseline"])]:
+        argv = ["eval", "--model", str(model), "--suite", "ppl", "--lengths", "16,4000", "--max-windows", "2", *extra,
+                "--out", str(tmp_path / "out")]
+        args, _ = cli.build_parser(argv).parse_known_args(argv)
+        capsys.readouterr()
+        eval_.check(args)  # the checks and the announcement, before any model loads
+        counted[name] = int(capsys.readouterr().err.split(" sequences per length")[0].rsplit(" ", 1)[1])
+    # a patched folder scores three rows (as loaded, its own weights, the original it was patched from)
+    assert counted == {"plain": 2, "patched": 6, "alone": 2}
