@@ -141,3 +141,21 @@ def test_a_patched_model_loads_spread_by_device_map_auto(tmp_path):
     text = torch.randint(0, 128, (200,), generator=torch.Generator().manual_seed(2))
     assert evaluation.perplexity_by_length(spread, text, [50], max_windows=3) == \
            evaluation.perplexity_by_length(model, text, [50], max_windows=3)
+
+
+@pytest.mark.slow
+def test_the_original_model_row_over_two_processes_equals_one_process(tmp_path, model_dir):
+    folder = tmp_path / "llama-alibi"
+    assert cli.main(["patch", model_dir, "alibi", "--out", str(folder)]) == 0  # its marker names model_dir
+    argv = ["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "48,96", "--max-windows", "3"]
+    assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
+    code = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "two"), "--accelerate-config",
+                           "cpu_2proc"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = results.load(tmp_path / "one" / "results.json"), results.load(tmp_path / "two" / "results.json")
+    labels = ["llama-alibi (as loaded)", "llama-alibi (its own weights, rope positions)", "llama (original model)"]
+    assert [run.label for run in one.runs] == [run.label for run in two.runs] == labels
+    for run1, run2 in zip(one.runs, two.runs):
+        for length, cell in run1.metrics["perplexity"].items():
+            assert run2.metrics["perplexity"][length]["perplexity"] == pytest.approx(cell["perplexity"], rel=1e-6)

@@ -4,30 +4,86 @@ identical series drawn so each is visible, and a model card with the right colum
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from conftest import tiny_model
-from test_train import tiny_assets
+from test_train import recipe_dict, tiny_assets, write_recipe
+
+from transformers import AutoTokenizer
 
 import hf_posenc as hp
 from hf_posenc import cli, hub, plots, results
 
 
-def test_the_baseline_of_a_patched_folder_is_named_for_what_it_is_and_the_original_is_offered(tmp_path, capsys):
+def _ppl(run: results.Run, length: int) -> float:
+    return run.metrics["perplexity"][str(length)]["perplexity"]
+
+
+def test_the_baseline_of_a_patched_folder_is_named_for_what_it_is_and_the_original_scored_beside_it(tmp_path, capsys):
     assets = tiny_assets(tmp_path / "assets", "llama")
     folder = tmp_path / "tiny-alibi"
     assert cli.main(["patch", str(assets["model"]), "alibi", "--out", str(folder)]) == 0
-    (folder / "README.md").write_text(str(hub.model_card(folder, "owner/tiny-base")))  # `hf-posenc card`'s card
     capsys.readouterr()
     assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
                      "--out", str(tmp_path / "eval")]) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr()
     record = results.load(tmp_path / "eval" / "results.json")
-    assert [run.label for run in record.runs] == ["tiny-alibi (as loaded)", "tiny-alibi (its own weights, rope positions)"]
-    assert "not the original model" in printed and "--model owner/tiny-base" in printed
+    # the patch's marker names its source: that model is loaded and scored as a row of its own
+    assert [run.label for run in record.runs] == [
+        "tiny-alibi (as loaded)", "tiny-alibi (its own weights, rope positions)", "model (original model)"]
+    own, original = record.runs[1], record.runs[2]
+    # a patch changes no weight: the original model is the folder's own weights with RoPE back, cell for cell
+    assert original.metrics == own.metrics and _ppl(original, 32) != _ppl(record.runs[0], 32)
+    assert "not scoring the original" not in printed.err
+    assert "| model (original model) |" in printed.out.replace("| tiny-alibi (its own weights, rope positions) ", "")
+    assert set(record.details["peak_memory_mb"]) == {run.label for run in record.runs}
     # the scored places beside the table: same_target's places depend on the set of lengths
-    assert "perplexity scored the same last 8 tokens of 1 windows of kjv" in printed
-    assert "depends on the set of lengths (16, 32)" in printed
+    assert "perplexity scored the same last 8 tokens of 1 windows of kjv" in printed.out
+    assert "depends on the set of lengths (16, 32)" in printed.out
+    # the model card names every row, the original among them
+    assert "| tiny-alibi (its own weights, rope positions) | model (original model) |" in hub.model_card(
+        tmp_path / "eval").text
+    assert {path.name for path in (tmp_path / "eval").glob("*.png")} == {"perplexity.png"}
+
+
+def test_a_trained_folder_is_scored_beside_the_model_it_was_trained_from(tmp_path, capsys):
+    assets = tiny_assets(tmp_path / "assets", "llama")
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, run, peft={"method": "full"},
+                                                           training={"max_steps": 2, "lr": 1e-2},
+                                                           data={"max_eval_samples": 2}))
+    assert cli.main(["train", str(recipe)]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", "--model", str(run), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+                     "--out", str(tmp_path / "eval")]) == 0
+    record = results.load(tmp_path / "eval" / "results.json")
+    labels = [r.label for r in record.runs]
+    assert labels == ["run (as loaded)", "run (its own weights, rope positions)", "model (original model)"]
+    # trained weights with RoPE put back are not the original model (16.09 against 14.32 for the demo's)
+    assert _ppl(record.runs[1], 32) != _ppl(record.runs[2], 32)
+    assert "not scoring the original" not in capsys.readouterr().err
+
+
+def test_an_original_model_out_of_reach_is_said_in_one_line(tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assets = tiny_assets(tmp_path / "assets", "llama")
+    folder = tmp_path / "tiny-alibi"
+    hp.patch(hp.from_pretrained(str(assets["model"])), "alibi").save_pretrained(folder)  # no record of its source
+    AutoTokenizer.from_pretrained(assets["model"]).save_pretrained(folder)
+    (folder / "README.md").write_text(str(hub.model_card(folder, "owner/tiny-base")))  # `hf-posenc card`'s card
+    capsys.readouterr()
+    started = time.monotonic()
+    assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+                     "--out", str(tmp_path / "eval")]) == 0
+    printed = capsys.readouterr()
+    lines = [line for line in printed.err.splitlines() if "original model" in line]
+    assert len(lines) == 1 and "owner/tiny-base" in lines[0] and "base_model" in lines[0], printed.err
+    assert "HF_HUB_OFFLINE" in lines[0] and time.monotonic() - started < 120  # no Hub retries
+    assert [run.label for run in results.load(tmp_path / "eval" / "results.json").runs] == [
+        "tiny-alibi (as loaded)", "tiny-alibi (its own weights, rope positions)"]
 
 
 def test_a_scheme_without_options_is_not_labelled_as_a_call():
@@ -67,3 +123,25 @@ def test_a_card_of_a_model_not_from_a_packaged_gguf_claims_no_provenance(tmp_pat
     folder = tmp_path / "m"
     hp.patch(tiny_model("gpt2"), "rope").save_pretrained(folder)
     assert "GGUF" not in hub.model_card(folder, "openai-community/gpt2").text
+
+
+def test_compare_states_the_scored_places_and_refuses_files_whose_places_differ(tmp_path, capsys):
+    model = tiny_assets(tmp_path / "assets", "llama")["model"]
+    paths = {}
+    for lengths in ("16,32", "16,48"):
+        out = tmp_path / lengths.replace(",", "-")
+        assert cli.main(["eval", "--model", str(model), "--suite", "ppl", "--lengths", lengths, "--max-windows", "2",
+                         "--target-tokens", "8", "--out", str(out)]) == 0
+        paths[lengths] = str(out / "results.json")
+    a, b = (results.load(path).runs[0].metrics["perplexity"]["16"] for path in paths.values())
+    assert a["perplexity"] != b["perplexity"]  # the same model, length, windows and target: other places
+    capsys.readouterr()
+    assert cli.main(["eval", "--compare", *paths.values(), "--out", str(tmp_path / "refused")]) == 2
+    assert "longest_length differ" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert cli.main(["eval", "--compare", *paths.values(), "--mixed", "--out", str(tmp_path / "mixed")]) == 0
+    table = (tmp_path / "mixed" / "compare.md").read_text()
+    assert "Scored places:\n- perplexity scored the same last 8 tokens" in table
+    assert "set of lengths (16, 32)" in table and "set of lengths (16, 48)" in table
+    assert f"[1] {paths['16,32']}: longest_length=32" in table
+    assert cli.main(["eval", "--compare", paths["16,32"], "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "compare.md").read_text().count("- perplexity scored") == 1

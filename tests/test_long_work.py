@@ -81,3 +81,96 @@ def test_a_failed_run_leaves_a_folder_its_rerun_replaces(tiny, tmp_path, capsys)
     capsys.readouterr()
     assert cli.main(small) == 0  # the same command, fixed, without --overwrite
     assert json.loads((out / folders.MARKER).read_text())["complete"] is True
+
+
+def _cells(out: Path) -> dict:
+    """The cells results.json holds so far, by run label and table (empty before it is written or while it is)."""
+    try:
+        record = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {run["label"]: run.get("metrics", {}) for run in record.get("runs", [])}
+
+
+def test_a_run_killed_mid_suite_leaves_its_cells_and_a_folder_its_rerun_replaces(tiny, tmp_path):
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny), "--suite", "ppl,passkey", "--lengths", "16,4000,8000", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "eval", *argv], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not any(metrics.get("perplexity") for metrics in _cells(out).values()) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # no handler runs: what is on disk is all there is
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed mid-suite"
+    (cells,) = _cells(out).values()  # the model as loaded (not patched: no baseline)
+    assert cells["perplexity"]["16"]["perplexity"] > 0 and "passkey" not in cells  # killed mid-suite
+    assert json.loads((out / "results.json").read_text())["complete"] is False
+    assert json.loads((out / folders.MARKER).read_text())["complete"] is False
+
+    # the next mistake is the one reported, not the killed run's folder
+    typo = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--dtype", "float8", "--out", str(out),
+                 cwd=tmp_path)
+    assert typo.returncode == 2 and "--dtype" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
+    fixed = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--out", str(out), cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert json.loads((out / "results.json").read_text())["complete"] is True
+    assert "passkey" not in json.dumps(_cells(out))  # replaced, not mixed with the killed run's cells
+
+
+BOOM = '''
+"""`boom`: one cell, then the error a suite of one's own can raise half-way."""
+from hf_posenc.evaluation.suite import Suite
+from hf_posenc.registry import register_suite
+from hf_posenc.results import Metric
+
+
+class Boom(Suite):
+    name = "boom"
+    help = "one cell, then an error"
+    metrics = {"boom": Metric(("value",), "tokens")}
+
+    def cells(self, scoring, settings, argument):
+        yield "boom", scoring.lengths[0], {"value": 1.0}
+        raise RuntimeError("boom after the first cell")
+
+
+register_suite(Boom())
+'''
+
+
+def test_a_suite_that_raises_leaves_what_finished_and_says_how_to_rerun(tiny, tmp_path):
+    (tmp_path / "boom.py").write_text(BOOM)
+    out = tmp_path / "out"
+    failed = _eval("--suite-module", str(tmp_path / "boom.py"), "--model", str(tiny), "--suite", "ppl,boom",
+                   "--lengths", "16,32", "--max-windows", "1", "--out", str(out), cwd=tmp_path)
+    assert failed.returncode == 1 and "RuntimeError: boom after the first cell" in failed.stderr, failed.stderr
+    assert f"the suites that finished are in {out / 'results.json'} (complete: false)" in failed.stderr
+    assert "the same command run again replaces" in failed.stderr
+    (cells,) = _cells(out).values()
+    assert set(cells["perplexity"]) == {"16", "32"} and cells["boom"] == {"16": {"value": 1.0}}
+    assert json.loads((out / "results.json").read_text())["complete"] is False
+
+    rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1", "--out",
+                  str(out), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "boom" not in json.dumps(_cells(out)) and json.loads((out / folders.MARKER).read_text())["complete"]
+
+
+def test_the_estimate_counts_every_row_the_eval_will_score(tiny, tmp_path, capsys):
+    from hf_posenc import cli
+    from hf_posenc.cli import eval_
+
+    assert cli.main(["patch", str(tiny), "alibi", "--out", str(tmp_path / "patched")]) == 0
+    counted = {}
+    for name, model, extra in [("plain", tiny, []), ("patched", tmp_path / "patched", []),
+                               ("alone", tmp_path / "patched", ["--no-baseline"])]:
+        argv = ["eval", "--model", str(model), "--suite", "ppl", "--lengths", "16,4000", "--max-windows", "2", *extra,
+                "--out", str(tmp_path / "out")]
+        args, _ = cli.build_parser(argv).parse_known_args(argv)
+        capsys.readouterr()
+        eval_.check(args)  # the checks and the announcement, before any model loads
+        counted[name] = int(capsys.readouterr().err.split(" sequences per length")[0].rsplit(" ", 1)[1])
+    # a patched folder scores three rows (as loaded, its own weights, the original it was patched from)
+    assert counted == {"plain": 2, "patched": 6, "alone": 2}

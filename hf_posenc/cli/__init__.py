@@ -78,9 +78,19 @@ def _interrupted(args: argparse.Namespace) -> str:
     return f"partial output in {out}" if out and Path(out).is_dir() and any(Path(out).iterdir()) else "nothing was saved"
 
 
-def _fail(prog: str, err: BaseException) -> None:
+def _left(args: argparse.Namespace) -> str:
+    """What a run that failed left and how to go on (the command's `saved`), said on the error's one line; never
+    an error of its own in place of the run's."""
+    saved = getattr(args._module, "saved", None)
+    try:
+        return saved(args) if saved is not None else ""
+    except Exception:
+        return ""
+
+
+def _fail(prog: str, err: BaseException, left: str = "") -> None:
     what = str(err) if isinstance(err, (PosEncError, OSError)) else f"{type(err).__name__}: {err}"
-    print(f"{prog}: error: {what}", file=sys.stderr)
+    print(f"{prog}: error: {what}" + (f" ({left})" if left else ""), file=sys.stderr)
     if not isinstance(err, PosEncError):
         print(f"{prog}: (run with --debug for the traceback)", file=sys.stderr)
 
@@ -113,7 +123,7 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     except Exception as err:
         if debug:
             raise
-        _fail(prog, err)
+        _fail(prog, err, _left(args) if stage == "main" else "")
         return 2 if stage == "check" and isinstance(err, PosEncError) else 1
 
 

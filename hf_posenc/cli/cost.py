@@ -34,9 +34,10 @@ def model_size(config: Any) -> tuple[float, int, int]:
     return layers * (4 * width * width + 3 * width * ffn) + vocab * width, layers, width
 
 
-def sequences_per_length(args: argparse.Namespace) -> int:
+def sequences_per_length(args: argparse.Namespace, config: Any) -> int:
     """The sequences each length scores, as each suite counts them (`Suite.sequences`: perplexity windows,
-    passkey prompts, RULER prompts; twice with the baseline), from the checked flag values (`args.values`)."""
+    passkey prompts, RULER prompts), from the checked flag values (`args.values`), once for each model run: the
+    model, its baseline (patched here, or loaded patched) and the original it came from (`args.original`)."""
     from ..evaluation.suite import suite_of
 
     count = 0
@@ -45,13 +46,14 @@ def sequences_per_length(args: argparse.Namespace) -> int:
         own = suite.Settings(**{f.name: args.values[f.name] for f in dataclasses.fields(suite.Settings)}) \
             if suite.Settings else None
         count += suite.sequences(own, argument)
-    return count * (1 if args.no_baseline or args.scheme is None else 2)
+    patched = args.scheme is not None or getattr(config, "posenc", None) is not None
+    return count * (1 + (not args.no_baseline and patched) + (getattr(args, "original", None) is not None))
 
 
 def announcement(args: argparse.Namespace, config: Any) -> str | None:
     """The line announcing an evaluation whose longest length is past the trained range or costs more than
     `DOMINATES` times the other lengths together; None for any other."""
-    sequences = sequences_per_length(args)
+    sequences = sequences_per_length(args, config)
     if not sequences:
         return None
     params, layers, width = model_size(config)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
-from ..folders import check_out, clear_out, finished, incomplete
+from ..folders import MARKER, check_out, clear_out, finished, incomplete, read_marker
 from ..models import display_name
 from ..progress import waiting
 from .arguments import int_list, layer_list, parse_options, scheme_config
@@ -35,8 +36,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
                           "length generalisation. Prints the results table and writes OUT/results.json.")
     parser.epilog = (
         "examples:\n"
-        "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,8192 --out out/orig\n"
-        "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,16384 --out out/yarn4\n"
+        "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,16384 --out out/orig\n"
+        "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,2048,16384 --out out/yarn4\n"
         "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=2 --suite ruler --lengths 1024,4096 --out out/ruler\n"
         "  hf-posenc eval --model out/t5-tiny-rope --suite seq2seq_copy --task-lengths 8,16,32 --examples 50 --out out/s2s\n"
@@ -59,7 +60,8 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="new output folder (results.json, *.png)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it holds earlier hf-posenc output")
     parser.add_argument("--no-baseline", action="store_true",
-                        help="score only the patched model (by default the model unpatched is scored too, same settings)")
+                        help="score only the patched model (by default the model unpatched is scored too, same "
+                             "settings, and the original a trained or patched folder came from, where it says)")
     parser.add_argument("--compare", nargs="+", metavar="RESULTS_JSON", help="merge results files into a table + plots")
     parser.add_argument("--mixed", action="store_true",
                         help="with --compare: allow runs whose settings differ (the table flags them)")
@@ -127,6 +129,7 @@ def check(args: argparse.Namespace) -> None:
     check_model_kind(args.suites, encoder_decoder, f"--model {args.model!r} ({config.model_type})")
     args.task = "seq2seq" if encoder_decoder else "causal_lm"  # the class `load` builds
     check_model_takes(args.model, args.config)
+    args.original = None if args.no_baseline else reachable_original(args.model)
     announce(args, config)  # every check passed: a long run is announced before the model loads
 
 
@@ -174,28 +177,48 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(results.markdown(record.runs))
         if "perplexity" in record.settings["suite"]:
             print(results.scored_places(record.settings))
-        if (original := original_model(args.model)) and any("its own weights" in run.label for run in record.runs):
-            print(f"the baseline is {display_name(args.model)}'s own weights with its native positions, not the "
-                  f"original model; to score the original ({original}) with the same settings: hf-posenc eval "
-                  f"--model {original} ... --out OUT2, then hf-posenc eval --compare")
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     if not distributed:
         finished(out)
     return 0
 
 
-def original_model(name: str) -> str | None:
-    """The model a saved folder was trained or patched from, where the folder says (run.json's recipe, or its
-    card's base_model); None for anything else."""
+def original_model(name: str) -> tuple[str, str] | None:
+    """(the model a saved folder was trained or patched from, the record that says so): run.json's recipe, the
+    marker `hf-posenc patch` wrote, or the card's base_model; None for anything else."""
     import json
 
     from ..models import origin
 
-    run = Path(name) / "run.json"
-    if run.is_file():
-        with contextlib.suppress(ValueError, AttributeError):
-            return json.loads(run.read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"]
-    return origin(name)[0] if Path(name).is_dir() else None
+    folder = Path(name)
+    if not folder.is_dir():
+        return None
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return json.loads((folder / "run.json").read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"], \
+            "its run.json"
+    if (marker := read_marker(folder)) and marker.get("command") == "patch" and marker.get("sources"):
+        return str(marker["sources"][0]), f"its {MARKER}, written by hf-posenc patch"
+    base = origin(name)[0]
+    return (base, "its model card's base_model") if base else None
+
+
+def reachable_original(name: str) -> str | None:
+    """The original model of a saved folder, to score as a baseline row, where it can be read now (a package
+    model, a folder, a Hub id in the local cache or, online, on the Hub); else None, said in one line."""
+    found = original_model(name)
+    if found is None:
+        return None
+    original, where = found
+    try:
+        model_folder(original, "the original model")
+    except PosEncError as err:
+        reason = str(err).removeprefix("the original model: ").partition("; give ")[0]  # the advice is --model's
+        if "WORLD_SIZE" not in os.environ:  # once, not again in each process --accelerate-config starts
+            print(f"eval: not scoring the original model {original} ({where} names it) beside {Path(name).name}'s "
+                  f"own weights: {reason}; where it can be read, `hf-posenc eval --model {original}` with the same "
+                  f"settings and then `--compare` puts them side by side", file=sys.stderr, flush=True)
+        return None
+    return original
 
 
 def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings:
@@ -204,7 +227,7 @@ def suite_settings(args: argparse.Namespace, distributed: bool) -> SuiteSettings
 
     return SuiteSettings(args.suites, args.lengths, name=args.model, scheme=args.scheme, options=args.options,
                          batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, baseline=not args.no_baseline,
-                         distributed=distributed, **args.values)
+                         original=args.original, distributed=distributed, **args.values)
 
 
 def saved(args: argparse.Namespace) -> str:

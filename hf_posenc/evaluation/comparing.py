@@ -23,14 +23,23 @@ def measured_with(record: results.Results) -> dict[str, Any]:
                 "dtype": settings.get("model", {}).get("dtype"), "max_windows": evaluation.get("max_windows")}
     if record.kind == "demo":
         return {"method": _method(settings, "perplexity of the first L tokens"), "text": settings.get("text"),
-                **{key: settings[key] for key in ("max_windows", "target_tokens") if key in settings}}
+                **{key: settings[key] for key in ("max_windows", "target_tokens") if key in settings},
+                **_places(settings)}
     # the settings each suite it ran says its numbers depend on (none for a plug-in suite not imported now)
     ran = [found[0] for name in settings.get("suite", []) if (found := suite_of(name))]
     keys = {key for suite in ran for key in suite.measured_by}
     # how perplexity was measured, where the file holds perplexity (a file of other suites compares on those)
     method = ({"method": _method(settings, PERPLEXITY_MODES["sliding"])}
               if any(run.metrics.get("perplexity") for run in record.runs) else {})
-    return {**method, "dtype": settings.get("dtype"), **{key: settings.get(key) for key in keys}}
+    return {**method, **(_places(settings) if method else {}), "dtype": settings.get("dtype"),
+            **{key: settings.get(key) for key in keys}}
+
+
+def _places(settings: dict[str, Any]) -> dict[str, Any]:
+    """Where same_target's windows end follows from the longest length asked for (the room it leaves before the
+    first end): files whose longest lengths differ scored other tokens at every length (7.54 against 10.90)."""
+    lengths = settings.get("lengths") or []
+    return {"longest_length": max(lengths)} if settings.get("perplexity_mode") == "same_target" and lengths else {}
 
 
 def _method(settings: dict[str, Any], before_modes: str) -> str:
@@ -71,6 +80,10 @@ def compare(paths: Sequence[str | Path], out: str | Path, *, records: Sequence[r
     notes = results.interval_notes(runs)
     if notes:
         table += "\n\n95% Wilson intervals of the same cell in two runs:\n" + "\n".join(f"- {n}" for n in notes)
+    places = dict.fromkeys(results.scored_places(record.settings) for record in loaded
+                           if any(run.metrics.get("perplexity") for run in record.runs) and record.kind != "train")
+    if places:  # beside every perplexity table, as eval prints it
+        table += "\n\nScored places:\n" + "\n".join(f"- {place}" for place in places)
     if differ:
         table += "\n\n" + "\n".join(f"[{n}] {path}: " + ", ".join(f"{k}={s.get(k)}" for k in differ)
                                     for n, (path, s) in enumerate(zip(paths, settings), 1))

@@ -3,6 +3,7 @@ each cell finishes."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .. import plots, results
+from ..errors import PosEncError
+from ..loading import inference_device_map, load
 from ..patching import describe, unpatch
+from ..progress import waiting
 from ..seq2seq import is_seq2seq
 from .processes import rank_and_world
 from .scoring import check_lengths
@@ -69,23 +73,49 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
 
     save()
     scoring = Scoring(model, tokenizer, s.lengths, s.batch_size, s.seed, s.distributed, progress=main)
-    peaks = record.details.setdefault("peak_memory_mb", {})
-    reset_peak_memory(model.device)
-    _score(scoring, planned, run, save)
-    peaks[run.label] = peak_memory_mb(model.device)
+    _measured(scoring, planned, record, run, save)
     if s.baseline and describe(model) is not None:
         native = (getattr(model.config, "posenc", None) or {}).get("from") or "native"
         unpatch(model)
         # patched here: unpatched is the original model; loaded patched (a trained folder): its own weights
         label = "(unpatched)" if s.scheme else f"(its own weights, {native} positions)"
-        record.runs.append(results.Run(f"{Path(name).name or name} {label}"))
-        reset_peak_memory(model.device)
-        _score(scoring, planned, record.runs[-1], save)
-        peaks[record.runs[-1].label] = peak_memory_mb(model.device)
+        _measured(scoring, planned, record, results.Run(f"{Path(name).name or name} {label}"), save)
+    if s.original:
+        _original(scoring, planned, record, s, save)
     save(complete=True)
     if main:
         plots.results_by_length(record.runs, out)
     return record
+
+
+def _measured(scoring: Scoring, planned: Planned, record: results.Results, run: results.Run,
+              save: Callable[[], None]) -> None:
+    """Score one run (appended to the record if new) and record its peak memory."""
+    if not any(known is run for known in record.runs):
+        record.runs.append(run)
+    reset_peak_memory(scoring.model.device)
+    _score(scoring, planned, run, save)
+    record.details.setdefault("peak_memory_mb", {})[run.label] = peak_memory_mb(scoring.model.device)
+
+
+def _original(scoring: Scoring, planned: Planned, record: results.Results, s: SuiteSettings,
+              save: Callable[[], None]) -> None:
+    """The model a trained or patched folder came from, loaded and scored with the same settings: the baseline
+    a reader means by "original" (the folder's own weights with RoPE put back scored 16.09, the original 14.32).
+    A model that cannot be loaded is said in one line and left out; the rows already scored stand."""
+    model = scoring.model
+    with waiting(f"loading the original model {s.original}", show=scoring.progress):
+        try:
+            original, tokenizer = load(s.original, task="seq2seq" if is_seq2seq(model) else "causal_lm",
+                                       dtype=model.dtype,
+                                       device_map=inference_device_map(model.device if s.distributed else None))
+        except PosEncError as err:
+            print(f"eval: the original model {s.original} is not scored: {err}", file=sys.stderr, flush=True)
+            return
+    label = f"{Path(s.original).name or s.original} (original model)"
+    _measured(dataclasses.replace(scoring, model=original, tokenizer=tokenizer), planned, record,
+              results.Run(label), save)
+    del original
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -212,6 +212,8 @@ class SuiteSettings:
             (the run "<name> (unpatched)": the original model, when `scheme` patched it here; "<name> (its own
             weights, <native> positions)" when it came patched: a trained folder with its native scheme back);
             the model stays unpatched.
+        original: the model a trained or patched folder came from (a package name, a folder, a Hub id), loaded and
+            scored with the same settings as one more baseline row, "<original> (original model)"; None: none.
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
             group (`accelerate launch`); every process must call `run_suites` alike, and gets the same
             results as one process would; only the first writes files.
@@ -228,20 +230,21 @@ class SuiteSettings:
     seed: int
     dtype: str | None
     baseline: bool
+    original: str | None
     distributed: bool
     values: dict[str, Any]
 
     def __init__(self, suites: Sequence[str], lengths: Sequence[int], name: str | None = None,
                  scheme: str | None = None, options: dict[str, Any] | None = None, *, batch_size: int = 1,
-                 seed: int = 0, dtype: str | None = None, baseline: bool = False, distributed: bool = False,
-                 **values: Any) -> None:
+                 seed: int = 0, dtype: str | None = None, baseline: bool = False, original: str | None = None,
+                 distributed: bool = False, **values: Any) -> None:
         known = setting_fields()
         if unknown := sorted(set(values) - set(known)):
             raise PosEncError(f"unknown suite settings {', '.join(unknown)}; the registered suites take "
                               f"{', '.join(known)}")
         self.suites, self.lengths, self.name, self.scheme = suites, lengths, name, scheme
         self.options, self.batch_size, self.seed, self.dtype = dict(options or {}), batch_size, seed, dtype
-        self.baseline, self.distributed, self.values = baseline, distributed, values
+        self.baseline, self.original, self.distributed, self.values = baseline, original, distributed, values
 
     def of(self, suite: Suite) -> Any:
         """The suite's own settings (its `Settings` built from the values given, defaults for the rest)."""
