@@ -33,33 +33,27 @@ from recovery import SMOKE, score, texts  # noqa: E402
 LENGTHS = [128, 512, 1024]
 ORIGINAL = "original (rope), no swap"
 # Every variant starts from the smoke recipe as it was before this comparison: 96 steps x 4 sequences.
-BASE = {"training.max_steps": 96, "training.batch_size": 4, "training.micro_batch_size": 2}
-# name -> fields changed from BASE (dotted paths; a whole section replaces it)
+BASE = {"max_steps": 96, "global_batch_size": 4, "per_device_train_batch_size": 2}
+# name -> recipe fields changed from BASE
 VARIANTS: dict[str, dict[str, Any]] = {
     "base: 96 steps x 4 sequences": {},
-    "lr 2e-3, micro 4": {"training.lr": 0.002, "training.micro_batch_size": 4},
-    "max_bias 4": {"posenc.options": {"max_bias": 4.0}},
-    "full fine-tuning, lr 1e-4": {"peft": {"method": "full"}, "training.lr": 0.0001},
-    "LoRA + embeddings": {"peft.trainable": ["posenc", "norms", "embeddings"]},
+    "lr 2e-3, micro 4": {"learning_rate": 0.002, "per_device_train_batch_size": 4},
+    "max_bias 4": {"scheme_options": {"max_bias": 4.0}},
+    "full fine-tuning, lr 1e-4": {"use_peft": False, "learning_rate": 0.0001},
+    "LoRA + embeddings": {"trainable": ["posenc", "norms", "embeddings"]},
     # the same tokens and CPU in more, smaller steps
-    "batch 2 x 192 steps": {"training.batch_size": 2, "training.max_steps": 192},  # as micro 2: one forward a step
+    "batch 2 x 192 steps": {"global_batch_size": 2, "max_steps": 192},  # as micro 2: one forward a step
 }
 
 
 def recipe(changes: dict[str, Any], out: Path) -> Any:
     from hf_posenc.train.reading import from_dict
 
-    data = yaml.safe_load(SMOKE.read_text())
-    for dotted, value in {**BASE, **changes}.items():
-        *parents, last = dotted.split(".")
-        section = data
-        for key in parents:
-            section = section.setdefault(key, {})
-        section[last] = value
-    data["training"]["save_steps"] = 0
-    data["evaluation"] = {"original": False, "before": False, "after": False, "every_steps": 24,
-                          "perplexity_lengths": [], "micro_batch_size": 4}
-    data["output"] = {"dir": str(out), "merge": True, "save_model": True, "plot": False}
+    data = {**yaml.safe_load(SMOKE.read_text()), **BASE, **changes, "save_strategy": "no", "eval_original": False,
+            "eval_before": False, "eval_after": False, "eval_every_steps": 24, "perplexity_lengths": [],
+            "per_device_eval_batch_size": 4, "output_dir": str(out), "merge_lora": True, "save_model": True,
+            "plot": False}
+    data.pop("save_steps", None)
     return from_dict(data, source="benchmarks/demo_recovery.py")
 
 

@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 
 SMOKE = REPO / "recipes/smollm2-135m/alibi/config_smoke.yaml"
 TARGET, WINDOWS = 64, 4  # same-target scoring: 64 target tokens x 4 places of each text
-LORA = {"method": "lora", "r": 16, "alpha": 32, "trainable": ["posenc", "norms"]}
-FULL = {"method": "full"}
+LORA = {"use_peft": True, "lora_r": 16, "lora_alpha": 32, "trainable": ["posenc", "norms"]}
+FULL = {"use_peft": False}
 
 
 def _arm(name: str, scheme: str, objective: str, peft: dict[str, Any], *, options: dict[str, Any] | None = None,
@@ -90,15 +90,14 @@ def score(model: Any, streams: dict[str, Any], lengths: list[int]) -> dict[str, 
 def recipe(arm: dict[str, Any], steps: int, every: int, out: Path) -> Any:
     from hf_posenc.train.reading import from_dict
 
-    data = yaml.safe_load(SMOKE.read_text())
-    data["posenc"] = {"scheme": arm["scheme"], "options": arm["options"]}
-    data["peft"] = {**data["peft"], **arm["peft"]}
-    data["data"].update(seq_len=arm["seq_len"], pose=arm["pose"], max_eval_samples=8 * 128 // arm["seq_len"])
-    data["training"].update(max_steps=steps, batch_size=arm["batch"], micro_batch_size=min(2, arm["batch"]),
-                            lr=arm["lr"], warmup_steps=5, save_steps=0, objective=arm["objective"])
-    data["evaluation"] = {"original": False, "before": True, "after": False, "every_steps": every,
-                          "perplexity_lengths": [], "micro_batch_size": 4}
-    data["output"] = {"dir": str(out), "merge": True, "save_model": True, "plot": True}
+    data = {**yaml.safe_load(SMOKE.read_text()), "scheme": arm["scheme"], "scheme_options": arm["options"], **arm["peft"],
+            "seq_len": arm["seq_len"], "pose": arm["pose"], "max_eval_samples": 8 * 128 // arm["seq_len"],
+            "max_steps": steps, "global_batch_size": arm["batch"], "per_device_train_batch_size": min(2, arm["batch"]),
+            "learning_rate": arm["lr"], "warmup_steps": 5, "save_strategy": "no", "objective": arm["objective"],
+            "seed": arm.get("seed", 42), "eval_original": False, "eval_before": True, "eval_after": False,
+            "eval_every_steps": every, "perplexity_lengths": [], "per_device_eval_batch_size": 4, "output_dir": str(out),
+            "merge_lora": True, "save_model": True, "plot": True}
+    data.pop("save_steps", None)
     return from_dict(data, source=f"benchmarks/recovery.py:{arm['name']}")
 
 

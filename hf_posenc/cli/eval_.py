@@ -194,7 +194,7 @@ def original_model(name: str) -> str | None:
     run = Path(name) / "run.json"
     if run.is_file():
         with contextlib.suppress(ValueError, AttributeError):
-            return json.loads(run.read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"]
+            return json.loads(run.read_text(encoding="utf-8"))["recipe"].get("model_name_or_path")
     return origin(name)[0] if Path(name).is_dir() else None
 
 

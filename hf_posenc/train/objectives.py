@@ -133,7 +133,7 @@ class Objective:
     mean over its tokens however they fall into micro-batches. None: each term is this micro-batch's mean."""
 
     def __init__(self, recipe: Recipe, teacher: Teacher | None) -> None:
-        t = recipe.training
+        t = recipe.posenc
         self.lm, self.distil = OBJECTIVES[t.objective]
         self.teacher, self.options = teacher, t.distill
 
@@ -160,6 +160,6 @@ OBJECTIVES: dict[str, tuple[bool, bool]] = {"lm": (True, False), "distill": (Fal
 def build(recipe: Recipe, model: torch.nn.Module, fsdp: bool = False) -> tuple[Objective, Teacher | None]:
     """The objective and its teacher (None for 'lm'); call before `patch` touches `model`. Under FSDP2
     the teacher is its own copy, to be sharded (see `Teacher`)."""
-    teacher = Teacher(model, share=not fsdp) if OBJECTIVES[recipe.training.objective][1] else None
+    teacher = Teacher(model, share=not fsdp) if OBJECTIVES[recipe.posenc.objective][1] else None
     return Objective(recipe, teacher), teacher
 
