@@ -36,9 +36,9 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="launch through `accelerate launch` with this config (name or path)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"], metavar="auto",
-                        help="continue from the latest checkpoint in output.dir (an error if there is none); "
+                        help="continue from the latest checkpoint in output_dir (an error if there is none); "
                              "`--resume auto`: continue if there is one, else start")
-    parser.add_argument("--overwrite", action="store_true", help="replace the run in output.dir")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run in output_dir")
     # set by the launching process, which ran the preflight checks once and passes on what they resolved:
     # --resume / --overwrite as the run does them (`--resume auto` settled)
     parser.add_argument("--checked", action="store_true", help=argparse.SUPPRESS)

@@ -13,7 +13,7 @@ from ..errors import PosEncError
 from .pose import PoseRows
 from .recipe import TASK_COLUMNS, Recipe
 
-BUILTIN = ("kjv", "sentiment")  # data.dataset names of the offline built-ins (no paths)
+BUILTIN = ("kjv", "sentiment")  # dataset_name names of the offline built-ins (no paths)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -118,7 +118,7 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
 
 
 def row_splits(recipe: Recipe, raw: datasets.DatasetDict) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train rows, held-out rows capped at `data.max_eval_samples`): the eval split, or a seeded share of train."""
+    """(train rows, held-out rows capped at `max_eval_samples`): the eval split, or a seeded share of train."""
     d = recipe.data
     train_raw = raw[d.dataset_train_split]
     if d.dataset_test_split is not None and d.dataset_test_split in raw:

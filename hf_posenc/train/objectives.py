@@ -126,7 +126,7 @@ def hidden_mse(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, .
 
 
 class Objective:
-    """`objective(model, batch, num_items) -> loss` for the recipe's `training.objective` (see `OBJECTIVES`).
+    """`objective(model, batch, num_items) -> loss` for the recipe's `objective` (see `OBJECTIVES`).
 
     `num_items`: the target tokens of the whole accumulated batch over every process (Trainer's
     `num_items_in_batch`); each term is then a sum over this micro-batch divided by it, so the step's loss is the

@@ -39,13 +39,13 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
 
     Args:
         recipe: a validated Recipe (see `load_recipe`).
-        resume: continue from the latest checkpoint in `output.dir` (True: there must be one;
+        resume: continue from the latest checkpoint in `output_dir` (True: there must be one;
             "auto": if there is one).
-        overwrite: replace the run in `output.dir`.
+        overwrite: replace the run in `output_dir`.
         checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
             else it runs here.
     """
-    with scope.run_only():  # `training.deterministic` and the accelerate state hold for this run only
+    with scope.run_only():  # `full_determinism` (Trainer sets it), `threads` and the accelerate state hold for this run only
         run = _setup(recipe, resume, overwrite, checked)
         run.trainer.train(resume_from_checkpoint=str(run.latest) if run.latest else None)
         return _finish(run)

@@ -1,4 +1,4 @@
-"""What a recipe's `model.task` changes in the one training flow, as one registry entry per task.
+"""What a recipe's `task` changes in the one training flow, as one registry entry per task.
 
 The runner calls the entry of its task: which models it takes (checked from the config, before any
 weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores (gathered over
@@ -28,7 +28,7 @@ Tables = dict[str, dict[str, dict[str, Any]]]
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One `model.task`: see the module docstring. `encoder_decoder` is what the model's config must say
+    """One `task`: see the module docstring. `encoder_decoder` is what the model's config must say
     (None: either); `original` scores the model before the swap too (a new head has nothing to compare)."""
 
     prepare: Callable[[Recipe, Any, Any], inputs.Prepared]
@@ -51,7 +51,7 @@ def _lm_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores
 
 def _lm_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
     """Perplexity of the held-out blocks at the training length, then `perplexity_by_length` on the
-    held-out text at `evaluation.perplexity_lengths` (every rank scores its share: FSDP's forwards are collective)."""
+    held-out text at `perplexity_lengths` (every rank scores its share: FSDP's forwards are collective)."""
     e, d = recipe.posenc, recipe.data
     loss, samples = scores["loss"].mean().item(), scores["loss"].numel()
     table = perplexity_by_length(model, data.eval_ids, e.perplexity_lengths, max_windows=e.eval_max_windows,
@@ -68,7 +68,7 @@ def _classifier_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
 def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
                        tokenizer: Any) -> Tables:
-    """The held-out rows' accuracy and F1 (`evaluation.classification`) with their mean loss."""
+    """The held-out rows' accuracy and F1 (`hf_posenc.evaluation.classification`) with their mean loss."""
     d = recipe.data
     cell = classification(model, tokenizer, data.eval_raw, text_column=d.text_column, label_column=d.label_column,
                           batch_size=recipe.training.per_device_eval_batch_size, distributed=True)
