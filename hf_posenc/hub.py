@@ -151,7 +151,7 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
 def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> list[str]:
     """Hub datasets a card can link: what the recipe trained on and what eval read, minus the texts
     the package builds offline and local files."""
-    names = [recipe.get("data", {}).get("dataset")]
+    names = [recipe.get("dataset_name")]
     for record in records:
         if record.kind == "eval":  # what each suite it ran read from the Hub (suites say; offline data is not)
             ran = [found[0] for name in record.settings.get("suite", []) if (found := suite_of(name))]

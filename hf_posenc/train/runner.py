@@ -45,7 +45,7 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
         checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
             else it runs here.
     """
-    with scope.run_only():  # `full_determinism` (Trainer sets it), `threads` and the accelerate state hold for this run only
+    with scope.run_only():  # `threads`, `full_determinism` (Trainer sets it) and accelerate's state: this run only
         run = _setup(recipe, resume, overwrite, checked)
         run.trainer.train(resume_from_checkpoint=str(run.latest) if run.latest else None)
         return _finish(run)
