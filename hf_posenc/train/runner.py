@@ -201,7 +201,7 @@ def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
     write_json(out / RUN_FILE, {
         "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
-        "host": socket.gethostname(), "trainer": type(trainer).__mro__[1].__name__,
+        "host": socket.gethostname(), "threads": torch.get_num_threads(), "trainer": type(trainer).__mro__[1].__name__,
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "total_parameters": sum(p.numel() for p in trainer.model.parameters()),
         "resumed_from": str(latest) if latest else None,
