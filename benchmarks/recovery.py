@@ -12,6 +12,10 @@ general ability rather than the Bible's.
 
     OMP_NUM_THREADS=1 nice python benchmarks/recovery.py                    # every arm
     OMP_NUM_THREADS=1 python benchmarks/recovery.py --arms alibi-lm-lora --steps 25
+    OMP_NUM_THREADS=1 python benchmarks/recovery.py --arms alibi-lm-lora --seeds 0,1,2   # its spread over seeds
+
+With `--seeds`, each chosen arm runs once per seed (named `ARM@seedN`: LoRA's initialisation and the data order)
+and the table gains each arm's spread over its seeds (n, mean, min..max of the final cells).
 
 Each arm is written as soon as it finishes (benchmarks/results/recovery/recovery.json, .md, .png),
 so an interrupted run keeps what it measured; a rerun skips the arms already there. Arms run in other
@@ -41,8 +45,8 @@ sys.path.insert(0, str(REPO))
 
 SMOKE = REPO / "recipes/smollm2-135m/alibi/config_smoke.yaml"
 TARGET, WINDOWS = 64, 4  # same-target scoring: 64 target tokens x 4 places of each text
-LORA = {"method": "lora", "r": 16, "alpha": 32, "trainable": ["posenc", "norms"]}
-FULL = {"method": "full"}
+LORA = {"use_peft": True, "lora_r": 16, "lora_alpha": 32, "trainable": ["posenc", "norms"]}
+FULL = {"use_peft": False}
 
 
 def _arm(name: str, scheme: str, objective: str, peft: dict[str, Any], *, options: dict[str, Any] | None = None,
@@ -90,15 +94,14 @@ def score(model: Any, streams: dict[str, Any], lengths: list[int]) -> dict[str, 
 def recipe(arm: dict[str, Any], steps: int, every: int, out: Path) -> Any:
     from hf_posenc.train.reading import from_dict
 
-    data = yaml.safe_load(SMOKE.read_text())
-    data["posenc"] = {"scheme": arm["scheme"], "options": arm["options"]}
-    data["peft"] = {**data["peft"], **arm["peft"]}
-    data["data"].update(seq_len=arm["seq_len"], pose=arm["pose"], max_eval_samples=8 * 128 // arm["seq_len"])
-    data["training"].update(max_steps=steps, batch_size=arm["batch"], micro_batch_size=min(2, arm["batch"]),
-                            lr=arm["lr"], warmup_steps=5, save_steps=0, objective=arm["objective"])
-    data["evaluation"] = {"original": False, "before": True, "after": False, "every_steps": every,
-                          "perplexity_lengths": [], "micro_batch_size": 4}
-    data["output"] = {"dir": str(out), "merge": True, "save_model": True, "plot": True}
+    data = {**yaml.safe_load(SMOKE.read_text()), "scheme": arm["scheme"], "scheme_options": arm["options"], **arm["peft"],
+            "seq_len": arm["seq_len"], "pose": arm["pose"], "max_eval_samples": 8 * 128 // arm["seq_len"],
+            "max_steps": steps, "global_batch_size": arm["batch"], "per_device_train_batch_size": min(2, arm["batch"]),
+            "learning_rate": arm["lr"], "warmup_steps": 5, "save_strategy": "no", "objective": arm["objective"],
+            "seed": arm.get("seed", 42), "eval_original": False, "eval_before": True, "eval_after": False,
+            "eval_every_steps": every, "perplexity_lengths": [], "per_device_eval_batch_size": 4, "output_dir": str(out),
+            "merge_lora": True, "save_model": True, "plot": True}
+    data.pop("save_steps", None)
     return from_dict(data, source=f"benchmarks/recovery.py:{arm['name']}")
 
 
@@ -154,7 +157,28 @@ def markdown(found: dict[str, Any]) -> str:
         cpu = arm["curve"][-1]["cpu_s"]
         rows.append(f"| {arm['name']} | {arm['steps']} | {cpu:.0f} | " + " | ".join(
             f"{arm['final'][s].get(n, math.nan):.1f}" for s in streams for n in ("128", "512")) + " |")
-    return "\n".join(["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *rows]) + "\n\n" + per_cpu(found)
+    return ("\n".join(["| " + " | ".join(head) + " |", "|---" * len(head) + "|", *rows]) + "\n\n" + per_cpu(found)
+            + seeds_spread(found))
+
+
+def seeds_spread(found: dict[str, Any]) -> str:
+    """Per arm run at several seeds (`ARM@seedN`): n, mean and min..max of each final cell."""
+    import statistics
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name, arm in found["arms"].items():
+        if "@seed" in name:
+            groups.setdefault(name.split("@seed")[0], []).append(arm["final"])
+    lines = []
+    for base, finals in groups.items():
+        for text in finals[0]:
+            for n in ("128", "512"):
+                values = [f[text][n] for f in finals if n in f[text]]
+                lines.append(f"| {base} | {text} @ {n} | {len(values)} | {statistics.mean(values):.2f} | "
+                             f"{min(values):.2f}..{max(values):.2f} |")
+    if not lines:
+        return ""
+    return "\n".join(["\n| arm over seeds | cell | n | mean | min..max |", "|---|---|---|---|---|", *lines]) + "\n"
 
 
 BUDGETS = (250, 500, 900)  # training CPU seconds
@@ -218,6 +242,7 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(a["name"] for a in ARMS), help="comma-separated arm names")
     parser.add_argument("--out", default=str(HERE / "results" / "recovery"))
     parser.add_argument("--work", default="/tmp/hf-posenc-recovery", help="scratch folder for the arms' models")
+    parser.add_argument("--seeds", default="", help="comma-separated seeds: each chosen arm once per seed")
     parser.add_argument("--merge", nargs="*", default=[], help="recovery.json files of runs in other processes: "
                         "add their arms to --out's (arms run in parallel on a machine with free cores)")
     args = parser.parse_args()
@@ -240,6 +265,9 @@ def main() -> int:
         found["arms"].update(joined["arms"])
         found["baselines"] = {**joined["baselines"], **found["baselines"]}
     chosen = [a for a in ARMS if a["name"] in args.arms.split(",")]
+    if args.seeds:
+        chosen = [{**a, "name": f"{a['name']}@seed{seed}", "seed": int(seed)} for a in chosen
+                  for seed in args.seeds.split(",")]
     baselines(found, streams, [(a["scheme"], a["options"]) for a in chosen])
     write(found, out)
     for arm in chosen:

@@ -48,9 +48,9 @@ def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args:
     """Train one recipe, then score the saved model at 1x..4x the training length."""
     recipe_path = REPO / "recipes" / f"{model_type}-tiny" / args.task / f"config_{scheme}.yaml"
     out = work / f"{model_type}-{scheme}"
-    recipe = load_recipe(recipe_path, ["--model.name_or_path", str(assets["model"]), "--data.dataset", str(assets["data"]),
-                                       "--output.dir", str(out), "--training.max_steps", str(args.steps),
-                                       "--output.plot", "false"])
+    recipe = load_recipe(recipe_path, ["--model_name_or_path", str(assets["model"]), "--dataset_name", str(assets["data"]),
+                                       "--output_dir", str(out), "--max_steps", str(args.steps),
+                                       "--plot", "false"])
     start = time.process_time()
     record = train(recipe, overwrite=out.exists())
     train_cpu = time.process_time() - start

@@ -48,15 +48,12 @@ def _recipe(args: argparse.Namespace, out: Path) -> dict:
 
             load_tokenizer("smollm2").save_pretrained(model)
     return {
-        "model": {"name_or_path": model},
-        "posenc": {"scheme": args.scheme},
-        "peft": {"method": "lora", "r": 16, "alpha": 32, "trainable": ["posenc", "norms"]},
-        "data": {"dataset": "kjv", "seq_len": args.seq_len, "max_train_samples": args.batch * args.steps,
-                 "max_eval_samples": 1},
-        "training": {"max_steps": args.steps, "batch_size": args.batch, "micro_batch_size": args.micro_batch,
-                     "lr": 1e-4, "warmup_steps": 0, "scheduler": "linear", "seed": 0},
-        "evaluation": {"original": False, "before": False, "after": False},
-        "output": {"dir": str(out), "save_model": False, "plot": False},
+        "model_name_or_path": model, "scheme": args.scheme, "use_peft": True, "lora_r": 16, "lora_alpha": 32,
+        "trainable": ["posenc", "norms"], "dataset_name": "kjv", "seq_len": args.seq_len,
+        "max_train_samples": args.batch * args.steps, "max_eval_samples": 1, "max_steps": args.steps,
+        "global_batch_size": args.batch, "per_device_train_batch_size": args.micro_batch, "learning_rate": 1e-4,
+        "warmup_steps": 0, "lr_scheduler_type": "linear", "seed": 0, "save_strategy": "no", "eval_original": False,
+        "eval_before": False, "eval_after": False, "output_dir": str(out), "save_model": False, "plot": False,
     }
 
 
@@ -74,7 +71,7 @@ def worker_runner(args: argparse.Namespace, recipe: dict) -> dict:
     from hf_posenc.train.runner import train
 
     train(from_dict(recipe))
-    log = json.loads((Path(recipe["output"]["dir"]) / "loss.json").read_text())
+    log = json.loads((Path(recipe["output_dir"]) / "loss.json").read_text())
     tokens = args.batch * args.seq_len
     return {"tokens_per_s": _throughput([r["elapsed_s"] for r in log], tokens),
             "tokens_per_cpu_s": _throughput([r["cpu_s"] for r in log], tokens),
@@ -103,8 +100,8 @@ def worker_trainer(args: argparse.Namespace, recipe_data: dict) -> dict:
 
     t = recipe.training
     targs = transformers.TrainingArguments(
-        output_dir=recipe.output.dir, max_steps=t.max_steps, per_device_train_batch_size=t.micro_batch_size,
-        gradient_accumulation_steps=t.batch_size // t.micro_batch_size, learning_rate=t.lr,
+        output_dir=t.output_dir, max_steps=t.max_steps, per_device_train_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=recipe.accumulation(1), learning_rate=t.learning_rate,
         lr_scheduler_type="linear", warmup_steps=0, max_grad_norm=t.max_grad_norm, weight_decay=0.0,
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, seed=0,

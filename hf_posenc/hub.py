@@ -96,10 +96,10 @@ def _skipped(cell: dict[str, Any]) -> str:
 def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
     """Model-index dataset fields of one table cell: the held-out data of a training run, else what eval read."""
     if record.kind == "train":
-        data = record.settings.get("data", {})
-        name = _dataset_label(data.get("dataset", "?"))
+        data = record.settings
+        name = _dataset_label(data.get("dataset_name", "?"))
         return {"dataset_type": name, "dataset_name": f"{name} (held out from training)",
-                "dataset_config": data.get("config_name"), "dataset_split": data.get("eval_split")}
+                "dataset_config": data.get("dataset_config"), "dataset_split": data.get("dataset_test_split")}
     spec = results.metric(metric)
     if spec.dataset is None:  # a table whose suite names no dataset: the table is the dataset
         return {"dataset_type": metric, "dataset_name": metric}
@@ -151,7 +151,7 @@ def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, lis
 def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> list[str]:
     """Hub datasets a card can link: what the recipe trained on and what eval read, minus the texts
     the package builds offline and local files."""
-    names = [recipe.get("data", {}).get("dataset")]
+    names = [recipe.get("dataset_name")]
     for record in records:
         if record.kind == "eval":  # what each suite it ran read from the Hub (suites say; offline data is not)
             ran = [found[0] for name in record.settings.get("suite", []) if (found := suite_of(name))]
@@ -196,7 +196,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     posenc = config.get("posenc") or next((run.posenc for _, run in indexed if run.posenc), None)
     recipe = run_info.get("recipe", {})
     # the model it derives from: the recipe's, else the evaluated one; what an earlier card said is kept
-    source = recipe.get("model", {}).get("name_or_path") or next((record.model for record, _ in indexed), None)
+    source = recipe.get("model_name_or_path") or next((record.model for record, _ in indexed), None)
     earlier = ModelCard.load(folder / "README.md").data if (folder / "README.md").is_file() else ModelCardData()
     known_base, known_license = origin(source)
     base_model = base_model or earlier.base_model or known_base

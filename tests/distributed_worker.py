@@ -94,12 +94,13 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
                     fully_shard(module)
             fully_shard(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=t.lr)
+        optimizer = torch.optim.AdamW(params, lr=t.learning_rate)
         rows = tasks.prepare(recipe, inputs.load_raw(recipe), tokenizer).train
-        share = t.batch_size // world
+        size = recipe.global_batch(world)
+        share = size // world
         losses = []
         for step in range(3):
-            batch = [rows[step * t.batch_size + rank * share + i] for i in range(share)]
+            batch = [rows[step * size + rank * share + i] for i in range(share)]
             ids = torch.stack([row["input_ids"] for row in batch])
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
@@ -116,7 +117,7 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
             logits = model(input_ids=probe).logits  # a collective forward under FSDP: every process runs it
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
-            modeling.save_model(model, tokenizer, recipe, Path(recipe.output.dir), weights, sharded=world > 1)
+            modeling.save_model(model, tokenizer, recipe, Path(recipe.training.output_dir), weights, sharded=world > 1)
         out[recipe.posenc.scheme] = {"losses": losses, "probe": probe.tolist(), "logits": logits.tolist(),
                                      "sharded": sum(type(p).__name__ == "DTensor" for p in model.parameters())}
     return out

@@ -37,8 +37,8 @@ def runs(tmp_path_factory) -> dict:
     recipes: dict[str, list[str]] = {"one": [], "two": []}
     for scheme, arch in SCHEMES.items():
         for run in recipes:
-            data = recipe_dict(assets[arch], root / run / scheme, posenc={"scheme": scheme},
-                               training={"max_steps": 3, "batch_size": 4, "micro_batch_size": 2, "lr": 1e-2})
+            data = recipe_dict(assets[arch], root / run / scheme, scheme=scheme, max_steps=3,
+                               global_batch_size=4, per_device_train_batch_size=2, learning_rate=1e-2)
             recipes[run].append(str(write_recipe(root / f"{run}-{scheme}.yaml", data)))
     one = json.loads(json.dumps(distributed_worker.fsdp(0, 1, root / "one.json", recipes["one"])))
     proc = torchrun(["fsdp", str(root / "two.json"), *recipes["two"]], timeout=600)

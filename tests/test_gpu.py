@@ -131,8 +131,8 @@ def test_recipe_step_in_bf16_with_distillation_and_pose(assets, tmp_path, record
     positions stretched 4x; on CUDA where there is one, else on the CPU."""
     from hf_posenc.train import load_recipe, train
 
-    data = recipe_dict(assets, tmp_path / "out", data={"pose": {"target_length": 128, "chunks": 2}},
-                       training={"max_steps": 3, "mixed_precision": "bf16", "objective": "lm+distill"})
+    data = recipe_dict(assets, tmp_path / "out", pose={"target_length": 128, "chunks": 2}, max_steps=3,
+                       bf16=True, objective="lm+distill")
     metrics = train(load_recipe(write_recipe(tmp_path / "r.yaml", data))).run("after training").metrics
     record["recipe_bf16_distill_pose"] = {"device": "cuda" if CUDA else "cpu", "after training": metrics}
     assert metrics["perplexity"] and all(math.isfinite(row["loss"]) for row in metrics["perplexity"].values())
@@ -143,8 +143,8 @@ def test_fsdp2_recipe_on_every_gpu(assets, tmp_path, record):
     config = yaml.safe_load((REPO / "hf_posenc" / "accelerate_configs" / "fsdp.yaml").read_text())
     config["num_processes"] = torch.cuda.device_count()
     (tmp_path / "fsdp.yaml").write_text(yaml.safe_dump(config))
-    data = recipe_dict(assets, tmp_path / "out", training={"max_steps": 3, "batch_size": 2 * config["num_processes"],
-                                                           "micro_batch_size": 1, "objective": "lm+distill"})
+    data = recipe_dict(assets, tmp_path / "out", max_steps=3, global_batch_size=2 * config["num_processes"],
+                       per_device_train_batch_size=1, objective="lm+distill")
     recipe = write_recipe(tmp_path / "r.yaml", data)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "train", str(recipe), "--accelerate-config",

@@ -167,7 +167,7 @@ def test_card_of_a_real_training_run(tmp_path):
 
     assets = tiny_assets(tmp_path)
     out = tmp_path / "run"
-    recipe = recipe_dict(assets, out, output={"plot": True}, evaluation={"perplexity_lengths": [16], "max_windows": 2})
+    recipe = recipe_dict(assets, out, plot=True, perplexity_lengths=[16], eval_max_windows=2)
     proc = run_cli([str(write_recipe(tmp_path / "recipe.yaml", recipe))])
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = results.load(out / "results.json")
@@ -185,7 +185,7 @@ def test_card_of_a_real_training_run(tmp_path):
     text = card.text
     row = "| perplexity | 32 tokens | " + " | ".join(f"{p['32']['perplexity']:.4g}" for p in ppl) + " |"
     for piece in ["swapped from **`rope`** to **`alibi`**", "then fine-tuned with the recipe below",
-                  "  scheme: alibi", "max_steps: 6", "| metric | setting | original | before training | after training |",
+                  "\nscheme: alibi", "\nmax_steps: 6", "| metric | setting | original | before training | after training |",
                   row, "![loss.png](loss.png)"]:
         assert piece in text, piece
     trained = hp.from_pretrained(str(out)).eval()

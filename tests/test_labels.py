@@ -50,9 +50,8 @@ def test_the_baseline_of_a_patched_folder_is_named_for_what_it_is_and_the_origin
 def test_a_trained_folder_is_scored_beside_the_model_it_was_trained_from(tmp_path, capsys):
     assets = tiny_assets(tmp_path / "assets", "llama")
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, run, peft={"method": "full"},
-                                                           training={"max_steps": 2, "lr": 1e-2},
-                                                           data={"max_eval_samples": 2}))
+    recipe = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, run, use_peft=False, max_steps=2,
+                                                           learning_rate=1e-2, max_eval_samples=2))
     assert cli.main(["train", str(recipe)]) == 0
     capsys.readouterr()
     assert cli.main(["eval", "--model", str(run), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",

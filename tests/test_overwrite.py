@@ -127,8 +127,8 @@ def _hashes(folder: Path) -> dict[str, str]:
 def _argv(command: str, out: Path, kinds: dict[str, Path], tmp_path: Path) -> list[str]:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({
-        "model": {"name_or_path": str(kinds["tiny"])}, "data": {"dataset": "kjv", "seq_len": 16},
-        "training": {"max_steps": 1, "batch_size": 1}, "output": {"dir": str(out)}}))
+        "model_name_or_path": str(kinds["tiny"]), "dataset_name": "kjv", "seq_len": 16, "max_steps": 1,
+        "global_batch_size": 1, "per_device_train_batch_size": 1, "output_dir": str(out)}))
     values = {"{tiny}": str(kinds["tiny"]), "{out}": str(out), "{results}": str(kinds["results"]),
               "{recipe}": str(recipe)}
     return [values.get(a, a) for a in COMMANDS[command]]

@@ -51,14 +51,13 @@ def bars(output: str) -> set[str]:
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("progress")
-    data = recipe_dict(tiny_assets(root / "assets"), root / "run", training={"max_steps": 4, "save_steps": 0},
-                       evaluation={"perplexity_lengths": [32]})
+    data = recipe_dict(tiny_assets(root / "assets"), root / "run", max_steps=4, perplexity_lengths=[32])
     (root / "recipe.yaml").write_text(yaml.safe_dump(data))
     return root / "recipe.yaml"
 
 
 def test_train_draws_bars_with_estimates_in_a_zero_column_terminal(recipe):
-    code, out = in_terminal([str(BIN / "hf-posenc"), "train", str(recipe), "--output.dir", "run-tty"], recipe.parent)
+    code, out = in_terminal([str(BIN / "hf-posenc"), "train", str(recipe), "--output_dir", "run-tty"], recipe.parent)
     assert code == 0, out[-2000:]
     assert {"train", "held-out evaluation: the swapped model before step 1 (starting point)",
             "held-out evaluation: after training"} <= bars(out), out[-2000:]
@@ -66,7 +65,7 @@ def test_train_draws_bars_with_estimates_in_a_zero_column_terminal(recipe):
 
 
 def test_train_is_quiet_in_a_pipe(recipe):
-    proc = subprocess.run([str(BIN / "hf-posenc"), "train", str(recipe), "--output.dir", "run-pipe"], cwd=recipe.parent,
+    proc = subprocess.run([str(BIN / "hf-posenc"), "train", str(recipe), "--output_dir", "run-pipe"], cwd=recipe.parent,
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not bars(proc.stdout + proc.stderr) and "%|" not in proc.stderr

@@ -114,7 +114,7 @@ def test_pose_packed_rows_keep_document_boundaries():
 def test_pose_masks_of_a_bf16_model_are_in_its_dtype(assets, tmp_path):
     """CUDA's memory-efficient sdpa takes no float mask of another dtype than q (bf16 weights, no autocast): the
     recipe's PoSE rows carry block-causal masks in the model's dtype, masked with that dtype's min."""
-    recipe = _recipe(assets, tmp_path, model={"dtype": "bfloat16"}, data={"pose": {"target_length": 48, "chunks": 2}})
+    recipe = _recipe(assets, tmp_path, dtype="bfloat16", pose={"target_length": 48, "chunks": 2})
     model, tokenizer = modeling.load_recipe_model(recipe)
     rows = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer).train
     item = next(rows[i] for i in range(len(rows)) if rows[i]["attention_mask"].ndim == 3)  # a packed row
@@ -137,8 +137,8 @@ def test_pose_masks_of_a_bf16_model_are_in_its_dtype(assets, tmp_path):
 
 # --- distillation ---
 
-def _recipe(assets, tmp_path, **sections):
-    return load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **sections)))
+def _recipe(assets, tmp_path, **fields):
+    return load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **fields)))
 
 
 def _student_and_teacher(recipe, model, share=True):
@@ -153,7 +153,7 @@ def _student_and_teacher(recipe, model, share=True):
 @pytest.mark.parametrize("objective", ["distill", "lm+distill"])
 def test_distill_loss_equals_kl_by_hand(assets, tmp_path, objective, hidden_weight):
     options = {"temperature": 2.0, "weight": 0.7, "hidden_weight": hidden_weight}
-    recipe = _recipe(assets, tmp_path, training={"objective": objective, "distill": options})
+    recipe = _recipe(assets, tmp_path, objective=objective, distill=options)
     original = tiny_model("llama")
     student, teacher = _student_and_teacher(recipe, copy.deepcopy(original))
     batch = {"input_ids": torch.randint(3, 120, (2, 12)), "labels": None}
@@ -210,7 +210,7 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
     the evaluation before the swap run under the same autocast as the student's."""
     from hf_posenc.train import runner
 
-    recipe = _recipe(assets, tmp_path, training={"objective": "distill"})
+    recipe = _recipe(assets, tmp_path, objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
     student = bf16_accelerator.prepare(student)
     teacher.place(bf16_accelerator)
@@ -229,8 +229,7 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
 
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])
 def test_teacher_logits_are_the_unpatched_models_bit_for_bit(assets, tmp_path, model_type, scheme):
-    recipe = _recipe(assets, tmp_path, posenc={"scheme": scheme}, peft={"trainable": ["posenc", "norms"]},
-                     training={"objective": "distill"})
+    recipe = _recipe(assets, tmp_path, scheme=scheme, trainable=["posenc", "norms"], objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model(model_type))
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=0.05)
     ids = torch.randint(3, 120, (2, 20))
@@ -247,11 +246,11 @@ def test_teacher_logits_are_the_unpatched_models_bit_for_bit(assets, tmp_path, m
 
 
 # under LoRA the groups trained in full are peft's `modules_to_save` copies: the originals the teacher shares stay frozen
-@pytest.mark.parametrize("peft, cloned", [({"method": "lora", "trainable": []}, "none"),
-                                          ({"method": "lora", "trainable": ["posenc", "norms"]}, "none"),
-                                          ({"method": "full"}, "all")])
+@pytest.mark.parametrize("peft, cloned", [({"use_peft": True, "trainable": []}, "none"),
+                                          ({"use_peft": True, "trainable": ["posenc", "norms"]}, "none"),
+                                          ({"use_peft": False}, "all")])
 def test_teacher_shares_weights_unless_the_student_trains_them(assets, tmp_path, peft, cloned):
-    recipe = _recipe(assets, tmp_path, peft=peft, training={"objective": "distill"})
+    recipe = _recipe(assets, tmp_path, **peft, objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
     storage = {p.untyped_storage().data_ptr() for p in student.parameters()}
     own = [(n, p) for n, p in teacher.model.named_parameters() if p.untyped_storage().data_ptr() not in storage]
@@ -264,10 +263,10 @@ def test_teacher_shares_weights_unless_the_student_trains_them(assets, tmp_path,
     assert not any(p.requires_grad for _, p in own)
 
 
-@pytest.mark.parametrize("peft", [{"method": "lora", "trainable": []}, {"method": "full"}])
+@pytest.mark.parametrize("peft", [{"use_peft": True, "trainable": []}, {"use_peft": False}])
 def test_an_fsdp_teacher_is_its_own_frozen_copy(assets, tmp_path, peft):
     """Under FSDP2 the teacher shares nothing (the student's tensors become shards): one frozen copy, counted."""
-    recipe = _recipe(assets, tmp_path, peft=peft, training={"objective": "distill"})
+    recipe = _recipe(assets, tmp_path, **peft, objective="distill")
     original = tiny_model("llama")
     student, teacher = _student_and_teacher(recipe, copy.deepcopy(original), share=False)
     storage = {p.untyped_storage().data_ptr() for p in student.parameters()}
@@ -283,10 +282,10 @@ def test_an_fsdp_teacher_is_its_own_frozen_copy(assets, tmp_path, peft):
 
 def test_new_fields_from_the_command_line(tmp_path, assets):
     path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out"))
-    recipe = load_recipe(path, ["--data.pose", "{target_length: 64, chunks: 3}", "--training.objective", "lm+distill",
-                                "--training.distill", "{temperature: 2}", "--evaluation.every_steps", "5"])
-    assert recipe.data.pose == {"target_length": 64, "chunks": 3} and recipe.evaluation.every_steps == 5
-    assert recipe.training.distill == {"temperature": 2.0, "weight": 1.0, "hidden_weight": 0.0}
+    recipe = load_recipe(path, ["--pose", "{target_length: 64, chunks: 3}", "--objective", "lm+distill",
+                                "--distill", "{temperature: 2}", "--eval_every_steps", "5"])
+    assert recipe.posenc.pose == {"target_length": 64, "chunks": 3} and recipe.posenc.eval_every_steps == 5
+    assert recipe.posenc.distill == {"temperature": 2.0, "weight": 1.0, "hidden_weight": 0.0}
 
 
 # --- a real run: PoSE + distillation + the curve ---
@@ -294,10 +293,8 @@ def test_new_fields_from_the_command_line(tmp_path, assets):
 def test_run_writes_the_recovery_curve(tmp_path, assets):
     out = tmp_path / "run"
     path = write_recipe(tmp_path / "r.yaml", recipe_dict(
-        assets, out, data={"pose": {"target_length": 128, "chunks": 2}},
-        training={"objective": "lm+distill", "distill": {"hidden_weight": 0.1}},
-        evaluation={"every_steps": 2, "perplexity_lengths": [64], "max_windows": 2},
-        output={"plot": True, "save_model": False}))
+        assets, out, pose={"target_length": 128, "chunks": 2}, objective="lm+distill", distill={"hidden_weight": 0.1},
+        eval_every_steps=2, perplexity_lengths=[64], eval_max_windows=2, plot=True, save_model=False))
     proc = run_cli([str(path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "distillation teacher" in proc.stdout and "MiB cloned" in proc.stdout
@@ -323,10 +320,9 @@ def test_run_writes_the_recovery_curve(tmp_path, assets):
 def test_distill_two_processes_match_one(tmp_path, assets):
     from test_train_distributed import train_in_one_and_two_processes
 
-    common = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
-                           "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
-              "data": {"pose": {"target_length": 96, "chunks": 2}},
-              "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
+    common = {"max_steps": 4, "global_batch_size": 4, "per_device_train_batch_size": 1, "objective": "lm+distill",
+              "distill": {"temperature": 2.0, "hidden_weight": 0.1}, "pose": {"target_length": 96, "chunks": 2},
+              "eval_every_steps": 2, "eval_original": False, "save_model": False}
     train_in_one_and_two_processes(tmp_path, assets, common)
     assert results.load(tmp_path / "two" / "results.json").details["world_size"] == 2
     assert_same_losses_and_curve(tmp_path)
@@ -338,10 +334,9 @@ def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
     its teacher sharded per decoder layer; one process's losses and curve, the unpatched model's logits."""
     from test_eval_distributed import torchrun
 
-    sections = {"training": {"max_steps": 4, "batch_size": 4, "micro_batch_size": 1, "objective": "lm+distill",
-                             "distill": {"temperature": 2.0, "hidden_weight": 0.1}},
-                "data": {"pose": {"target_length": 96, "chunks": 2}}, "peft": {"trainable": ["posenc", "norms"]},
-                "evaluation": {"every_steps": 2, "original": False}, "output": {"save_model": False}}
+    sections = {"max_steps": 4, "global_batch_size": 4, "per_device_train_batch_size": 1, "objective": "lm+distill",
+                "distill": {"temperature": 2.0, "hidden_weight": 0.1}, "pose": {"target_length": 96, "chunks": 2},
+                "trainable": ["posenc", "norms"], "eval_every_steps": 2, "eval_original": False, "save_model": False}
     one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
     two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
     proc = run_cli([str(one)])
@@ -373,12 +368,12 @@ def test_fsdp1_refuses_distillation_by_name(tmp_path, assets, objective):
 
     from test_eval_distributed import ENV, TESTS
 
-    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", training={"objective": objective}))
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", objective=objective))
     proc = subprocess.run([sys.executable, str(TESTS / "distributed_worker.py"), "refused", str(tmp_path / "report.json"),
                            str(path)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     error = json.loads((tmp_path / "report.json").read_text())["error"]
-    assert error.startswith(f"{path}: training.objective: '{objective}' needs FSDP2") and "fsdp_version: 2" in error
+    assert error.startswith(f"{path}: objective: '{objective}' needs FSDP2") and "fsdp_version: 2" in error
     assert not (tmp_path / "out").exists()  # nothing written
 
 
@@ -386,9 +381,9 @@ def test_fsdp1_refuses_distillation_by_name(tmp_path, assets, objective):
 def test_distill_resume_after_a_kill_continues_the_same_curve(tmp_path, assets):
     from test_train_distributed import _kill_after_checkpoint
 
-    sections = {"training": {"max_steps": 8, "save_steps": 2, "deterministic": True, "objective": "distill"},
-                "data": {"pose": {"target_length": 96, "chunks": 3}}, "evaluation": {"every_steps": 2},
-                "peft": {"trainable": ["posenc", "norms"]}, "output": {"save_model": False}}
+    sections = {"max_steps": 8, "save_strategy": "steps", "save_steps": 2, "full_determinism": True,
+                "objective": "distill", "pose": {"target_length": 96, "chunks": 3}, "eval_every_steps": 2,
+                "trainable": ["posenc", "norms"], "save_model": False}
     full = write_recipe(tmp_path / "full.yaml", recipe_dict(assets, tmp_path / "full", **sections))
     cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", **sections))
     proc = run_cli([str(full)])

@@ -7,6 +7,7 @@ the loss checks use the peaky random models of tests/seq2seq_models.py, so a wro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,18 +30,12 @@ pytestmark = pytest.mark.xdist_group("seq2seq_train")  # one worker builds the m
 SCHEME = {"t5": "rope", "bart": "alibi"}  # a swapped scheme per family: the reload must re-apply it
 
 
-def s2s_recipe(assets: dict[str, Path], out: Path, **sections: dict) -> dict:
-    base = {"model": {"name_or_path": str(assets["model"]), "task": "seq2seq"},
-            "peft": {"method": "full"},
-            "data": {"dataset": str(assets["data"]), "text_column": "input", "target_column": "target",
-                     "seq_len": 32, "max_eval_samples": 32},
-            "training": {"max_steps": 40, "batch_size": 16, "micro_batch_size": 16, "lr": 3e-3, "warmup_steps": 2,
-                         "seed": 0, "logging_steps": 1},
-            "evaluation": {"micro_batch_size": 32},
-            "output": {"dir": str(out), "plot": False}}
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return base
+def s2s_recipe(assets: dict[str, Path], out: Path, **fields: Any) -> dict:
+    return {"model_name_or_path": str(assets["model"]), "task": "seq2seq", "use_peft": False,
+            "dataset_name": str(assets["data"]), "text_column": "input", "target_column": "target", "seq_len": 32,
+            "max_eval_samples": 32, "max_steps": 40, "global_batch_size": 16, "per_device_train_batch_size": 16,
+            "learning_rate": 3e-3, "warmup_steps": 2, "lr_scheduler_type": "cosine", "seed": 0, "logging_steps": 1,
+            "save_strategy": "no", "per_device_eval_batch_size": 32, "output_dir": str(out), "plot": False, **fields}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +46,7 @@ def trained(tmp_path_factory) -> dict[str, dict]:
     for model_type, scheme in SCHEME.items():
         assets = write_task(root / model_type, model_type, "copy", range(1, 5), n_train=1024, n_eval=32)
         path = write_recipe(root / f"{model_type}.yaml", s2s_recipe(assets, root / f"{model_type}-run",
-                                                                     posenc={"scheme": scheme}))
+                                                                     scheme=scheme))
         recipe = load_recipe(path)
         runs[model_type] = {"assets": assets, "recipe": recipe, "out": root / f"{model_type}-run",
                             "record": train(recipe)}
@@ -123,17 +118,17 @@ def test_labels_go_through_the_decoder(tmp_path, model_type):
 
 # --- bad fields: each a named PosEncError before any weights load ---
 
-@pytest.mark.parametrize("sections, pieces", [
-    ({"data": {"pose": {"target_length": 128}}}, ["data.pose", "causal LMs"]),
-    ({"training": {"objective": "distill"}}, ["training.objective", "'distill'", "'seq2seq' takes 'lm' only"]),
-    ({"model": {"task": "seq2seq_lm"}}, ["model", "'causal_lm', 'classification', 'seq2seq'"]),
-    ({"data": {"target_colum": "y"}}, ["data", "'target_colum'", "did you mean 'target_column'"]),
-    ({"evaluation": {"every_steps": 10}}, ["evaluation.every_steps", "causal LMs", "'seq2seq'"]),
-    ({"evaluation": {"perplexity_lengths": [64]}}, ["evaluation.perplexity_lengths", "causal LMs"]),
+@pytest.mark.parametrize("fields, pieces", [
+    ({"pose": {"target_length": 128}}, ["pose", "causal LMs"]),
+    ({"objective": "distill"}, ["objective", "'distill'", "'seq2seq' takes 'lm' only"]),
+    ({"task": "seq2seq_lm"}, ["task", "'causal_lm', 'classification', 'seq2seq'"]),
+    ({"target_colum": "y"}, ["'target_colum'", "did you mean 'target_column'"]),
+    ({"eval_every_steps": 10}, ["eval_every_steps", "causal LMs", "'seq2seq'"]),
+    ({"perplexity_lengths": [64]}, ["perplexity_lengths", "causal LMs"]),
 ])
-def test_recipe_errors_are_named(tmp_path, sections, pieces):
+def test_recipe_errors_are_named(tmp_path, fields, pieces):
     assets = {"model": tmp_path / "m", "data": tmp_path / "d"}
-    path = write_recipe(tmp_path / "bad.yaml", s2s_recipe(assets, tmp_path / "out", **sections))
+    path = write_recipe(tmp_path / "bad.yaml", s2s_recipe(assets, tmp_path / "out", **fields))
     with pytest.raises(PosEncError) as err:
         load_recipe(path)
     for piece in [str(path), *pieces]:
@@ -143,17 +138,17 @@ def test_recipe_errors_are_named(tmp_path, sections, pieces):
 def test_wrong_model_kind_or_column_refused_before_weights_load(tmp_path, loads):
     causal = tiny_assets(tmp_path / "llama")
     recipe = load_recipe(write_recipe(tmp_path / "c.yaml", s2s_recipe(causal, tmp_path / "o1")))
-    with pytest.raises(PosEncError, match=r"model.task: 'seq2seq' trains encoder-decoder models .* is a 'llama' model"):
+    with pytest.raises(PosEncError, match=r"task: 'seq2seq' trains encoder-decoder models .* is a 'llama' model"):
         preflight(recipe, False, False, 1)
     pair = write_task(tmp_path / "t5", "t5", "copy", [1, 2], n_train=8, n_eval=4)
     lm = recipe_dict(pair, tmp_path / "o2")
-    with pytest.raises(PosEncError, match=r"model.task: 'causal_lm' trains decoder-only models; .* 't5' encoder-decoder"):
+    with pytest.raises(PosEncError, match=r"task: 'causal_lm' trains decoder-only models; .* 't5' encoder-decoder"):
         preflight(load_recipe(write_recipe(tmp_path / "l.yaml", lm)), False, False, 1)
-    column = s2s_recipe(pair, tmp_path / "o3", data={"target_column": "answer"})
-    with pytest.raises(PosEncError, match=r"data.target_column: column 'answer' not in .* columns: input, target, length"):
+    column = s2s_recipe(pair, tmp_path / "o3", target_column="answer")
+    with pytest.raises(PosEncError, match=r"target_column: column 'answer' not in .* columns: input, target, length"):
         preflight(load_recipe(write_recipe(tmp_path / "t.yaml", column)), False, False, 1)
-    unsupported = s2s_recipe(pair, tmp_path / "o4", posenc={"scheme": "self_extend"})
-    with pytest.raises(PosEncError, match=r"posenc.scheme: 't5' does not support 'self_extend'; supported: .*rope"):
+    unsupported = s2s_recipe(pair, tmp_path / "o4", scheme="self_extend")
+    with pytest.raises(PosEncError, match=r"scheme: 't5' does not support 'self_extend'; supported: .*rope"):
         preflight(load_recipe(write_recipe(tmp_path / "u.yaml", unsupported)), False, False, 1)
     assert loads == [] and not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
 

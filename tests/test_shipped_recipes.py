@@ -33,7 +33,7 @@ def test_the_package_ships_the_repositorys_recipes_as_one_copy():
 def test_a_name_loads_the_same_recipe_as_its_path(path):
     name = f"{path.parent.parent.name}/{path.parent.name}/{path.stem.removeprefix('config_')}"
     assert find(name).path.resolve() == path.resolve()
-    assert load_recipe(name, ["--training.max_steps", "3"]) == load_recipe(path, ["--training.max_steps", "3"])
+    assert load_recipe(name, ["--max_steps", "3"]) == load_recipe(path, ["--max_steps", "3"])
 
 
 def test_paths_win_over_names_and_unknown_names_list_the_shipped_ones(tmp_path, monkeypatch):
@@ -78,13 +78,13 @@ def test_copy_writes_an_editable_marked_copy_and_never_over_a_folder(tmp_path, c
 def test_train_runs_a_shipped_recipe_by_name(tmp_path):
     assets = tiny_assets(tmp_path / "assets")
     out = tmp_path / "run"
-    argv = ["train", "smollm2-135m/alibi/smoke", "--model.name_or_path", str(assets["model"]), "--data.dataset",
-            str(assets["data"]), "--data.seq_len", "32", "--training.max_steps", "2", "--training.save_steps", "0",
-            "--evaluation.perplexity_lengths", "32", "--output.dir", str(out)]
+    argv = ["train", "smollm2-135m/alibi/smoke", "--model_name_or_path", str(assets["model"]), "--dataset_name",
+            str(assets["data"]), "--seq_len", "32", "--max_steps", "2", "--save_strategy", "no",
+            "--perplexity_lengths", "32", "--output_dir", str(out)]
     assert cli.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["settings"]["training"]["max_steps"] == 2 and results["runs"][-1]["scheme"] == "alibi"
-    assert results["settings"]["peft"]["r"] == 16  # the shipped smoke recipe's own LoRA rank
+    assert results["settings"]["max_steps"] == 2 and results["runs"][-1]["scheme"] == "alibi"
+    assert results["settings"]["lora_r"] == 16  # the shipped smoke recipe's own LoRA rank
 
 
 @pytest.mark.slow
@@ -129,9 +129,9 @@ def test_the_installed_wheel_runs_from_a_folder_of_its_own(tmp_path):
     copied = run("recipes", "copy", "smollm2-135m/alibi/smoke", "mine")
     assert copied.returncode == 0 and (work / "mine" / "README.md").is_file(), copied.stderr
     assets = tiny_assets(tmp_path / "assets")
-    trained = run("train", "smollm2-135m/alibi/smoke", "--model.name_or_path", str(assets["model"]), "--data.dataset",
-                  str(assets["data"]), "--data.seq_len", "32", "--training.max_steps", "2", "--training.save_steps", "0",
-                  "--evaluation.perplexity_lengths", "32", "--output.dir", "run")
+    trained = run("train", "smollm2-135m/alibi/smoke", "--model_name_or_path", str(assets["model"]), "--dataset_name",
+                  str(assets["data"]), "--seq_len", "32", "--max_steps", "2", "--save_strategy", "no",
+                  "--perplexity_lengths", "32", "--output_dir", "run")
     assert trained.returncode == 0 and (work / "run" / "results.json").is_file(), trained.stderr[-2000:]
     # the demo's own flow and shipped recipe, on the tiny model (`make demo` runs it on SmolLM2)
     demo = run("demo", "--model", str(assets["model"]), "--steps", "2", "--lengths", "128", "--out", "demo")

@@ -38,10 +38,10 @@ def _hf_posenc_train(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def train_in_one_and_two_processes(tmp_path: Path, assets: dict, sections: dict) -> None:
+def train_in_one_and_two_processes(tmp_path: Path, assets: dict, fields: dict) -> None:
     """The same recipe trained in one process (into tmp_path/one) and in two gloo processes (tmp_path/two)."""
-    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
-    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
+    one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **fields))
+    two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **fields))
     proc = run_cli([str(one)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _hf_posenc_train([str(two), "--accelerate-config", "cpu_2proc"])
@@ -50,8 +50,8 @@ def train_in_one_and_two_processes(tmp_path: Path, assets: dict, sections: dict)
 
 def test_two_processes_match_one_at_the_same_global_batch(tmp_path, assets):
     # dropout on the LoRA path makes the random streams matter: keep it off so the curves can match
-    common = {"training": {"max_steps": 5, "batch_size": 4, "micro_batch_size": 1},
-              "evaluation": {"perplexity_lengths": [16, 48], "max_windows": 3}}  # 3 windows: split 2 + 1
+    common = {"max_steps": 5, "global_batch_size": 4, "per_device_train_batch_size": 1,
+              "perplexity_lengths": [16, 48], "eval_max_windows": 3}  # 3 windows: split 2 + 1
     train_in_one_and_two_processes(tmp_path, assets, common)
 
     r1 = results.load(tmp_path / "one" / "results.json").details
@@ -101,10 +101,10 @@ def _kill_after_checkpoint(args: list[str], out: Path, step: int) -> None:
 
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, assets):
-    training = {"max_steps": 8, "save_steps": 2, "save_total_limit": 2, "deterministic": True}
-    peft = {"dropout": 0.1}  # the RNG stream must be restored too, not only the weights
-    full = write_recipe(tmp_path / "full.yaml", recipe_dict(assets, tmp_path / "full", training=training, peft=peft))
-    cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", training=training, peft=peft))
+    fields = {"max_steps": 8, "save_strategy": "steps", "save_steps": 2, "save_total_limit": 2, "full_determinism": True,
+              "lora_dropout": 0.1}  # the RNG stream must be restored too, not only the weights
+    full = write_recipe(tmp_path / "full.yaml", recipe_dict(assets, tmp_path / "full", **fields))
+    cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", **fields))
     proc = run_cli([str(full)])
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -137,8 +137,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, assets):
 
 
 def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
-    training = {"max_steps": 8, "save_steps": 2}
-    cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", training=training))
+    cut = write_recipe(tmp_path / "cut.yaml", recipe_dict(assets, tmp_path / "cut", max_steps=8, save_strategy="steps",
+                                                          save_steps=2))
     _kill_after_checkpoint([str(cut)], tmp_path / "cut", step=6)
     from hf_posenc.train.run_folder import checkpoints
 

@@ -66,19 +66,19 @@ def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int, folder: Path) -
 
 def recipe_for(arm: Arm, s: Settings, init: Path, seed: int, out: Path, precision: str = "no") -> Any:
     """The run's recipe: full training of `init`, checkpoints only where the geometry is traced, in `precision`
-    (bf16 autocast on CUDA). A layer map is already in `init`: the recipe's `posenc.scheme` is one name
-    (hf_posenc/train/recipe.py, PosEncArgs)."""
+    (bf16 autocast on CUDA). A layer map is already in `init`: the recipe's `scheme` is one name
+    (hf_posenc/train/recipe.py, PosEncArguments)."""
     save_steps = s.steps // s.checkpoints if arm.added and s.checkpoints > 1 else 0
     return from_dict({
-        "model": {"name_or_path": str(init)},
-        "posenc": {"scheme": None} if arm.layered else {"scheme": arm.scheme, "options": dict(arm.options)},
-        "peft": {"method": "full"},
-        "data": {"dataset": "kjv", "seq_len": s.seq_len, "eval_fraction": s.eval_fraction, "max_eval_samples": 8},
-        "training": {"max_steps": s.steps, "batch_size": s.batch_size, "micro_batch_size": s.batch_size, "lr": s.lr,
-                     "warmup_steps": max(1, s.steps // 20), "weight_decay": 0.1, "seed": seed,
-                     "save_steps": save_steps, "save_total_limit": 0, "mixed_precision": precision},
-        "evaluation": {"original": False, "before": False, "after": True},
-        "output": {"dir": str(out), "plot": False},
+        "model_name_or_path": str(init),
+        **({"scheme": None} if arm.layered else {"scheme": arm.scheme, "scheme_options": dict(arm.options)}),
+        "use_peft": False, "dataset_name": "kjv", "seq_len": s.seq_len, "eval_fraction": s.eval_fraction,
+        "max_eval_samples": 8, "max_steps": s.steps, "global_batch_size": s.batch_size,
+        "per_device_train_batch_size": s.batch_size, "learning_rate": s.lr, "lr_scheduler_type": "cosine",
+        "warmup_steps": max(1, s.steps // 20), "weight_decay": 0.1, "seed": seed,
+        **({"save_steps": save_steps} if save_steps else {"save_strategy": "no"}), "save_total_limit": None,
+        **({"bf16": True} if precision == "bf16" else {}), "per_device_eval_batch_size": 4,
+        "eval_original": False, "eval_before": False, "eval_after": True, "output_dir": str(out), "plot": False,
     }, source=f"study arm {arm}")
 
 

@@ -183,7 +183,7 @@ def _recover(args: argparse.Namespace, out: Path) -> Path:
 
     recipe = _recovery_recipe(args, out)
     train(recipe)
-    return Path(recipe.output.dir)
+    return Path(recipe.training.output_dir)
 
 
 def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
@@ -192,10 +192,10 @@ def _recovery_recipe(args: argparse.Namespace, out: Path) -> Any:
 
     folder = out / "smollm2-alibi-recovered"
     recipe = load_recipe(args.recipe, [
-        "--model.name_or_path", args.model, "--training.max_steps", str(args.steps), "--training.save_steps", "0",
-        "--training.warmup_steps", str(min(5, args.steps)), "--output.dir", str(folder),
+        "--model_name_or_path", args.model, "--max_steps", str(args.steps), "--save_strategy", "no",
+        "--warmup_steps", str(min(5, args.steps)), "--output_dir", str(folder),
         # the demo scores the model before the swap and right after it itself: only "after" is left to the runner
-        "--evaluation.original", "false", "--evaluation.before", "false"])
+        "--eval_original", "false", "--eval_before", "false"])
     if recipe.posenc.scheme != RECOVERS:
         raise PosEncError(f"--recipe {args.recipe} swaps to {recipe.posenc.scheme!r}; the demo recovers {RECOVERS}")
     return recipe

@@ -194,7 +194,7 @@ def original_model(name: str) -> tuple[str, str] | None:
     if not folder.is_dir():
         return None
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return json.loads((folder / "run.json").read_text(encoding="utf-8"))["recipe"]["model"]["name_or_path"], \
+        return json.loads((folder / "run.json").read_text(encoding="utf-8"))["recipe"]["model_name_or_path"], \
             "its run.json"
     if (marker := read_marker(folder)) and marker.get("command") == "patch" and marker.get("sources"):
         return str(marker["sources"][0]), f"its {MARKER}, written by hf-posenc patch"

@@ -12,7 +12,7 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = "List the shipped recipes (model, scheme, steps, tokens, goal), or copy one to edit."
     parser.epilog = ("examples:\n  hf-posenc recipes\n  hf-posenc recipes --json\n"
                      "  hf-posenc recipes copy smollm2-135m/alibi/smoke my-recipe\n"
-                     "  hf-posenc train smollm2-135m/alibi/smoke --training.max_steps 20")
+                     "  hf-posenc train smollm2-135m/alibi/smoke --max_steps 20")
     parser.add_argument("action", nargs="?", choices=("list", "copy"), default="list", help="list (default) or copy")
     parser.add_argument("name", nargs="?", help="copy: the shipped recipe's name (as `hf-posenc recipes` lists it)")
     parser.add_argument("dir", nargs="?", help="copy: a new (or empty) folder for the copy")

@@ -15,30 +15,30 @@ from .checks import model_folder
 from .launch import accelerate_config, launch, launch_settings
 
 EPILOG = """examples:
-  hf-posenc train recipes/smollm2-135m/alibi/config_smoke.yaml --training.max_steps 20
+  hf-posenc train recipes/smollm2-135m/alibi/config_smoke.yaml --max_steps 20
   hf-posenc train recipes/minilm-l6/rope/config_smoke.yaml --accelerate-config cpu_2proc
   hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume
   hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume auto   # continue if a checkpoint exists
-  accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml --lr 5e-4
+  accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml --learning_rate 5e-4
 
-any recipe field is overridden by --section.field VALUE (or --field VALUE when one section has it;
-lists as --peft.target_modules q_proj v_proj, mappings as YAML: --posenc.options '{factor: 8}'):
+any recipe field is overridden by --field VALUE (lists as --lora_target_modules q_proj v_proj, mappings as YAML:
+--scheme_options '{factor: 8}'); the fields are transformers.TrainingArguments' and these:
 """
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
-    from ..train.recipe import SECTIONS
+    from ..train.recipe import OURS
 
     parser.description = "Swap a model's positional scheme and recover it with accelerate + peft, as a recipe says."
-    fields = (f"  {section}: {', '.join(f.name for f in dataclasses.fields(cls))}" for section, cls in SECTIONS.items())
+    fields = (f"  {cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls))}" for cls in OURS.values())
     parser.epilog = EPILOG + "\n".join(fields)
     parser.add_argument("recipe", help="recipe YAML (see recipes/)")
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="launch through `accelerate launch` with this config (name or path)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"], metavar="auto",
-                        help="continue from the latest checkpoint in output.dir (an error if there is none); "
+                        help="continue from the latest checkpoint in output_dir (an error if there is none); "
                              "`--resume auto`: continue if there is one, else start")
-    parser.add_argument("--overwrite", action="store_true", help="replace the run in output.dir")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run in output_dir")
     # set by the launching process, which ran the preflight checks once and passes on what they resolved:
     # --resume / --overwrite as the run does them (`--resume auto` settled)
     parser.add_argument("--checked", action="store_true", help=argparse.SUPPRESS)
@@ -56,7 +56,7 @@ def check(args: argparse.Namespace) -> None:
 
         args.config_path, args.preflight = None, Checked(None, bool(args.resume), args.overwrite)
         return
-    model_folder(recipe.model.name_or_path, f"{recipe.source}: model.name_or_path")
+    model_folder(recipe.model.model_name_or_path, f"{recipe.source}: model_name_or_path")
     args.config_path, args.launch = None, {}
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)
@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
 
         record = train(args.recipe_obj, checked=checked)
         if PartialState().is_main_process:  # under `accelerate launch`, rank 0 speaks for all
-            print(summary(record, args.recipe_obj.output.dir))
+            print(summary(record, args.recipe_obj.training.output_dir))
         return 0
     flags = ["--checked", *(["--resume"] if checked.resume else []), *(["--overwrite"] if checked.overwrite else [])]
     return launch(args.config_path, args.launch, ["train", args.recipe, *args.overrides, *flags], "training")
@@ -104,7 +104,7 @@ def saved(args: argparse.Namespace) -> str:
     from ..train.run_folder import checkpoints
 
     recipe = getattr(args, "recipe_obj", None)
-    found = checkpoints(Path(recipe.output.dir)) if recipe is not None else []
+    found = checkpoints(Path(recipe.training.output_dir)) if recipe is not None else []
     if not found:
         return "no checkpoint was saved"
     return f"the latest checkpoint is {found[-1]}; continue with --resume"

@@ -2,12 +2,12 @@
 
 The same code runs under every launcher (the command line lives in `hf_posenc.cli.train`):
 
-    accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml [--section.field value ...]
+    accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml [--field value ...]
     python -m hf_posenc.cli train RECIPE.yaml                   # one process
     hf-posenc train RECIPE.yaml --accelerate-config cpu_2proc   # a shipped config, by name
 
-    recipe      the recipe dataclasses and their cross-field checks
-    reading     a recipe YAML and its --section.field overrides into a Recipe
+    recipe      the recipe dataclasses (ours beside TrainingArguments) and their cross-field checks
+    reading     a recipe YAML and its --field overrides into a Recipe
     inputs      the data: load, check columns, tokenize
     modeling    the model: load, swap the scheme, choose what trains (peft, modules_to_save), save
     run_folder  preflight (every check before compute, once per run), run.json, the checkpoints Trainer wrote

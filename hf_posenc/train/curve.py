@@ -1,4 +1,4 @@
-"""The recovery curve: held-out perplexity every `evaluation.every_steps` optimizer steps, against steps,
+"""The recovery curve: held-out perplexity every `eval_every_steps` optimizer steps, against steps,
 tokens, and the wall and CPU seconds spent training (evaluation and checkpoints not counted)."""
 
 from __future__ import annotations

@@ -13,14 +13,14 @@ from ..errors import PosEncError
 from .pose import PoseRows
 from .recipe import TASK_COLUMNS, Recipe
 
-BUILTIN = ("kjv", "sentiment")  # data.dataset names of the offline built-ins (no paths)
+BUILTIN = ("kjv", "sentiment")  # dataset_name names of the offline built-ins (no paths)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def load_raw(recipe: Recipe) -> datasets.DatasetDict:
-    """The dataset named by `data.dataset`, as splits, with its columns checked against the recipe."""
+    """The dataset named by `dataset_name`, as splits, with its columns checked against the recipe."""
     d, src = recipe.data, recipe.source
-    name = d.dataset
+    name = d.dataset_name
     path = Path(name)
     try:
         if name == "kjv":
@@ -36,20 +36,20 @@ def load_raw(recipe: Recipe) -> datasets.DatasetDict:
         elif path.suffix in FILE_BUILDERS and path.is_file():
             raw = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
         else:
-            raw = datasets.load_dataset(name, d.config_name)
+            raw = datasets.load_dataset(name, d.dataset_config)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
-        raise PosEncError(f"{src}: data.dataset: cannot load {name!r}: {err}") from None
+        raise PosEncError(f"{src}: dataset_name: cannot load {name!r}: {err}") from None
     if isinstance(raw, datasets.Dataset):
         raw = datasets.DatasetDict({"train": raw})
-    if d.train_split not in raw:
-        raise PosEncError(f"{src}: data.train_split: {d.train_split!r} not in {name!r}; splits: {', '.join(raw)}")
+    if d.dataset_train_split not in raw:
+        raise PosEncError(f"{src}: dataset_train_split: {d.dataset_train_split!r} not in {name!r}; splits: {', '.join(raw)}")
     needed = TASK_COLUMNS[recipe.model.task]
-    for split in [d.train_split] + ([d.eval_split] if d.eval_split in raw else []):
+    for split in [d.dataset_train_split] + ([d.dataset_test_split] if d.dataset_test_split in raw else []):
         for key in needed:
             column = getattr(d, key)
             if column not in raw[split].column_names:
                 raise PosEncError(
-                    f"{src}: data.{key}: column {column!r} not in {name!r} split {split!r}; "
+                    f"{src}: {key}: column {column!r} not in {name!r} split {split!r}; "
                     f"columns: {', '.join(raw[split].column_names)}"
                 )
     return raw
@@ -95,9 +95,9 @@ def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
 def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
     """Causal LM: the text as one token stream cut into packed `seq_len` blocks (PoSE windows if asked)."""
     d = recipe.data
-    train_ids = _token_stream(list(raw[d.train_split][d.text_column]), tokenizer)
-    if d.eval_split is not None and d.eval_split in raw:
-        eval_ids = _token_stream(list(raw[d.eval_split][d.text_column]), tokenizer)
+    train_ids = _token_stream(list(raw[d.dataset_train_split][d.text_column]), tokenizer)
+    if d.dataset_test_split is not None and d.dataset_test_split in raw:
+        eval_ids = _token_stream(list(raw[d.dataset_test_split][d.text_column]), tokenizer)
     else:  # hold out the tail: for one long document (kjv) the split stays contiguous
         cut = int(train_ids.numel() * (1 - d.eval_fraction))
         train_ids, eval_ids = train_ids[:cut], train_ids[cut:]
@@ -105,23 +105,24 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
     evals = _blocks(eval_ids, d.seq_len, d.max_eval_samples)
     if len(train) == 0 or len(evals) == 0:
         raise PosEncError(
-            f"{recipe.source}: data.seq_len: {d.seq_len} tokens is longer than the data "
+            f"{recipe.source}: seq_len: {d.seq_len} tokens is longer than the data "
             f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
         )
-    if d.pose is None:
+    if recipe.posenc.pose is None:
         return Prepared(train, evals, eval_ids, None, collate=_stack)
     # the held-out blocks keep plain positions: the model is scored as it is used
-    pose = PoseRows(train, d.pose["target_length"], d.pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
+    pose = recipe.posenc.pose
+    rows = PoseRows(train, pose["target_length"], pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
                     getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
-    return Prepared(pose, evals, eval_ids, None, collate=PoseRows.collate)
+    return Prepared(rows, evals, eval_ids, None, collate=PoseRows.collate)
 
 
 def row_splits(recipe: Recipe, raw: datasets.DatasetDict) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train rows, held-out rows capped at `data.max_eval_samples`): the eval split, or a seeded share of train."""
+    """(train rows, held-out rows capped at `max_eval_samples`): the eval split, or a seeded share of train."""
     d = recipe.data
-    train_raw = raw[d.train_split]
-    if d.eval_split is not None and d.eval_split in raw:
-        eval_raw = raw[d.eval_split]
+    train_raw = raw[d.dataset_train_split]
+    if d.dataset_test_split is not None and d.dataset_test_split in raw:
+        eval_raw = raw[d.dataset_test_split]
     else:
         split = train_raw.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
         train_raw, eval_raw = split["train"], split["test"]

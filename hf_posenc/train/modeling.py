@@ -19,9 +19,9 @@ HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classificati
 def load_config(recipe: Recipe) -> transformers.PretrainedConfig:
     """The model's config alone (cheap), to check scheme support before any weights load."""
     try:
-        return loading.load_config(recipe.model.name_or_path)
+        return loading.load_config(recipe.model.model_name_or_path)
     except PosEncError as err:
-        raise PosEncError(f"{recipe.source}: model.name_or_path: {err}") from None
+        raise PosEncError(f"{recipe.source}: model_name_or_path: {err}") from None
 
 
 def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
@@ -32,12 +32,12 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     from .. import validate
 
     try:
-        validate(config, recipe.posenc.scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
+        validate(config, recipe.posenc.scheme, layers=recipe.posenc.scheme_layers, **recipe.posenc.scheme_options)
     except Unsupported as err:
-        raise PosEncError(f"{recipe.source}: posenc.scheme: {config.model_type!r} does not support {err.scheme!r}; "
+        raise PosEncError(f"{recipe.source}: scheme: {config.model_type!r} does not support {err.scheme!r}; "
                           f"supported: {', '.join(err.supported) or 'none'}") from None
     except PosEncError as err:
-        raise PosEncError(f"{recipe.source}: posenc{'.layers' if recipe.posenc.layers is not None else ''}: {err}") \
+        raise PosEncError(f"{recipe.source}: scheme{'_layers' if recipe.posenc.scheme_layers is not None else ''}: {err}") \
             from None
 
 
@@ -45,7 +45,7 @@ def load_recipe_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
     """Model and tokenizer through `hf_posenc.loading`, with a pad token for batching."""
     m = recipe.model
     extra = {"num_labels": m.num_labels} if m.task == "classification" else {}
-    model, tokenizer = loading.load(m.name_or_path, task=m.task, tokenizer=m.tokenizer, dtype=getattr(torch, m.dtype),
+    model, tokenizer = loading.load(m.model_name_or_path, task=m.task, tokenizer=m.tokenizer_name_or_path, dtype=getattr(torch, m.dtype),
                                     attn_implementation=m.attn_implementation, **extra)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -61,7 +61,7 @@ def apply_posenc(model: torch.nn.Module, recipe: Recipe) -> set[str]:
     from .. import patch
 
     before = {id(p) for p in model.parameters()}
-    patch(model, recipe.posenc.scheme, layers=recipe.posenc.layers, **recipe.posenc.options)
+    patch(model, recipe.posenc.scheme, layers=recipe.posenc.scheme_layers, **recipe.posenc.scheme_options)
     return {name for name, p in model.named_parameters() if id(p) not in before}
 
 
@@ -89,8 +89,8 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     trains a copy of each and saves it with the adapter, so a checkpoint and `--resume` hold them, the originals
     stay frozen (the distillation teacher shares them), and tied embeddings stay tied (`ensure_weight_tying`).
     """
-    p = recipe.peft
-    if p.method == "full":
+    p = recipe.posenc
+    if not p.use_peft:
         model.requires_grad_(True)
         return model
     import peft
@@ -101,14 +101,14 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     owners = sorted({n.rpartition(".")[0] for n in full})
     owners = [m for m in owners if not any(m.startswith(f"{o}.") for o in owners)]  # a listed parent covers it
     config = peft.LoraConfig(
-        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
+        r=p.lora_r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout, target_modules=p.lora_target_modules,
         exclude_modules=[*(HEAD_MODULES if recipe.model.task == "classification" else ()), *owners] or None,
         modules_to_save=owners or None, ensure_weight_tying="embeddings" in p.trainable and _tied(model),
     )
     try:
         return compat.get_peft_model(model, config)
     except ValueError as err:
-        raise PosEncError(f"{recipe.source}: peft.target_modules: {err}") from None
+        raise PosEncError(f"{recipe.source}: lora_target_modules: {err}") from None
 
 
 def _tied(model: torch.nn.Module) -> bool:
@@ -132,7 +132,7 @@ def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path
                state_dict: dict[str, torch.Tensor] | None = None, *, sharded: bool = False) -> None:
     """Write the final model to `out`; it reloads with `hf_posenc.from_pretrained(out)`.
 
-    LoRA is merged into the weights when `output.merge`; otherwise `out` holds the base model
+    LoRA is merged into the weights when `merge_lora`; otherwise `out` holds the base model
     (with the groups trained in full) and `out/adapter` the LoRA weights for peft. `state_dict`
     is the full-precision gathered copy of the weights; `sharded` says that `model` is sharded
     by FSDP, so that only `state_dict` holds whole tensors.
@@ -142,7 +142,7 @@ def save_model(model: torch.nn.Module, tokenizer: Any, recipe: Recipe, out: Path
     if isinstance(model, peft.PeftModel):
         if sharded:
             model = unsharded(recipe, state_dict)
-        if recipe.output.merge:
+        if recipe.posenc.merge_lora:
             model = model.merge_and_unload()
         else:
             model.save_pretrained(out / "adapter")

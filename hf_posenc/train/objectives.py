@@ -126,14 +126,14 @@ def hidden_mse(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, .
 
 
 class Objective:
-    """`objective(model, batch, num_items) -> loss` for the recipe's `training.objective` (see `OBJECTIVES`).
+    """`objective(model, batch, num_items) -> loss` for the recipe's `objective` (see `OBJECTIVES`).
 
     `num_items`: the target tokens of the whole accumulated batch over every process (Trainer's
     `num_items_in_batch`); each term is then a sum over this micro-batch divided by it, so the step's loss is the
     mean over its tokens however they fall into micro-batches. None: each term is this micro-batch's mean."""
 
     def __init__(self, recipe: Recipe, teacher: Teacher | None) -> None:
-        t = recipe.training
+        t = recipe.posenc
         self.lm, self.distil = OBJECTIVES[t.objective]
         self.teacher, self.options = teacher, t.distill
 
@@ -160,6 +160,6 @@ OBJECTIVES: dict[str, tuple[bool, bool]] = {"lm": (True, False), "distill": (Fal
 def build(recipe: Recipe, model: torch.nn.Module, fsdp: bool = False) -> tuple[Objective, Teacher | None]:
     """The objective and its teacher (None for 'lm'); call before `patch` touches `model`. Under FSDP2
     the teacher is its own copy, to be sharded (see `Teacher`)."""
-    teacher = Teacher(model, share=not fsdp) if OBJECTIVES[recipe.training.objective][1] else None
+    teacher = Teacher(model, share=not fsdp) if OBJECTIVES[recipe.posenc.objective][1] else None
     return Objective(recipe, teacher), teacher
 

@@ -1,14 +1,17 @@
-"""Reading a recipe: a YAML file and `--section.field value` overrides into a validated `Recipe`.
+"""Reading a recipe: a flat YAML file and `--field value` overrides into a validated `Recipe`.
 
-Each section is parsed by transformers' `HfArgumentParser`, its YAML values as the defaults (TrlParser's
-way), so the command line overrides the file; then every value is type-checked (`hf_posenc.domains.matches`)
-and the recipe validated (`recipe.validate`).
+One `transformers.HfArgumentParser` over the recipe's four argument classes, the YAML's values as its defaults
+(TRL's `TrlParser` way), so the command line overrides the file; then every value is type-checked
+(`hf_posenc.domains.matches`), TrainingArguments checks its own, and the recipe is validated (`recipe.validate`).
+A recipe of the sectioned format before this one is refused, naming the new field of each old one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
+import os
 import types
 import typing
 from pathlib import Path
@@ -16,9 +19,10 @@ from typing import Any, Literal, NoReturn
 
 import yaml
 
-from ..errors import PosEncError
 from ..domains import matches
-from .recipe import SECTIONS, TRAINER_FIELDS, Recipe, unknown_field, validate
+from ..errors import PosEncError, did_you_mean
+from .library import training_fields
+from .recipe import OURS, TRAINING_DEFAULTS, Recipe, new_name, validate
 from .shipped import recipe_path
 
 
@@ -37,88 +41,137 @@ def _type_name(tp: Any) -> str:
 
 
 @functools.cache
-def _section_parser() -> type:
-    """The parser class, built on first use: transformers is imported only once the YAML, the sections
-    and the field names are known to be right, so those mistakes are refused at once."""
+def _classes() -> dict[str, type]:
+    """Our argument classes and transformers' TrainingArguments, by part (transformers imported on first use)."""
+    from transformers import TrainingArguments
+
+    return {**OURS, "training": TrainingArguments}
+
+
+@functools.cache
+def field_names() -> dict[str, str]:
+    """Every recipe field -> the part that owns it ("model", "data", "posenc", "training"), torch-free."""
+    ours = {f.name: part for part, cls in OURS.items() for f in dataclasses.fields(cls)}
+    return {**ours, **{name: "training" for name in training_fields()}}
+
+
+def _check_numbers(data: dict[str, Any], source: str) -> None:
+    """A TrainingArguments number given as text that is no number, refused before transformers and torch load
+    (YAML reads `1e-3` as text: argparse turns it into a number later)."""
+    for name, value in data.items():
+        hint = training_fields().get(name)
+        if hint in (int, float) and isinstance(value, str):
+            try:
+                hint(value)
+            except ValueError:
+                raise PosEncError(f"{source}: {name}: invalid {hint.__name__} value: {value!r}") from None
+
+
+def _refuse_old_format(data: dict[str, Any], source: str) -> None:
+    """A recipe with the sections of the format before this one: refused, naming the new field of each old one."""
+    old = [f"{section}.{name} -> {new_name(section, name)}" for section, values in data.items()
+           if section in (*OURS, "peft", "training", "evaluation", "output", "trainer") and isinstance(values, dict)
+           for name in values]
+    if old:
+        raise PosEncError(f"{source}: this recipe has the sections of the format before hf-posenc's recipes took "
+                          "TrainingArguments' own fields; write each field at the top level under its new name: "
+                          + "; ".join(old) + " (docs/guide/train.md)")
+
+
+def _check_names(names: list[str], where: str) -> None:
+    known = field_names()
+    for name in names:
+        if name not in known:
+            raise PosEncError(f"{where}: unknown field {name!r}{did_you_mean(name, list(known))}; the fields are "
+                              "those of ModelArguments, DataArguments, PosEncArguments (`hf-posenc train --help`) "
+                              "and transformers.TrainingArguments")
+
+
+def _override_names(overrides: list[str], source: str) -> list[str]:
+    """The fields `--name value` overrides name; an old `--section.field` is refused with its new name."""
+    names = []
+    for arg in overrides:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].partition("=")[0].replace("-", "_")
+        if "." in name:
+            section, _, old = name.partition(".")
+            raise PosEncError(f"{source}: override {arg.partition('=')[0]}: fields have no sections now; "
+                              f"use --{new_name(section, old).split(' ')[0]}")
+        names.append(name.removeprefix("no_") if name.startswith("no_") and name not in field_names() else name)
+    _check_names(names, f"{source}: override")
+    return names
+
+
+@functools.cache
+def _parser_class() -> type:
     from transformers import HfArgumentParser
 
-    class SectionParser(HfArgumentParser):
-        """HfArgumentParser over one section, its values from YAML as defaults (TrlParser's way); argparse's
-        errors become PosEncErrors naming the file and the section."""
+    class RecipeParser(HfArgumentParser):
+        """HfArgumentParser whose errors are PosEncErrors naming the file."""
 
-        def __init__(self, cls: type, values: dict[str, Any], where: str) -> None:
-            super().__init__(cls, prog=where, add_help=False, allow_abbrev=False)
-            self.where = where
-            defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                        for f in dataclasses.fields(cls)}
-            self.set_defaults(**{k: v for k, v in {**defaults, **values}.items() if v is not dataclasses.MISSING})
-            for action in self._actions:
-                action.required = action.required and action.dest not in values
+        where = ""
 
         def error(self, message: str) -> NoReturn:
             raise PosEncError(f"{self.where}: {message}")
 
-    return SectionParser
+    return RecipeParser
 
 
-def _section_values(cls: type, values: Any, where: str) -> dict[str, Any]:
-    """A section's YAML mapping, its field names checked (before any section is parsed)."""
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise PosEncError(f"{where}: a section is a mapping of fields, got {type(values).__name__}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    for name in values:
-        if name not in names:
-            raise unknown_field(name, names, where)
-    return values
-
-
-def _build_section(cls: type, values: dict[str, Any], argv: list[str], where: str) -> Any:
-    """The section's dataclass from its checked YAML mapping and its `--field value` overrides, type-checked."""
+def _parse(values: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """Every field's value: the class default, under TRAINING_DEFAULTS, under the YAML, under the command line."""
+    parser = _parser_class()(list(_classes().values()), prog=source, add_help=False, allow_abbrev=False)
+    parser.where = source
+    ours = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for cls in OURS.values() for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
+            or f.default_factory is not dataclasses.MISSING}  # HfArgumentParser loses some (`str | list[str]`)
+    parser.set_defaults(**{**ours, **TRAINING_DEFAULTS, **values})
+    for action in parser._actions:
+        action.required = action.required and action.dest not in values
     try:
-        (built,) = _section_parser()(cls, values, where).parse_args_into_dataclasses(argv, look_for_args_file=False)
+        return vars(parser.parse_args(overrides))
     except PosEncError:
         raise
-    except ValueError as err:  # values left over: `--lr 1 2`
-        raise PosEncError(f"{where}: {err}") from None
-    for name, tp in typing.get_type_hints(cls).items():
-        value = getattr(built, name)
-        if not matches(value, tp):
-            raise PosEncError(f"{where}.{name}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-        if tp is float:
-            setattr(built, name, float(value))
-    return built
+    except ValueError as err:  # values left over: `--learning_rate 1 2`
+        raise PosEncError(f"{source}: {err}") from None
 
 
-def _route(overrides: list[str], source: str) -> dict[str, list[str]]:
-    """`--section.field v ...` or `--field v ...` (a name only one section has) -> {section: ["--field", "v", ...]}."""
-    fields = {section: [f.name for f in dataclasses.fields(cls)] for section, cls in SECTIONS.items()}
-    routed: dict[str, list[str]] = {}
-    section = None
-    for arg in overrides:
-        if not arg.startswith("--"):
-            if section is None:
-                raise PosEncError(f"override {arg!r} must come after --section.field (or --field)")
-            routed[section].append(arg)
-            continue
-        key, sep, value = arg[2:].partition("=")
-        name = key.replace("-", "_")
-        if "." in name:
-            section, name = name.split(".", 1)
-            if section not in fields:
-                raise unknown_field(section, list(fields), f"{source}: override {arg}")
-            if name not in fields[section]:
-                raise unknown_field(name, fields[section], f"{source}: override {arg}: {section}")
-        else:
-            owners = [sec for sec, names in fields.items() if name in names]
-            if not owners:
-                raise unknown_field(name, [f"{s}.{n}" for s, names in fields.items() for n in names], f"{source}: override {arg}")
-            if len(owners) > 1:
-                raise PosEncError(f"override {arg} is ambiguous: use one of {', '.join(f'--{o}.{name}' for o in owners)}")
-            section = owners[0]
-        routed.setdefault(section, []).extend([f"--{name}", value] if sep else [f"--{name}"])
-    return routed
+def _typed(cls: type, parsed: dict[str, Any], names: set[str], source: str) -> dict[str, Any]:
+    """The values of `cls`'s fields among `names`, each checked against its type hint."""
+    hints, kept = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if f.init and f.name in names:
+            value = parsed[f.name]
+            if not matches(value, hints[f.name]):
+                raise PosEncError(f"{source}: {f.name}: expected {_type_name(hints[f.name])}, got {value!r} "
+                                  f"({type(value).__name__})")
+            choices = [e.value for arg in typing.get_args(hints[f.name]) if isinstance(arg, enum.EnumMeta) for e in arg]
+            if choices and value not in choices and isinstance(value, str):  # TrainingArguments' enums
+                raise PosEncError(f"{source}: {f.name}: {value!r} is not one of {', '.join(map(repr, choices))}")
+            kept[f.name] = float(value) if hints[f.name] is float else value
+    return kept
+
+
+def _check_training(cls: type, fields: dict[str, Any], source: str) -> None:
+    """TrainingArguments' own checks of the recipe's fields, by building it as on CPU (the launch picks the device,
+    and the machine that reads a recipe may not have it). Building it sets up accelerate's process state: on the
+    state there is (a notebook's own Accelerator stays), else on a single process's, cleared after. A process of a
+    multi-process launch leaves it to the run (`runner._arguments`, before the model loads): set up here, the state
+    would be a CPU one."""
+    from accelerate import PartialState
+    from accelerate.state import AcceleratorState
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return
+    existed = bool(PartialState._shared_state)
+    configured = {"accelerator_config": {"use_configured_state": True}} if existed else {}
+    try:
+        cls(**{**fields, "use_cpu": True, **({} if "accelerator_config" in fields else configured)})
+    except (TypeError, ValueError) as err:
+        raise PosEncError(f"{source}: {' '.join(str(err).split())}") from None
+    finally:
+        if not existed:
+            AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -126,7 +179,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
     Args:
         path: the YAML file, or a shipped recipe's name (`smollm2-135m/alibi/smoke`, `hf-posenc recipes`).
-        overrides: argv-style, e.g. ["--training.lr", "1e-4", "--max_steps", "10", "--peft.target_modules", "q_proj", "v_proj"].
+        overrides: argv-style, e.g. ["--learning_rate", "1e-4", "--max_steps=10", "--lora_target_modules", "q_proj", "v_proj"].
     """
     path = recipe_path(path)
     if not path.is_file():
@@ -150,39 +203,26 @@ def read_yaml(path: Path, what: str) -> Any:
 
 
 def from_dict(data: Any, source: str = "<dict>", overrides: list[str] | None = None) -> Recipe:
-    """Build and validate a Recipe from a nested mapping (a parsed YAML file) and argv-style overrides."""
+    """Build and validate a Recipe from a flat mapping (a parsed YAML file) and argv-style overrides."""
     if not isinstance(data, dict):
-        raise PosEncError(f"{source}: a recipe is a mapping of sections {', '.join(SECTIONS)}")
-    for name in data:
-        if name not in SECTIONS and name != "trainer":
-            raise unknown_field(name, [*SECTIONS, "trainer"], f"{source}: top level")
-    missing = [n for n in ("model", "data", "training", "output") if n not in data]
-    if missing:
-        raise PosEncError(f"{source}: missing section(s) {', '.join(missing)}")
-    routed = _route(overrides or [], source)
-    values = {name: _section_values(cls, data.get(name), f"{source}: {name}") for name, cls in SECTIONS.items()}
-    sections = {name: _build_section(cls, values[name], routed.get(name, []), f"{source}: {name}")
-                for name, cls in SECTIONS.items()}
-    return validate(Recipe(**sections, trainer=_trainer_fields(data.get("trainer"), source), source=source))
+        raise PosEncError(f"{source}: a recipe is a mapping of fields (model_name_or_path, dataset_name, scheme, "
+                          "learning_rate, max_steps, output_dir, ...)")
+    _refuse_old_format(data, source)
+    overrides = overrides or []
+    given = {*_override_names(overrides, source), *data}
+    _check_names(list(data), source)
+    _check_numbers(data, source)
+    parsed = _parse(data, overrides, source)
+    parts = {part: cls(**_typed(cls, parsed, {f.name for f in dataclasses.fields(cls)}, source))
+             for part, cls in OURS.items()}
+    training_cls = _classes()["training"]
+    fields = _typed(training_cls, parsed, {n for n, part in field_names().items()
+                                           if part == "training" and (n in given or n in TRAINING_DEFAULTS)}, source)
+    if not fields.get("output_dir"):
+        raise PosEncError(f"{source}: output_dir: required (the run folder: the model, checkpoints/, results.json)")
+    _check_training(training_cls, fields, source)
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(training_cls) if f.init}
+    return validate(Recipe(**parts, training=types.SimpleNamespace(**{**defaults, **fields}), trainer_fields=fields,
+                           source=source))
 
-
-def _trainer_fields(values: Any, source: str) -> dict[str, Any]:
-    """The recipe's `trainer` mapping: fields of transformers' TrainingArguments that no section of the recipe sets,
-    checked by TrainingArguments itself (names, then values) before any model or data loads."""
-    if not values:
-        return {}
-    if not isinstance(values, dict):
-        raise PosEncError(f"{source}: trainer: a mapping of transformers.TrainingArguments fields, got {values!r:.80}")
-    from transformers import TrainingArguments
-
-    names = [f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in TRAINER_FIELDS]
-    for name in values:
-        if name in TRAINER_FIELDS:
-            raise PosEncError(f"{source}: trainer.{name}: the recipe sets it as {TRAINER_FIELDS[name]}; set it there")
-        if name not in names:
-            raise unknown_field(name, names, f"{source}: trainer (transformers.TrainingArguments)")
-    try:
-        TrainingArguments(output_dir="unused", **values)
-    except (TypeError, ValueError) as err:
-        raise PosEncError(f"{source}: trainer: {' '.join(str(err).split())}") from None
-    return dict(values)

@@ -18,8 +18,9 @@ RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"  # Trainer writes it last into a checkpoint: its presence means complete
 CHECKPOINTS = "checkpoints"
 # Fields that may change between a run and its resume; anything else means a different run.
-RESUMABLE_CHANGES = {"training.max_steps", "training.save_steps", "training.save_total_limit",
-                     "training.logging_steps", "evaluation", "output"}
+RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_strategy", "save_total_limit", "logging_steps", "report_to",
+                     "eval_original", "eval_before", "eval_after", "eval_every_steps", "perplexity_lengths",
+                     "eval_max_windows", "per_device_eval_batch_size", "output_dir", "merge_lora", "save_model", "plot"}
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -30,21 +31,15 @@ def checkpoints(out: Path) -> list[Path]:
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    keys = []
-    for section in sorted(set(a) | set(b)):
-        for name in sorted(set(a.get(section, {})) | set(b.get(section, {}))):
-            if a.get(section, {}).get(name) != b.get(section, {}).get(name):
-                if section not in RESUMABLE_CHANGES and f"{section}.{name}" not in RESUMABLE_CHANGES:
-                    keys.append(f"{section}.{name}")
-    return keys
+    return [name for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name) and name not in RESUMABLE_CHANGES]
 
 
 def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
     """Refuse to write into a folder that holds another run unless told to resume or overwrite.
     `resume` is True (continue from the latest checkpoint, which must exist) or "auto" (continue if
     there is a checkpoint, else start over); returns the (resume, overwrite) this run does."""
-    out = Path(recipe.output.dir)
-    where = f"{recipe.source}: output.dir"
+    out = Path(recipe.training.output_dir)
+    where = f"{recipe.source}: output_dir"
     if resume and overwrite:
         raise PosEncError("--resume and --overwrite exclude each other")
     folders.check_separate(out, input_paths(recipe), flag=where)
@@ -79,9 +74,9 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
 
 def input_paths(recipe: Recipe) -> dict[str, str | None]:
     """What the run reads, by recipe field (built-in dataset names are no paths)."""
-    data = None if recipe.data.dataset in inputs.BUILTIN else recipe.data.dataset
-    return {"model.name_or_path": recipe.model.name_or_path, "model.tokenizer": recipe.model.tokenizer,
-            "data.dataset": data, "the recipe": recipe.source}
+    data = None if recipe.data.dataset_name in inputs.BUILTIN else recipe.data.dataset_name
+    return {"model_name_or_path": recipe.model.model_name_or_path,
+            "tokenizer_name_or_path": recipe.model.tokenizer_name_or_path, "dataset_name": data, "the recipe": recipe.source}
 
 
 def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
@@ -101,14 +96,12 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool, world_size: i
     """Every check that needs no compute: output folder, scheme support, dataset columns, batch split.
     Run once per run, before any process starts; returns the raw data and the (resume, overwrite) the run
     does (see `check_output`)."""
-    t = recipe.training
-    if t.batch_size % (t.micro_batch_size * world_size):
-        fits = [m for m in range(t.micro_batch_size, 0, -1) if t.batch_size % (m * world_size) == 0]
-        fix = f"--training.micro_batch_size {fits[0]}" if fits else f"a training.batch_size that is a multiple of {world_size}"
-        raise PosEncError(
-            f"{recipe.source}: training.batch_size: {t.batch_size} does not split into micro-batches of "
-            f"{t.micro_batch_size} on {world_size} process(es); use {fix}"
-        )
+    total, micro = recipe.posenc.global_batch_size, recipe.training.per_device_train_batch_size
+    if total is not None and total % (micro * world_size):
+        fits = [m for m in range(micro, 0, -1) if total % (m * world_size) == 0]
+        fix = f"--per_device_train_batch_size {fits[0]}" if fits else f"a global_batch_size that is a multiple of {world_size}"
+        raise PosEncError(f"{recipe.source}: global_batch_size: {total} does not split into micro-batches of {micro} "
+                          f"on {world_size} process(es); use {fix}")
     resume, overwrite = check_output(recipe, resume, overwrite)
     config = modeling.load_config(recipe)
     tasks.check_model(recipe, config)

@@ -31,12 +31,6 @@ from .recipe import Recipe
 from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints, preflight
 from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback
 
-SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # recipe -> Trainer's
-# what a recipe's `trainer` mapping may change: no reporting unless asked, the rows as the tasks make them, and DDP
-# without the search for unused parameters (every trained parameter takes part in every step)
-TRAINER_DEFAULTS = {"report_to": "none", "remove_unused_columns": False, "label_names": ["labels"],
-                    "ddp_find_unused_parameters": False, "dataloader_drop_last": True}
-
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
           checked: Checked | None = None) -> results.Results:
@@ -45,13 +39,13 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
 
     Args:
         recipe: a validated Recipe (see `load_recipe`).
-        resume: continue from the latest checkpoint in `output.dir` (True: there must be one;
+        resume: continue from the latest checkpoint in `output_dir` (True: there must be one;
             "auto": if there is one).
-        overwrite: replace the run in `output.dir`.
+        overwrite: replace the run in `output_dir`.
         checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
             else it runs here.
     """
-    with scope.run_only():  # `training.deterministic` and the accelerate state hold for this run only
+    with scope.run_only():  # `threads`, `full_determinism` (Trainer sets it) and accelerate's state: this run only
         run = _setup(recipe, resume, overwrite, checked)
         run.trainer.train(resume_from_checkpoint=str(run.latest) if run.latest else None)
         return _finish(run)
@@ -73,56 +67,49 @@ class Session:
 
     @property
     def out(self) -> Path:
-        return Path(self.recipe.output.dir)
+        return Path(self.recipe.training.output_dir)
 
 
 def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False) -> TrainingArguments:
-    """The recipe's `training` section as Trainer's arguments (`recipe.TRAINER_FIELDS`), with its `trainer` mapping
-    on top; checkpoints go to `out/checkpoints`. `configured`: the caller made an Accelerator before the run, whose
-    state (its precision, its FSDP plugin) Trainer then uses instead of resetting it."""
-    t = recipe.training
-    return TrainingArguments(
-        output_dir=str(out / CHECKPOINTS), max_steps=t.max_steps, per_device_train_batch_size=t.micro_batch_size,
-        gradient_accumulation_steps=t.batch_size // (t.micro_batch_size * world), learning_rate=t.lr,
-        weight_decay=t.weight_decay, warmup_steps=t.warmup_steps, lr_scheduler_type=SCHEDULERS[t.scheduler],
-        max_grad_norm=t.max_grad_norm, bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
-        seed=t.seed, data_seed=t.seed, save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 1,
-        save_total_limit=t.save_total_limit or None, logging_steps=t.logging_steps, use_cpu=cpu,
-        # named only when on: transformers 5.24 warns that the names will change in v6
-        **({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
-           if t.gradient_checkpointing else {}),
-        **{**TRAINER_DEFAULTS, "disable_tqdm": not sys.stderr.isatty(),
-           **({"accelerator_config": {"use_configured_state": True}} if configured else {}), **recipe.trainer},
-    )
+    """The recipe's TrainingArguments fields as this run takes them: checkpoints in `out/checkpoints`, the
+    accumulation that makes `global_batch_size` on `world` processes, the launch's device, non-reentrant
+    checkpointing unless the recipe says otherwise. `configured`: the caller made an Accelerator before the run,
+    whose state (its precision, its FSDP plugin) Trainer then uses instead of resetting it."""
+    fields = recipe.trainer_fields
+    checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} \
+        if fields.get("gradient_checkpointing") and not fields.get("gradient_checkpointing_kwargs") else {}
+    return TrainingArguments(**{
+        "disable_tqdm": not sys.stderr.isatty(), **fields, **checkpointing, "output_dir": str(out / CHECKPOINTS),
+        "gradient_accumulation_steps": recipe.accumulation(world), "use_cpu": cpu,
+        **({"accelerator_config": {"use_configured_state": True}} if configured else {})})
 
 
 def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None) -> Session:
     """Preflight (unless done), the model before the swap scored, the swap, the Trainer; the run folder marked and
     run.json written. Training (and its evaluation before the first step) is `Trainer.train`'s."""
-    out = Path(recipe.output.dir)
+    out = Path(recipe.training.output_dir)
     configured = bool(AcceleratorState._shared_state)  # an Accelerator of the caller's: Trainer keeps its state
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo
     world = joined.num_processes
     raw, resume, overwrite = checked or preflight(recipe, resume, overwrite, world)  # before any compute
     fsdp = _fsdp(recipe, joined.distributed_type)
-    record = results.Results("train", recipe.model.name_or_path, settings=recipe.to_dict())  # its clock starts
+    record = results.Results("train", recipe.model.model_name_or_path, settings=recipe.to_dict())  # its clock starts
     if overwrite and joined.is_main_process and (out / RUN_FILE).is_file():
         shutil.rmtree(out)
     joined.wait_for_everyone()
     latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
     args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu", configured=configured)
-    if recipe.training.deterministic:
-        scope.deterministic()
-    scope.threads(recipe.training.threads)
+    scope.threads(recipe.posenc.threads)
     set_seed(recipe.training.seed)  # the patch's and LoRA's initialisation; Trainer seeds the run itself
-    with waiting(f"loading {recipe.model.name_or_path} and preparing the data ({recipe.data.dataset})",
+    with waiting(f"loading {recipe.model.model_name_or_path} and preparing the data ({recipe.data.dataset_name})",
                  show=joined.is_main_process):
         model, tokenizer = modeling.load_recipe_model(recipe)
         task = tasks.TRAINING_TASKS[recipe.model.task]
         data = task.prepare(recipe, inputs.load_raw(recipe) if raw is None else raw, tokenizer)
-    if len(data.train) < recipe.training.batch_size:
-        raise PosEncError(f"{recipe.source}: training.batch_size: {recipe.training.batch_size} is more than the "
-                          f"{len(data.train)} training samples")
+    if len(data.train) < recipe.global_batch(world):
+        raise PosEncError(f"{recipe.source}: the batch of {recipe.global_batch(world)} sequences a step (global_batch_size"
+                          f", or per_device_train_batch_size x gradient_accumulation_steps x {world} process(es)) is "
+                          f"more than the {len(data.train)} training samples")
     objective, teacher = objectives.build(recipe, model, fsdp)
     # the model before the swap, sharing its tensors: peft trains copies of what trains in full, so it stays itself
     before_swap = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
@@ -132,10 +119,10 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     trainer = PosEncTrainer(model=student, args=args, train_dataset=data.train, data_collator=data.collate,
                             processing_class=tokenizer, objective=objective)
     loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(
-        data.eval, recipe.evaluation.micro_batch_size, collate_fn=data.collate))
+        data.eval, recipe.training.per_device_eval_batch_size, collate_fn=data.collate))
     evaluate = evaluator(trainer.accelerator, loader, recipe, data, tokenizer)
-    callback = RecoveryCallback(evaluate, recipe.evaluation.every_steps, recipe.data.seq_len,
-                                recipe.evaluation.before, trainer)
+    callback = RecoveryCallback(evaluate, recipe.posenc.eval_every_steps, recipe.data.seq_len,
+                                recipe.posenc.eval_before, trainer)
     trainer.add_callback(callback)
     if not args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
@@ -149,7 +136,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
                               f"many, not {world}")
         callback.restore(saved)
         original = json.loads((out / RUN_FILE).read_text()).get("original")
-    elif recipe.evaluation.original and recipe.posenc.scheme and task.original:
+    elif recipe.posenc.eval_original and recipe.posenc.scheme and task.original:
         original = evaluate(before_swap.to(trainer.accelerator.device), "the model before the swap (reference)")
     del before_swap
     if joined.is_main_process:
@@ -165,8 +152,8 @@ def _fsdp(recipe: Recipe, launched: DistributedType) -> bool:
         return False
     plugin = AcceleratorState._shared_state.get("fsdp_plugin")  # a state made before the run, else the launch's
     version = plugin.fsdp_version if plugin is not None else int(os.environ.get("FSDP_VERSION", "1"))
-    if version != 2 and recipe.training.objective != "lm":
-        raise PosEncError(f"{recipe.source}: training.objective: {recipe.training.objective!r} needs FSDP2 to shard "
+    if version != 2 and recipe.posenc.objective != "lm":
+        raise PosEncError(f"{recipe.source}: objective: {recipe.posenc.objective!r} needs FSDP2 to shard "
                           "its teacher; set fsdp_version: 2 in the accelerate config (as the shipped 'fsdp' one does), "
                           "use DDP (--accelerate-config ddp), or 'lm'")
     return True
@@ -208,13 +195,13 @@ def _report_teacher(cloned_mib: float, fsdp: bool, world: int, main: bool) -> No
 def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
                     teacher: objectives.Teacher | None, original: dict[str, Any] | None) -> None:
     """Mark the folder (so that --overwrite may replace this run later, and nothing else) and write run.json."""
-    out, accelerator = Path(recipe.output.dir), trainer.accelerator
+    out, accelerator = Path(recipe.training.output_dir), trainer.accelerator
     if not folders.is_marked(out):
-        folders.mark(out, "train", [recipe.source, recipe.model.name_or_path])
+        folders.mark(out, "train", [recipe.source, recipe.model.model_name_or_path])
     write_json(out / RUN_FILE, {
         "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
-        "host": socket.gethostname(), "trainer": type(trainer).__mro__[1].__name__,
+        "host": socket.gethostname(), "threads": torch.get_num_threads(), "trainer": type(trainer).__mro__[1].__name__,
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "total_parameters": sum(p.numel() for p in trainer.model.parameters()),
         "resumed_from": str(latest) if latest else None,
@@ -228,7 +215,7 @@ def _finish(run: Session) -> results.Results:
     """Score the trained model, write results.json, loss.json, the plots and the model; end the run."""
     recipe, trainer = run.recipe, run.trainer
     accelerator = trainer.accelerator
-    after = run.callback.evaluate(trainer.model_wrapped, "after training") if recipe.evaluation.after else None
+    after = run.callback.evaluate(trainer.model_wrapped, "after training") if recipe.posenc.eval_after else None
     measured = run.callback.snapshot()
     log = [{"step": row["step"], "loss": row["loss"], "lr": row.get("learning_rate"),
             **{k: row[k] for k in ("grad_norm", "tokens_per_s", "elapsed_s", "cpu_s") if k in row}}
@@ -237,9 +224,9 @@ def _finish(run: Session) -> results.Results:
     if accelerator.is_main_process:
         write_json(run.out / "loss.json", log)
         record.save(run.out / "results.json", complete=True)
-        if recipe.output.plot:
+        if recipe.posenc.plot:
             _plot(run, log)
-    if recipe.output.save_model:
+    if recipe.posenc.save_model:
         weights = accelerator.get_state_dict(trainer.model_wrapped)  # collective: gathers FSDP shards, every rank
         if accelerator.is_main_process:
             modeling.save_model(accelerator.unwrap_model(trainer.model_wrapped), run.tokenizer, recipe, run.out,
@@ -257,10 +244,10 @@ def _record(run: Session, after: dict[str, Any] | None, measured: dict[str, Any]
         "steps": trainer.state.global_step, "world_size": trainer.accelerator.num_processes,
         "samples_per_rank": measured["samples"], "tokens_per_rank": measured["tokens"], "train_seconds": wall,
         "tokens_per_s": sum(measured["tokens"]) / wall if wall else None,
-        **({"curve": measured["curve"]} if recipe.evaluation.every_steps else {}),
+        **({"curve": measured["curve"]} if recipe.posenc.eval_every_steps else {}),
     }
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.options),
+    swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.scheme_options),
                "posenc": getattr(unwrapped.config, "posenc", None) if describe(unwrapped) else None}
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
                    for label, metrics in (("original", run.original), ("before training", measured["before"]),
@@ -280,6 +267,6 @@ def _plot(run: Session, log: list[dict[str, Any]]) -> None:
         curve=points)
     if points:
         after = next((r.metrics.get("perplexity", {}) for r in run.record.runs if r.label == "after training"), {})
-        held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset).name}"
+        held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset_name).name}"
         plots.recovery_curve(points, run.out / "curve.png", reference=run.original, seq_len=recipe.data.seq_len,
                              held_out=held_out, final=(steps, {n: c["perplexity"] for n, c in after.items()}))

@@ -14,15 +14,8 @@ from accelerate.state import AcceleratorState
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"  # what deterministic cuBLAS needs (CUDA docs, "Reproducibility")
 
 
-def deterministic() -> None:
-    """`training.deterministic`: torch's deterministic algorithms, with the workspace cuBLAS then needs (its
-    matmuls raise without it)."""
-    os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")
-    torch.use_deterministic_algorithms(True)
-
-
 def threads(count: int) -> None:
-    """`training.threads`: torch's CPU thread count for the run (0 leaves it)."""
+    """`threads`: torch's CPU thread count for the run (0 leaves it)."""
     if count:
         torch.set_num_threads(count)
 

@@ -44,14 +44,15 @@ class ShippedRecipe:
     def summary(self) -> dict[str, Any]:
         """What one line of `hf-posenc recipes` says: model, scheme, what it is for, and its cost in tokens."""
         data = self.fields()
-        training, d, posenc = (data.get(k) or {} for k in ("training", "data", "posenc"))
-        options = posenc.get("options") or {}
-        scheme = posenc.get("scheme") or "its own scheme"
-        tokens = (training.get("max_steps") or 0) * (training.get("batch_size") or 1) * (d.get("seq_len") or 0)
+        options = data.get("scheme_options") or {}
+        scheme = data.get("scheme") or "its own scheme"
+        batch = data.get("global_batch_size") or \
+            data.get("per_device_train_batch_size", 8) * data.get("gradient_accumulation_steps", 1)  # on 1 process
+        tokens = (data.get("max_steps") or 0) * batch * (data.get("seq_len") or 0)
         goal = first_sentence(self.path.read_text(encoding="utf-8"))
-        return {"name": self.name, "model": data.get("model", {}).get("name_or_path", ""),
+        return {"name": self.name, "model": data.get("model_name_or_path", ""),
                 "scheme": scheme + "".join(f" {k}={v}" for k, v in options.items()),
-                "steps": training.get("max_steps"), "tokens": tokens, "goal": goal}
+                "steps": data.get("max_steps"), "tokens": tokens, "goal": goal}
 
 
 def shipped_recipes() -> list[ShippedRecipe]:

@@ -1,4 +1,4 @@
-"""What a recipe's `model.task` changes in the one training flow, as one registry entry per task.
+"""What a recipe's `task` changes in the one training flow, as one registry entry per task.
 
 The runner calls the entry of its task: which models it takes (checked from the config, before any
 weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores (gathered over
@@ -28,7 +28,7 @@ Tables = dict[str, dict[str, dict[str, Any]]]
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One `model.task`: see the module docstring. `encoder_decoder` is what the model's config must say
+    """One `task`: see the module docstring. `encoder_decoder` is what the model's config must say
     (None: either); `original` scores the model before the swap too (a new head has nothing to compare)."""
 
     prepare: Callable[[Recipe, Any, Any], inputs.Prepared]
@@ -51,10 +51,10 @@ def _lm_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores
 
 def _lm_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
     """Perplexity of the held-out blocks at the training length, then `perplexity_by_length` on the
-    held-out text at `evaluation.perplexity_lengths` (every rank scores its share: FSDP's forwards are collective)."""
-    e, d = recipe.evaluation, recipe.data
+    held-out text at `perplexity_lengths` (every rank scores its share: FSDP's forwards are collective)."""
+    e, d = recipe.posenc, recipe.data
     loss, samples = scores["loss"].mean().item(), scores["loss"].numel()
-    table = perplexity_by_length(model, data.eval_ids, e.perplexity_lengths, max_windows=e.max_windows,
+    table = perplexity_by_length(model, data.eval_ids, e.perplexity_lengths, max_windows=e.eval_max_windows,
                                  mode="sliding", distributed=True) if e.perplexity_lengths else {}
     table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
                         "windows": samples, "stride": d.seq_len}
@@ -68,11 +68,11 @@ def _classifier_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
 def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
                        tokenizer: Any) -> Tables:
-    """The held-out rows' accuracy and F1 (`evaluation.classification`) with their mean loss."""
+    """The held-out rows' accuracy and F1 (`hf_posenc.evaluation.classification`) with their mean loss."""
     d = recipe.data
     cell = classification(model, tokenizer, data.eval_raw, text_column=d.text_column, label_column=d.label_column,
-                          batch_size=recipe.evaluation.micro_batch_size, distributed=True)
-    return {"classification": {d.dataset: {**cell, "loss": scores["loss"].mean().item()}}}
+                          batch_size=recipe.training.per_device_eval_batch_size, distributed=True)
+    return {"classification": {d.dataset_name: {**cell, "loss": scores["loss"].mean().item()}}}
 
 
 def _seq2seq_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
@@ -96,7 +96,7 @@ def _seq2seq_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data
     and its 95% Wilson interval."""
     tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
     loss = scores["loss_sum"].sum().item() / tokens
-    return {"seq2seq": {recipe.data.dataset: {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss,
+    return {"seq2seq": {recipe.data.dataset_name: {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss,
                                               "perplexity": math.exp(loss), "tokens": int(tokens)}}}
 
 
@@ -105,9 +105,9 @@ TRAINING_TASKS: dict[str, Task] = {
                       lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
                       encoder_decoder=False, original=True),
     "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
-                           lambda r, m: m["classification"][r.data.dataset]["loss"]),
+                           lambda r, m: m["classification"][r.data.dataset_name]["loss"]),
     "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _seq2seq_tables,
-                    lambda r, m: m["seq2seq"][r.data.dataset]["loss"], encoder_decoder=True),
+                    lambda r, m: m["seq2seq"][r.data.dataset_name]["loss"], encoder_decoder=True),
 }
 # task -> the transformers Auto classes' model types it loads (None: the class decides at load)
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
@@ -121,15 +121,15 @@ def prepare(recipe: Recipe, raw: Any, tokenizer: Any) -> inputs.Prepared:
 def check_model(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     """A model the task cannot train is a recipe error naming its type, raised before loading weights:
     seq2seq needs an encoder-decoder (labels go through its decoder), causal_lm a decoder-only model."""
-    task, name = recipe.model.task, recipe.model.name_or_path
+    task, name = recipe.model.task, recipe.model.model_name_or_path
     wants = TRAINING_TASKS[task].encoder_decoder
     model_type = config.model_type
     is_pair = bool(getattr(config, "is_encoder_decoder", False))
     mapping = _MAPPINGS.get(task)
     if wants is True and not (is_pair and (mapping is None or model_type in mapping)):
-        raise PosEncError(f"{recipe.source}: model.task: 'seq2seq' trains encoder-decoder models "
+        raise PosEncError(f"{recipe.source}: task: 'seq2seq' trains encoder-decoder models "
                           f"(AutoModelForSeq2SeqLM: t5, bart, marian, ...); {name!r} is a {model_type!r} model, "
-                          "which is not one; use model.task: causal_lm")
+                          "which is not one; use task: causal_lm")
     if wants is False and is_pair:
-        raise PosEncError(f"{recipe.source}: model.task: {task!r} trains decoder-only models; {name!r} is a "
-                          f"{model_type!r} encoder-decoder model: use model.task: seq2seq")
+        raise PosEncError(f"{recipe.source}: task: {task!r} trains decoder-only models; {name!r} is a "
+                          f"{model_type!r} encoder-decoder model: use task: seq2seq")
