@@ -39,8 +39,8 @@ def _dataset(key: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 class Lengthgen(Suite):
     name = "lengthgen"
-    help = "repeat / copy / reverse / sort of Kazemnejad et al. 2023, exact match by input length (lengthgen:sort,repeat for some; copy and reverse are suites of their own too, so "
-            "name them lengthgen:copy,lengthgen:reverse)"
+    help = ("repeat / copy / reverse / sort of Kazemnejad et al. 2023, exact match by input length (lengthgen:sort,"
+            "repeat for some; copy and reverse are suites of their own too: write lengthgen:copy,lengthgen:reverse)")
     Settings = LengthgenSettings
     metrics = {f"{PREFIX}{task}": Metric(("exact_match",), "symbols", "exact_match",
                                          task=("text-generation", f"Length generalisation ({task})"),
