@@ -57,6 +57,7 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     (["--train-lengths", "1-10", "--test-lengths", "5-20"], "test lengths must all be longer"),
     (["--arms", "learned", "--positions", "8"], "--positions 8: the learned arm's table cannot hold"),
     (["--train-lengths", "1-x"], "--train-lengths must be integers"),
+    (["--steps", "0"], "--steps must be at least 1"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, argv, match):
     import run

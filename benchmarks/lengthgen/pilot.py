@@ -52,16 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=FULL.batch_size)
     p.add_argument("--every", type=int, default=250)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-lengths", type=int, default=max(FULL.train_lengths), help="train on lengths 1..N")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    s = dataclasses.replace(FULL, lr=args.lr, steps=args.steps, batch_size=args.batch_size)
+    n = args.train_lengths
+    s = dataclasses.replace(FULL, lr=args.lr, steps=args.steps, batch_size=args.batch_size,
+                            train_lengths=tuple(range(1, n + 1)), test_lengths=tuple(range(n + 1, 2 * n + 1)))
     tokenizer = build_tokenizer()
     splits = tasks.split(args.task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
                          test=s.test_per_length, seed=args.seed)
     model = init_model(arms(s.width)[args.arm], s, tokenizer, args.seed)
     probe = Probe(model, tokenizer, splits["iid"], args.every)
     train(model, splits["train"], s, tokenizer, args.seed, HERE / "work" / "pilot", callbacks=(probe,))
-    print(json.dumps({"task": args.task, "arm": args.arm, "lr": args.lr, "batch_size": args.batch_size,
+    print(json.dumps({"task": args.task, "arm": args.arm, "lr": args.lr, "batch_size": args.batch_size, "train_lengths": n,
                       "steps": args.steps, "curve": probe.curve}))
     return 0
 

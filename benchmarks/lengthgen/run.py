@@ -55,6 +55,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", help="seeds of every arm given (default: 3 for the first tier, 1 for the second)")
     p.add_argument("--train-lengths", help="input lengths trained on, e.g. 1-20")
     p.add_argument("--test-lengths", help="input lengths scored past training, e.g. 21-40")
+    p.add_argument("--steps", type=int, help="training steps of every run (default: the settings')")
+    p.add_argument("--lr", type=float, help="peak learning rate of every run (default: the settings')")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the settings')")
     p.add_argument("--positions", type=int, help="rows of the learned table (default: the longest test sequence)")
     p.add_argument("--workers", type=int, default=1, help="runs at once, one thread each (2 on 2 cores)")
     p.add_argument("--out", default=str(HERE / "results"), help="results and runs/ (new, empty, or this study's)")
@@ -73,8 +76,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
             except ValueError:
                 raise PosEncError(f"--{flag.replace('_', '-')} must be integers like 1-20 or 1,2,5, "
                                   f"got {getattr(args, flag)!r}") from None
-    if args.positions is not None:
-        changes["positions"] = args.positions
+    for flag in ("positions", "steps", "lr", "batch_size"):
+        if getattr(args, flag) is not None:
+            changes[flag] = getattr(args, flag)
     return dataclasses.replace(s, **changes)
 
 
@@ -90,6 +94,11 @@ def plan(args: argparse.Namespace, s: Settings, table: dict[str, Arm]) -> list[t
         raise PosEncError(f"--workers must be at least 1, got {args.workers}")
     if s.positions < 0 or (s.positions and s.positions < 2):
         raise PosEncError(f"--positions must be a positive number of positions, got {s.positions}")
+    for flag, value in (("steps", s.steps), ("batch-size", s.batch_size)):
+        if value < 1:
+            raise PosEncError(f"--{flag} must be at least 1, got {value}")
+    if not 0 < s.lr < 1:
+        raise PosEncError(f"--lr must be in (0, 1), got {s.lr}")
     for name in names:
         if table[name].table and s.longest(s.train_lengths) > s.table:
             raise PosEncError(f"--positions {s.table}: the {name} arm's table cannot hold its training sequences "
