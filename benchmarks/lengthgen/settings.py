@@ -1,5 +1,5 @@
-"""The study's budget: one tiny decoder, data, optimiser and step count for every arm (set by the pilot, see
-README.md), and the smoke budget the test runs."""
+"""The study's budget: one tiny decoder, data, optimiser and step count for every arm and task (set by the pilot,
+see README.md: `pilot.json`), and the smoke budget the test runs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ class Settings:
     layers: int = 2
     width: int = 64
     heads: int = 4
-    steps: int = 1500
-    batch_size: int = 32
+    steps: int = 1500  # the pilot (README.md): rope reached 0.945 on copy at 1000 steps, nope 0.73 at 1500 (lengths <= 10)
+    batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.01
