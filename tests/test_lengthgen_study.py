@@ -19,9 +19,9 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     import run
 
     out = tmp_path / "study"
-    start = time.perf_counter()
+    start = time.process_time()
     assert run.main(["--smoke", "--arms", "nope,learned", "--out", str(out)]) == 0
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start  # CPU time (one process, one thread): wall time depends on the load
     saved = json.loads((out / "results.json").read_text())
     s = run.SMOKE
     assert sorted((r["arm"], r["task"], r["seed"]) for r in saved["runs"]) == [
@@ -37,11 +37,14 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     assert saved["settings"]["gate"] == 0.95 and saved["settings"]["steps"] == s.steps
     table = (out / "results.md").read_text()
     assert "### repeat" in table and "### Runs that failed the in-distribution gate" in table
-    assert "MRR (Kazemnejad et al.)" in table and "| NoPE | nope |" in table
     failed = [r for r in saved["runs"] if not r["gate"]]
+    # the smoke budget fits learned (its table) on both tasks and not nope: the ranking reads counted runs only
+    assert len(failed) < len(saved["runs"]), "no smoke run passed the gate: the ranking is not exercised"
+    assert "### MRR over the paper's five schemes" in table and "### MRR over every arm (repeat, copy)" in table
+    assert "| learned | 1.00 |" in table  # the one arm with counted runs ranks first on both tasks
     assert all(f"{r['arm']} / {r['task']} / seed {r['seed']}" in table for r in failed)
     assert (out / "results.png").stat().st_size > 1000
-    assert seconds < 60, f"the smoke study took {seconds:.0f} s"
+    assert seconds < 60, f"the smoke study took {seconds:.0f} s of CPU"
     # a rerun keeps the finished runs (resumable after a kill: each run is its own file) and adds what is new
     before = (out / "runs" / "nope-copy-seed0.json").stat().st_mtime_ns
     (out / "runs" / "learned-copy-seed0.json").unlink()  # as if killed before this run finished

@@ -38,13 +38,15 @@ def ood_score(mine: list[Run]) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def ranking_table(runs: list[Run], arms: list[str], tasks: list[str]) -> dict[str, float]:
-    """MRR over the tasks (one split each) of these arms; an arm with no counted run on a task ranks last there."""
+def ranking_table(runs: list[Run], arms: list[str], tasks: list[str]) -> tuple[dict[str, float], list[str]]:
+    """MRR of these arms over the tasks (one split each) where at least one of them has a counted run, and those
+    tasks; an arm with no counted run on such a task ranks last there. ({}, []) when no task has one."""
     table = {}
     for task in tasks:
         scores = {arm: ood_score(counted(runs, arm, task)) for arm in arms}
-        table[task] = {arm: -1.0 if v is None else v for arm, v in scores.items()}
-    return mrr(table)
+        if any(v is not None for v in scores.values()):
+            table[task] = {arm: -1.0 if v is None else v for arm, v in scores.items()}
+    return (mrr(table), list(table)) if table else ({}, [])
 
 
 def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
@@ -69,9 +71,14 @@ def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
     return lines
 
 
+def ordered(runs: list[Run], settings: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The arms and tasks that ran, in the settings' order (arms.py's, settings.py's)."""
+    return ([a for a in settings["arms"] if any(r["arm"] == a for r in runs)],
+            [t for t in settings["tasks"] if any(r["task"] == t for r in runs)])
+
+
 def summary(runs: list[Run], settings: dict[str, Any]) -> str:
-    arms = list(dict.fromkeys(r["arm"] for r in runs))
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
+    arms, tasks = ordered(runs, settings)
     lines = [f"Exact match of tiny decoders trained on input lengths {min(settings['train_lengths'])}–"
              f"{max(settings['train_lengths'])} and scored on {min(settings['test_lengths'])}–"
              f"{max(settings['test_lengths'])}; a run counts only at ≥ {settings['gate']:.0%} in distribution.", ""]
@@ -82,9 +89,13 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     lines += [f"- {r['arm']} / {r['task']} / seed {r['seed']}: {r['iid']['exact_match']:.3f} in distribution"
               for r in failed] or ["none"]
     ours = [a for a in PAPER_ARMS.values() if a in arms]
-    if ours:
-        ranked = ranking_table(runs, ours, tasks)
-        lines += ["", f"### MRR over the paper's five schemes ({len(tasks)} task splits here; theirs: 17)", "",
+    ranked, splits = ranking_table(runs, ours, tasks)
+    if not ranked:
+        lines += ["", "### MRR over the paper's five schemes", "", "no counted run of theirs "
+                  f"({', '.join(ours) or 'none of their arms ran'}): no ranking"]
+    else:
+        lines += ["", f"### MRR over the paper's five schemes ({len(splits)} task splits with a counted run here: "
+                      f"{', '.join(splits)}; theirs: 17)", "",
                   "| scheme | arm | MRR here | MRR (Kazemnejad et al.) | repeat OOD here | repeat OOD (theirs) |",
                   "|---|---|---|---|---|---|"]
         for theirs, arm in PAPER_ARMS.items():
@@ -92,17 +103,16 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
                 repeat = ood_score(counted(runs, arm, "repeat"))
                 lines.append(f"| {theirs} | {arm} | {ranked[arm]:.2f} | {PAPER['mrr_ood'][theirs]:.2f} | "
                              f"{'–' if repeat is None else f'{repeat:.2f}'} | {PAPER['repeat_ood'][theirs]:.2f} |")
-    every = ranking_table(runs, arms, tasks)
-    lines += ["", "### MRR over every arm", "", "| arm | MRR |", "|---|---|"]
-    lines += [f"| {arm} | {value:.2f} |" for arm, value in every.items()]
+    every, splits = ranking_table(runs, arms, tasks)
+    lines += ["", f"### MRR over every arm ({', '.join(splits) or 'no task has a counted run: no ranking'})", ""]
+    lines += ["| arm | MRR |", "|---|---|", *(f"| {arm} | {value:.2f} |" for arm, value in every.items())] if every else []
     lines += ["", f"The paper's numbers: {PAPER['source']}."]
     return "\n".join(lines) + "\n"
 
 
-def draw(runs: list[Run], out: Path) -> None:
+def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
     """One panel per task: pooled out-of-distribution exact match by length per arm, shaded 95% intervals."""
-    tasks = list(dict.fromkeys(r["task"] for r in runs))
-    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    arms, tasks = ordered(runs, settings)
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):

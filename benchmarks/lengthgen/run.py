@@ -166,7 +166,7 @@ def write(out: Path, s: Settings, table: dict[str, Arm], plots_too: bool) -> lis
     if runs:
         (out / "results.md").write_text(report.summary(runs, settings))
         if plots_too:
-            report.draw(runs, out)
+            report.draw(runs, settings, out)
     return runs
 
 

@@ -39,5 +39,5 @@ class Settings:
 
 FULL = Settings()
 SMOKE = Settings(tasks=("repeat", "copy"), train_lengths=(1, 2, 3, 4), test_lengths=(5, 6), layers=1, width=32,
-                 heads=2, steps=30, batch_size=16, warmup=3, train_examples=400, iid_per_length=4, test_per_length=4,
+                 heads=2, steps=150, lr=1e-2, batch_size=16, warmup=3, train_examples=400, iid_per_length=4, test_per_length=4,
                  seeds=(0,), seeds_tier2=())
