@@ -120,7 +120,7 @@ def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
             curve = pooled_curve(counted(runs, arm, task))
             if curve:
                 xs = list(curve)
-                ax.plot(xs, [curve[n][0] for n in xs], "o-", ms=2, color=f"C{i % 10}",
+                ax.plot(xs, [curve[n][0] for n in xs], marker="o", ms=2, color=f"C{i % 10}",
                         ls="-" if i < 10 else "--", label=arm)
                 ax.fill_between(xs, [curve[n][1] for n in xs], [curve[n][2] for n in xs], color=f"C{i % 10}",
                                 alpha=0.12)
