@@ -46,13 +46,14 @@ ASK = "delete it yourself if you no longer need it, or choose a new folder"
 KINDS: dict[str, str] = {
     "patch": "model", "save_pretrained": "model", "train": "run", "demo": "demo", "eval": "results",
     "eval --compare": "comparison", "inspect": "inspection", "push --dry-run": "staged repo",
-    "recipes copy": "recipe copy",
+    "recipes copy": "recipe copy", "lengthgen study": "study",
 }
 # each kind, as a refusal names it
 KIND_NAMES: dict[str, str] = {
     "model": "a model", "run": "a training run (model and checkpoints)", "demo": "a demo (models and results)",
     "results": "evaluation results", "comparison": "a comparison of results", "inspection": "inspection plots",
     "staged repo": "a staged Hub repo (a model)", "recipe copy": "a recipe copy",
+    "study": "a study's results (benchmarks/lengthgen)",
 }
 # kinds whose folders hold model weights or checkpoints: never replaced by any other kind
 HOLDS_MODEL = frozenset({"model", "run", "demo", "staged repo"})

@@ -1,0 +1,133 @@
+"""results.md and results.png of the study: per task, exact match by length (runs that passed the in-distribution
+gate, pooled over seeds, with 95% Wilson intervals), the runs that failed the gate, and the MRR ranking beside
+Kazemnejad et al.'s numbers (`hf_posenc.evaluation.lengthgen.ranking`)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hf_posenc import plots
+from hf_posenc.evaluation.lengthgen.ranking import PAPER, PAPER_ARMS, mrr
+from hf_posenc.stats import wilson
+
+Run = dict[str, Any]
+
+
+def counted(runs: list[Run], arm: str, task: str) -> list[Run]:
+    """The runs of (arm, task) that passed the gate: the only ones the tables and ranking read."""
+    return [r for r in runs if r["arm"] == arm and r["task"] == task and r["gate"]]
+
+
+def pooled_curve(mine: list[Run]) -> dict[int, tuple[float, float, float]]:
+    """length -> (exact match, low, high) over the runs' examples pooled (the seeds' hits and n added)."""
+    hits: dict[int, list[int]] = {}
+    for r in mine:
+        for n, c in r["ood_by_length"].items():
+            if "n" in c:
+                got = hits.setdefault(int(n), [0, 0])
+                got[0] += round(c["exact_match"] * c["n"])
+                got[1] += c["n"]
+    return {n: (h / total, *wilson(h, total)) for n, (h, total) in sorted(hits.items())}
+
+
+def ood_score(mine: list[Run]) -> float | None:
+    """Mean over the counted seeds of the pooled out-of-distribution exact match (None: no counted run)."""
+    values = [r["ood"]["exact_match"] for r in mine if r["ood"]]
+    return statistics.mean(values) if values else None
+
+
+def ranking_table(runs: list[Run], arms: list[str], tasks: list[str]) -> tuple[dict[str, float], list[str]]:
+    """MRR of these arms over the tasks (one split each) where at least one of them has a counted run, and those
+    tasks; an arm with no counted run on such a task ranks last there. ({}, []) when no task has one."""
+    table = {}
+    for task in tasks:
+        scores = {arm: ood_score(counted(runs, arm, task)) for arm in arms}
+        if any(v is not None for v in scores.values()):
+            table[task] = {arm: -1.0 if v is None else v for arm, v in scores.items()}
+    return (mrr(table), list(table)) if table else ({}, [])
+
+
+def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
+    lines = [f"### {task}", "", "| arm | runs counted / run | in-distribution (mean) | out of distribution (pooled, "
+             "95% CI) | shortest test length | longest test length |", "|---|---|---|---|---|---|"]
+    for arm in arms:
+        every = [r for r in runs if r["arm"] == arm and r["task"] == task]
+        if not every:
+            continue
+        mine = counted(runs, arm, task)
+        curve = pooled_curve(mine)
+        iid = statistics.mean(r["iid"]["exact_match"] for r in every)
+        if curve:
+            hits = sum(round(r["ood"]["exact_match"] * r["ood"]["n"]) for r in mine if r["ood"])
+            n = sum(r["ood"]["n"] for r in mine if r["ood"])
+            low, high = wilson(hits, n)
+            first, last = curve[min(curve)], curve[max(curve)]
+            cells = [f"{hits / n:.2f} [{low:.2f}, {high:.2f}] (n={n})", f"{first[0]:.2f}", f"{last[0]:.2f}"]
+        else:
+            cells = ["no run passed the gate", "–", "–"]
+        lines.append(f"| {arm} | {len(mine)} / {len(every)} | {iid:.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ordered(runs: list[Run], settings: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The arms and tasks that ran, in the settings' order (arms.py's, settings.py's)."""
+    return ([a for a in settings["arms"] if any(r["arm"] == a for r in runs)],
+            [t for t in settings["tasks"] if any(r["task"] == t for r in runs)])
+
+
+def summary(runs: list[Run], settings: dict[str, Any]) -> str:
+    arms, tasks = ordered(runs, settings)
+    lines = [f"Exact match of tiny decoders trained on input lengths {min(settings['train_lengths'])}–"
+             f"{max(settings['train_lengths'])} and scored on {min(settings['test_lengths'])}–"
+             f"{max(settings['test_lengths'])}; a run counts only at ≥ {settings['gate']:.0%} in distribution.", ""]
+    for task in tasks:
+        lines += task_table(runs, arms, task) + [""]
+    failed = [r for r in runs if not r["gate"]]
+    lines += ["### Runs that failed the in-distribution gate", ""]
+    lines += [f"- {r['arm']} / {r['task']} / seed {r['seed']}: {r['iid']['exact_match']:.3f} in distribution"
+              for r in failed] or ["none"]
+    ours = [a for a in PAPER_ARMS.values() if a in arms]
+    ranked, splits = ranking_table(runs, ours, tasks)
+    if not ranked:
+        lines += ["", "### MRR over the paper's five schemes", "", "no counted run of theirs "
+                  f"({', '.join(ours) or 'none of their arms ran'}): no ranking"]
+    else:
+        lines += ["", f"### MRR over the paper's five schemes ({len(splits)} task splits with a counted run here: "
+                      f"{', '.join(splits)}; theirs: 17)", "",
+                  "| scheme | arm | MRR here | MRR (Kazemnejad et al.) | repeat OOD here | repeat OOD (theirs) |",
+                  "|---|---|---|---|---|---|"]
+        for theirs, arm in PAPER_ARMS.items():
+            if arm in ranked:
+                repeat = ood_score(counted(runs, arm, "repeat"))
+                lines.append(f"| {theirs} | {arm} | {ranked[arm]:.2f} | {PAPER['mrr_ood'][theirs]:.2f} | "
+                             f"{'–' if repeat is None else f'{repeat:.2f}'} | {PAPER['repeat_ood'][theirs]:.2f} |")
+    every, splits = ranking_table(runs, arms, tasks)
+    lines += ["", f"### MRR over every arm ({', '.join(splits) or 'no task has a counted run: no ranking'})", ""]
+    lines += ["| arm | MRR |", "|---|---|", *(f"| {arm} | {value:.2f} |" for arm, value in every.items())] if every else []
+    lines += ["", f"The paper's numbers: {PAPER['source']}."]
+    return "\n".join(lines) + "\n"
+
+
+def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
+    """One panel per task: pooled out-of-distribution exact match by length per arm, shaded 95% intervals."""
+    arms, tasks = ordered(runs, settings)
+    plt = plots.pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for i, arm in enumerate(arms):
+            curve = pooled_curve(counted(runs, arm, task))
+            if curve:
+                xs = list(curve)
+                ax.plot(xs, [curve[n][0] for n in xs], marker="o", ms=2, color=f"C{i % 10}",
+                        ls="-" if i < 10 else "--", label=arm)
+                ax.fill_between(xs, [curve[n][1] for n in xs], [curve[n][2] for n in xs], color=f"C{i % 10}",
+                                alpha=0.12)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no run passed the gate", ha="center", transform=ax.transAxes)
+        ax.set(title=task, xlabel="input length (symbols)", ylabel="exact match", ylim=(-0.02, 1.02))
+    if any(ax.lines for ax in axes[0]):
+        axes[0][-1].legend(*next(ax for ax in axes[0][::-1] if ax.lines).get_legend_handles_labels(), fontsize=6,
+                           ncol=2)
+    plots.save(fig, out / "results.png")

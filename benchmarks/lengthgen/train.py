@@ -1,0 +1,94 @@
+"""One run of the study: a random tiny decoder with one arm's positions, trained with transformers' `Trainer` on
+one task's short instances (loss on the answer only), then scored by exact match in distribution (the gate) and
+on every longer length (`hf_posenc.evaluation.lengthgen`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+import transformers
+from arms import Arm
+from settings import Settings
+
+import hf_posenc as hp
+from hf_posenc.evaluation.lengthgen import scoring, tasks
+from hf_posenc.evaluation.lengthgen.tasks import Example
+
+IGNORE = -100  # labels transformers' loss skips: the prompt's tokens
+
+
+def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int) -> transformers.PreTrainedModel:
+    """The study's decoder (GPT-2 shape, no dropout) with the arm's positions patched in; the same weights
+    draw for every arm of a seed up to what the scheme adds."""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=s.table, n_embd=s.width, n_layer=s.layers,
+                                     n_head=s.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                     pad_token_id=tokenizer.pad_token_id)
+    model = transformers.GPT2LMHeadModel(config)
+    if arm.scheme is not None:
+        hp.patch(model, arm.scheme, **arm.options)
+    return model
+
+
+def encoded(examples: list[Example], tokenizer: Any) -> datasets.Dataset:
+    """Token ids of prompt + answer, labels only on the answer (what the model must produce)."""
+    rows = {"input_ids": [], "labels": []}
+    for e in examples:
+        prompt, full = tokenizer(e.prompt)["input_ids"], tokenizer(e.prompt + e.target)["input_ids"]
+        rows["input_ids"].append(full)
+        rows["labels"].append([IGNORE] * len(prompt) + full[len(prompt):])
+    return datasets.Dataset.from_dict(rows)
+
+
+def train(model: transformers.PreTrainedModel, examples: list[Example], s: Settings, tokenizer: Any, seed: int,
+          work: Path, callbacks: tuple[transformers.TrainerCallback, ...] = ()) -> float:
+    """`s.steps` AdamW steps of `s.batch_size` examples (linear warm-up, cosine decay); returns the last logged loss.
+    `callbacks`: the pilot's probe of the in-distribution exact match while it trains."""
+    args = transformers.TrainingArguments(
+        output_dir=str(work), max_steps=s.steps, per_device_train_batch_size=s.batch_size, learning_rate=s.lr,
+        warmup_steps=s.warmup, weight_decay=s.weight_decay, lr_scheduler_type="cosine", seed=seed,
+        data_seed=seed, save_strategy="no", report_to=[], logging_steps=max(1, s.steps // 10), disable_tqdm=True,
+        use_cpu=True, dataloader_num_workers=0)
+    collator = transformers.DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=encoded(examples, tokenizer),
+                                   data_collator=collator, callbacks=list(callbacks))
+    trainer.train()
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return float(logged[-1]) if logged else float("nan")
+
+
+def score(model: Any, tokenizer: Any, examples: list[Example], table: int | None) -> dict[str, Any]:
+    """Exact match by length (string keys, as results.json stores them); lengths whose sequences do not fit a
+    learned table of `table` positions are recorded as skipped."""
+    fits = [e for e in examples if table is None or 2 * e.length + 2 <= table]
+    cells: dict[str, Any] = {str(n): c for n, c in scoring.score(model, tokenizer, fits, batch_size=64).items()} \
+        if fits else {}
+    for n in sorted({e.length for e in examples} - {e.length for e in fits}):
+        cells[str(n)] = {"skipped": f"{2 * n + 2} tokens are past the learned table of {table} positions"}
+    return cells
+
+
+def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: Any, work: Path) -> dict[str, Any]:
+    """Train and score one (arm, task, seed): the run's record for results.json."""
+    splits = tasks.split(task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
+                         test=s.test_per_length, seed=seed)
+    model = init_model(arm, s, tokenizer, seed)
+    t0 = time.perf_counter()
+    loss = train(model, splits["train"], s, tokenizer, seed, work)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    table = s.table if arm.table else None
+    iid_cells = score(model, tokenizer, splits["iid"], table)
+    iid = scoring.pooled(iid_cells)
+    ood_cells = score(model, tokenizer, splits["ood"], table)
+    scored = {int(n): c for n, c in ood_cells.items() if "n" in c}
+    return {"arm": name, "seed": seed, "task": task, "iid": iid, "iid_by_length": iid_cells,
+            "ood": scoring.pooled(scored) if scored else None, "ood_by_length": ood_cells,
+            "gate": iid["exact_match"] >= s.gate, "train_loss": loss, "train_seconds": round(seconds, 1),
+            "score_seconds": round(time.perf_counter() - t0 - seconds, 1),
+            "params": sum(p.numel() for p in model.parameters())}

@@ -1,0 +1,79 @@
+"""benchmarks/lengthgen: the length-generalisation study's pipeline on the smoke budget, and its refusals of bad
+input before any training (nothing written)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+from test_train import REPO
+
+from hf_posenc.errors import PosEncError
+
+sys.path.insert(0, str(REPO / "benchmarks" / "lengthgen"))
+
+
+def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_path):
+    import run
+
+    out = tmp_path / "study"
+    start = time.process_time()
+    assert run.main(["--smoke", "--arms", "nope,learned", "--out", str(out)]) == 0
+    seconds = time.process_time() - start  # CPU time (one process, one thread): wall time depends on the load
+    saved = json.loads((out / "results.json").read_text())
+    s = run.SMOKE
+    assert sorted((r["arm"], r["task"], r["seed"]) for r in saved["runs"]) == [
+        ("learned", "copy", 0), ("learned", "repeat", 0), ("nope", "copy", 0), ("nope", "repeat", 0)]
+    for r in saved["runs"]:
+        assert set(r["ood_by_length"]) == {str(n) for n in s.test_lengths}
+        assert set(r["iid_by_length"]) == {str(n) for n in s.train_lengths}
+        assert r["iid"]["n"] == s.iid_per_length * len(s.train_lengths)
+        assert r["gate"] == (r["iid"]["exact_match"] >= s.gate)  # failed gates are kept, marked
+        cell = r["ood_by_length"][str(s.test_lengths[-1])]
+        assert cell["n"] == s.test_per_length and 0 <= cell["low"] <= cell["exact_match"] <= cell["high"] <= 1
+        assert r["train_seconds"] > 0 and r["params"] > 0
+    assert saved["settings"]["gate"] == 0.95 and saved["settings"]["steps"] == s.steps
+    table = (out / "results.md").read_text()
+    assert "### repeat" in table and "### Runs that failed the in-distribution gate" in table
+    failed = [r for r in saved["runs"] if not r["gate"]]
+    # the smoke budget fits learned (its table) on both tasks and not nope: the ranking reads counted runs only
+    assert len(failed) < len(saved["runs"]), "no smoke run passed the gate: the ranking is not exercised"
+    assert "### MRR over the paper's five schemes" in table and "### MRR over every arm (repeat, copy)" in table
+    assert "| learned | 1.00 |" in table  # the one arm with counted runs ranks first on both tasks
+    assert all(f"{r['arm']} / {r['task']} / seed {r['seed']}" in table for r in failed)
+    assert (out / "results.png").stat().st_size > 1000
+    assert seconds < 60, f"the smoke study took {seconds:.0f} s of CPU"
+    # a rerun keeps the finished runs (resumable after a kill: each run is its own file) and adds what is new
+    before = (out / "runs" / "nope-copy-seed0.json").stat().st_mtime_ns
+    (out / "runs" / "learned-copy-seed0.json").unlink()  # as if killed before this run finished
+    assert run.main(["--smoke", "--arms", "nope,learned", "--out", str(out)]) == 0
+    assert (out / "runs" / "nope-copy-seed0.json").stat().st_mtime_ns == before
+    again = json.loads((out / "results.json").read_text())["runs"]
+    assert len(again) == 4 and {r["arm"] for r in again} == {"nope", "learned"}
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--tasks", "add"], "unknown length-generalisation task 'add'"),
+    (["--arms", "rope,bogus"], "unknown arm.*bogus"),
+    (["--train-lengths", "1-10", "--test-lengths", "5-20"], "test lengths must all be longer"),
+    (["--arms", "learned", "--positions", "8"], "--positions 8: the learned arm's table cannot hold"),
+    (["--train-lengths", "1-x"], "--train-lengths must be integers"),
+    (["--steps", "0"], "--steps must be at least 1"),
+])
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, argv, match):
+    import run
+
+    with pytest.raises(PosEncError, match=match):
+        run.main(["--smoke", *argv, "--out", str(tmp_path / "new")])
+    assert not (tmp_path / "new").exists()
+
+
+def test_out_over_a_folder_the_study_did_not_write_is_refused(tmp_path):
+    import run
+
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(PosEncError, match="not a folder this study wrote"):
+        run.main(["--smoke", "--arms", "nope", "--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
