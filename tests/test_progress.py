@@ -59,8 +59,8 @@ def recipe(tmp_path_factory) -> Path:
 def test_train_draws_bars_with_estimates_in_a_zero_column_terminal(recipe):
     code, out = in_terminal([str(BIN / "hf-posenc"), "train", str(recipe), "--output_dir", "run-tty"], recipe.parent)
     assert code == 0, out[-2000:]
-    assert {"train", "held-out evaluation: the swapped model before step 1 (starting point)",
-            "held-out evaluation: after training"} <= bars(out), out[-2000:]
+    assert {"train", "held-out: swapped, before step 1 (start)",
+            "held-out: after training"} <= bars(out), out[-2000:]
     assert "4/4 [" in out and not WARNED.search(out), out[-2000:]
 
 
@@ -78,5 +78,5 @@ def test_the_demo_shows_every_long_piece_of_work(tmp_path):
     code, out = in_terminal([str(BIN / "hf-posenc"), "demo", "--model", str(assets["model"]), "--steps", "3",
                              "--lengths", "128", "--out", "demo"], tmp_path)
     assert code == 0, out[-2000:]
-    assert {"train", "held-out evaluation: after training", "perplexity @ 128"} <= bars(out), out[-3000:]
+    assert {"train", "held-out: after training", "perplexity @ 128"} <= bars(out), out[-3000:]
     assert not WARNED.search(out), out[-3000:]

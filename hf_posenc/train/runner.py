@@ -137,7 +137,7 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
         callback.restore(saved)
         original = json.loads((out / RUN_FILE).read_text()).get("original")
     elif recipe.posenc.eval_original and recipe.posenc.scheme and task.original:
-        original = evaluate(before_swap.to(trainer.accelerator.device), "the model before the swap (reference)")
+        original = evaluate(before_swap.to(trainer.accelerator.device), "before the swap (reference)")
     del before_swap
     if joined.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def evaluator(accelerator: Any, loader: Any, recipe: Recipe, data: inputs.Prepar
         model.eval()
         gathered: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad(), accelerator.autocast():
-            for batch in bar(loader, desc=f"held-out evaluation: {why}", unit="batch", show=accelerator.is_main_process):
+            for batch in bar(loader, desc=f"held-out: {why}", unit="batch", show=accelerator.is_main_process):
                 for name, values in task.scores(model, batch).items():
                     gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
             scores = {name: torch.cat(values) for name, values in gathered.items()}

@@ -90,7 +90,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.want_before and self.before is None:  # the prepared model: sharded under FSDP like the student
-            self.before = self.evaluate(self.trainer.model_wrapped, "the swapped model before step 1 (starting point)")
+            self.before = self.evaluate(self.trainer.model_wrapped, "swapped, before step 1 (start)")
             if self.every:
                 self.curve.append(curve.point(0, 0, 0.0, 0.0, self.before, self.seq_len))
         self.meter = curve.Clock(*self.clock)
@@ -99,7 +99,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.every and state.global_step % self.every == 0:
             self.meter.pause()
-            metrics = self.evaluate(self.trainer.model_wrapped, f"recovery curve at step {state.global_step}")
+            metrics = self.evaluate(self.trainer.model_wrapped, f"curve at step {state.global_step}")
             measured = self.snapshot()
             self.curve.append(curve.point(state.global_step, sum(measured["tokens"]), *measured["clock"], metrics,
                                           self.seq_len))
