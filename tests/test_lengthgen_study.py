@@ -12,11 +12,28 @@ from test_train import REPO
 
 from hf_posenc.errors import PosEncError
 
-sys.path.insert(0, str(REPO / "benchmarks" / "lengthgen"))
+# benchmarks/study has modules of the same names (run, settings, arms): a worker that ran tests/test_study.py
+# first would answer `import run` with the text study's, so each test imports the study's own and puts back
+# whatever was there.
+SIBLINGS = ("run", "settings", "arms", "train", "report", "pilot")
 
 
-def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_path):
-    import run
+@pytest.fixture
+def run():
+    saved = {name: sys.modules.pop(name) for name in SIBLINGS if name in sys.modules}
+    sys.path.insert(0, str(REPO / "benchmarks" / "lengthgen"))
+    try:
+        import run as study
+
+        yield study
+    finally:
+        sys.path.remove(str(REPO / "benchmarks" / "lengthgen"))
+        for name in SIBLINGS:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+
+
+def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_path, run):
 
     out = tmp_path / "study"
     start = time.process_time()
@@ -62,16 +79,14 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     (["--train-lengths", "1-x"], "--train-lengths must be integers"),
     (["--steps", "0"], "--steps must be at least 1"),
 ])
-def test_bad_input_is_refused_before_anything_is_written(tmp_path, argv, match):
-    import run
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, argv, match, run):
 
     with pytest.raises(PosEncError, match=match):
         run.main(["--smoke", *argv, "--out", str(tmp_path / "new")])
     assert not (tmp_path / "new").exists()
 
 
-def test_out_over_a_folder_the_study_did_not_write_is_refused(tmp_path):
-    import run
+def test_out_over_a_folder_the_study_did_not_write_is_refused(tmp_path, run):
 
     (tmp_path / "mine.txt").write_text("keep me")
     with pytest.raises(PosEncError, match="not a folder this study wrote"):
