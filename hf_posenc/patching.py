@@ -2,7 +2,7 @@
 -> install (`hf_posenc.sites`) -> record (`hf_posenc.recording`), one pass down.
 
 Every change a patch makes is recorded with its undo (`hf_posenc.state`), on the instance only (no
-transformers class or module global is touched). Everything that can be checked against the model is
+transformers class or module global is touched; torch.compile is made to guard on module hooks, `compat.guard_hooks`). Everything that can be checked against the model is
 checked before the first change; if an install still fails, the previous patch's same objects go back.
 """
 
@@ -80,6 +80,7 @@ def _install(model: nn.Module, planned: Plan) -> nn.Module:
         delattr(model, STATE_ATTR)
     shared = own_config(model)
     state = PatchState(planned.config)
+    compat.guard_hooks()
     try:
         sites.install(model, planned.stacks, state)
         record(model, planned, state)

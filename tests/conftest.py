@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from pathlib import Path
+from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -86,6 +90,28 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
 @pytest.fixture
 def make_tiny():
     return tiny_model
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@contextlib.contextmanager
+def benchmark_scripts(folder: str) -> Iterator[None]:
+    """Import `benchmarks/<folder>`'s scripts by their plain names (as they import each other), then put
+    sys.path and sys.modules back. benchmarks/study and benchmarks/lengthgen both have run, settings and arms,
+    and each run.py puts its own folder first on sys.path: without this, a worker's `import run` answered with
+    whichever study a previous test had imported."""
+    names = {script.stem for script in BENCHMARKS.glob("*/*.py")}
+    saved_path = list(sys.path)
+    saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    sys.path.insert(0, str(BENCHMARKS / folder))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -215,6 +215,47 @@ def test_torch_compile_fullgraph_matches(arch, label):
     torch.testing.assert_close(compiled(x).logits, expected, atol=1e-5, rtol=1e-4)
 
 
+def compiled_scores(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy scores of `generate` plain and with a static cache, whose decoding forward generate compiles
+    (as it does by itself on CUDA; backend eager: the graph dynamo keeps is what is tested, not a kernel)."""
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True  # transformers' switch for compiling off CUDA
+    greedy = dict(do_sample=False, max_new_tokens=4, pad_token_id=0, eos_token_id=None, output_scores=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        plain = model.generate(x, **greedy).scores
+        compiled = model.generate(x, cache_implementation="static", compile_config=compile_config, **greedy).scores
+    return torch.stack(plain), torch.stack(compiled)
+
+
+@pytest.mark.parametrize("arch,label", [("llama", "nope-l1"), ("llama", "alibi"), ("gpt2", "alibi-l1")])
+def test_a_graph_compiled_before_the_patch_is_not_replayed_for_it(arch, label):
+    """dynamo skips guards on module hooks by default, so a graph compiled for the stock model was replayed
+    for a patched one of the same class (on CUDA, nope on Llama's layer 1 decoded with the stock rotation):
+    a patch turns those guards on. Here as in a fresh process: the stock model compiled first, then a patched
+    one, the same model patched after its compile, and unpatched again."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):  # torch's default, as a process starts
+        torch._dynamo.reset()
+        compiled_before_and_after_patches(arch, label)
+
+
+def compiled_before_and_after_patches(arch: str, label: str) -> None:
+    x = ids(length=8)
+    stock = tiny_model(arch)
+    plain, compiled = compiled_scores(stock, x)
+    torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
+    for model in (patched(arch, label), hp.patch(stock, scheme_of(label), **SCHEMES[label])):
+        plain, compiled = compiled_scores(model, x)
+        torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
+    unpatched_plain, unpatched_compiled = compiled_scores(hp.unpatch(stock), x)
+    assert not torch.allclose(unpatched_plain, plain, atol=1e-3)  # the patch changed what the model decodes
+    torch.testing.assert_close(unpatched_compiled, unpatched_plain, atol=1e-5, rtol=1e-4)
+
+
 def test_reload_a_checkpoint_with_head_as_a_bare_base_model(tmp_path):
     from transformers import GPT2Model
 

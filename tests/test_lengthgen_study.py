@@ -4,33 +4,19 @@ input before any training (nothing written)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
-from test_train import REPO
+from conftest import benchmark_scripts
 
 from hf_posenc.errors import PosEncError
 
-# benchmarks/study has modules of the same names (run, settings, arms): a worker that ran tests/test_study.py
-# first would answer `import run` with the text study's, so each test imports the study's own and puts back
-# whatever was there.
-SIBLINGS = ("run", "settings", "arms", "train", "report", "pilot")
-
-
 @pytest.fixture
 def run():
-    saved = {name: sys.modules.pop(name) for name in SIBLINGS if name in sys.modules}
-    sys.path.insert(0, str(REPO / "benchmarks" / "lengthgen"))
-    try:
+    with benchmark_scripts("lengthgen"):
         import run as study
 
         yield study
-    finally:
-        sys.path.remove(str(REPO / "benchmarks" / "lengthgen"))
-        for name in SIBLINGS:
-            sys.modules.pop(name, None)
-        sys.modules.update(saved)
 
 
 def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_path, run):

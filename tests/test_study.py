@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 
 import pytest
+from conftest import benchmark_scripts
 from test_train import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks" / "study"))
+
+
+@pytest.fixture(autouse=True)
+def study_scripts():
+    with benchmark_scripts("study"):
+        yield
 
 # the 30 runs of the first study, which docs/benchmarks/study.md discusses
 FIRST_ARMS = ("learned", "sinusoidal", "concat_d8", "concat_d4", "concat_wide", "untied", "rope", "alibi", "t5", "nope")
