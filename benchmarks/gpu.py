@@ -250,7 +250,9 @@ def markdown(data: dict[str, Any]) -> str:
         else:
             cells += ["–"] * 4
         lines.append("| " + " | ".join(cells + [note[:160].replace("|", "/")]) + " |")
-    return "\n".join(lines) + f"\n\n{data['seconds']} s; ratios are patched / stock on the same kernels and card.\n"
+    where = "a lent machine: nothing else ran on it" if data["device"] != "cpu" else "load not recorded"
+    return "\n".join(lines) + (f"\n\n{data['seconds']} s on {data['device']} ({where}); ratios are patched / stock on "
+                                "the same kernels and card.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
