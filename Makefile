@@ -18,7 +18,7 @@ MIN_VENV := .venv-min
 MIN_STAMP := $(MIN_VENV)/.installed
 MIN_TESTS := tests/test_version.py tests/test_invariants.py -m "not slow" -k "version or gpt2 or llama or bert"
 
-.PHONY: demo test test-fast test-min install clean
+.PHONY: demo test test-fast test-min test-transformers-full install clean
 
 # Each step says what it installs first; the two long ones (torch, the package's dependencies) show pip's progress.
 $(STAMP): pyproject.toml Makefile
@@ -67,6 +67,10 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-min
 	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-llamacpp
+
+# every cell of transformers' own suites (make test runs a sample of them: tests/transformers_suite/plan.py)
+test-transformers-full: $(STAMP)
+	HF_POSENC_SUITE_PLAN=full $(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 tests/test_transformers_suites.py
 
 test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) $(MIN_TESTS)

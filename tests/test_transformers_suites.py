@@ -23,13 +23,13 @@ pytestmark = pytest.mark.xdist_group("transformers_suites")
 
 JOBS = int(os.environ.get("HF_POSENC_SUITE_JOBS", "2"))  # workers of each inner run (0: in-process)
 RESULTS: dict[str, dict[str, Any]] = {}  # family -> its stock and patched runs, compared (once per session)
-CELLS = [(family, cell["label"]) for family in plan.FILES for cell in plan.cells(family)]
+CELLS = [(family, cell["label"]) for family in plan.FILES for cell in plan.planned(family)]
 
 
 def family_result(family: str) -> dict[str, Any]:
     """The family's runs, made by the first of its cells to ask; saved as out/transformers-suite/<family>.json."""
     if family not in RESULTS:
-        RESULTS[family] = run.run_family(family, jobs=JOBS)
+        RESULTS[family] = run.run_family(family, [cell["label"] for cell in plan.planned(family)], jobs=JOBS)
         (run.OUT / f"{family}.json").write_text(json.dumps(RESULTS[family], indent=1), encoding="utf-8")
     return RESULTS[family]
 
@@ -74,6 +74,11 @@ def test_the_plan_holds_every_scheme_each_family_supports() -> None:
             seq2seq = {name for key, names in classes.items() if key.startswith(f"{plan.TEST_CLASSES[family][0]}::")
                        for name in names}
             assert plan.ENCODER_ONLY[family] == set(anywhere) - seq2seq, family
+    every = {name for names in plan.SCHEMES.values() for name in names.split()}
+    for family in plan.FILES:  # the sample (make test): every family, with its layer map
+        assert {cell["label"] for cell in plan.sampled(family)} >= set(plan.EXTRA[family]), family
+    assert {name for family in plan.FILES for cell in plan.sampled(family) for name in plan.schemes_in(cell["patch"])
+            if cell["label"] not in plan.EXTRA[family]} == every  # and every scheme in some family's cell
 
 
 def test_expected_failures_name_only_documented_departures() -> None:
