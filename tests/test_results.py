@@ -8,6 +8,7 @@ import json
 import pytest
 from conftest import tiny_model
 from test_evaluation import char_tokenizer
+from test_train import REPO
 
 import hf_posenc as hp
 from hf_posenc import cli, data, evaluation, hub, results
@@ -129,3 +130,23 @@ def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [r["kind"] for r in saved["results"]] == ["eval", "train"]
     assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "length_generalization.png").is_file()
+
+
+def test_the_demo_prints_its_recovery_beside_the_spread_measured_over_seeds():
+    """The spread the demo prints is the committed measurement's (benchmarks/demo_recovery.py --seeds), and only for
+    the settings it was measured at."""
+    import argparse
+    import statistics
+
+    rows = [json.loads(line) for line in (REPO / "benchmarks" / "results" / "recovery" / "demo_variants.jsonl")
+            .read_text().splitlines()]
+    seeded = [row["demo2"] for row in rows if row["name"].startswith("demo recovery (128 x 2), seed ")]
+    assert len(seeded) == demo.SPREAD_SEEDS
+    for n, (mean, low, high) in demo.SPREAD.items():
+        values = [row[str(n)] for row in seeded]
+        assert (mean, low, high) == tuple(round(v, 2) for v in (statistics.mean(values), min(values), max(values)))
+    args = argparse.Namespace(model="smollm2", steps=128, recipe=demo.RECIPE, windows=2, target_tokens=64,
+                              lengths=[128, 512, 1024])
+    assert "over 3 other seeds (mean [min..max]): ppl @ 128 44.70 [33.34..51.19]" in demo._spread(args)
+    assert demo._spread(argparse.Namespace(**{**vars(args), "steps": 64})) is None
+    assert demo._spread(argparse.Namespace(**{**vars(args), "lengths": [256]})) is None
