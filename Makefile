@@ -63,10 +63,15 @@ PYTEST_JOBS = -n $(JOBS) --dist loadgroup --durations=25
 # 2-worker run both workers were seen running the same families at once (twice the work, ~40 min of a 75-min suite).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra $(PYTEST_JOBS) tests --ignore=tests/test_transformers_suites.py
+	$(MAKE) --no-print-directory -j2 test-after-main
+
+# After the main suite, two stages at a time: a vLLM engine keeps one core busy while the other stages fill the
+# other (one after another they took ~45 of CI's 90 minutes: vLLM's venv and engines alone ~25, on 2 cores).
+.PHONY: test-after-main test-suites
+test-after-main: test-vllm test-suites test-min test-llamacpp
+
+test-suites: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 tests/test_transformers_suites.py
-	$(MAKE) --no-print-directory test-min
-	$(MAKE) --no-print-directory test-vllm
-	$(MAKE) --no-print-directory test-llamacpp
 
 # every cell of transformers' own suites (make test runs a sample of them: tests/transformers_suite/plan.py)
 test-transformers-full: $(STAMP)
