@@ -14,9 +14,9 @@ from .versions import MIN_TRANSFORMERS, TESTED_RANGES, TESTED_THROUGH, check_tra
 
 from .attention import (attn_implementation, base_attention_function, base_mask_function, known_attention,
                         register_attention)
-from .compile import guard_hooks
 from .cache import (CACHE_NAMES, RECORD_ATTR, ROW_OPS, FollowRows, cache_in, cache_kwarg, cache_length, cache_out,
                     record_positions, recorded_positions, static_length, static_record, static_slots)
+from .compile import guard_hooks
 from .loading import (LOAD_LOGGER, LOAD_REPORTS, checkpoint_key_renamer, dense_gguf_kwargs, load_report_held,
                       log_load_report)
 from .rope import (ROPE_INIT_FUNCTIONS, ROPE_KEYS, rederive_rotary, rope_parameters, rotary_config, rotary_module_class,
@@ -26,7 +26,7 @@ from .wrappers import encoder_module, get_peft_model, running_module
 __all__ = ["CACHE_NAMES", "FollowRows", "LOAD_LOGGER", "LOAD_REPORTS", "MIN_TRANSFORMERS", "RECORD_ATTR",
            "ROPE_INIT_FUNCTIONS", "ROPE_KEYS", "ROW_OPS", "TESTED_RANGES", "TESTED_THROUGH", "attn_implementation",
            "base_attention_function", "base_mask_function", "cache_in", "cache_kwarg", "cache_length", "cache_out",
-           "check_transformers", "checkpoint_key_renamer", "guard_hooks", "dense_gguf_kwargs", "encoder_module", "get_peft_model",
-           "known_attention", "load_report_held", "log_load_report", "record_positions", "recorded_positions",
+           "check_transformers", "checkpoint_key_renamer", "dense_gguf_kwargs", "encoder_module", "get_peft_model",
+           "guard_hooks", "known_attention", "load_report_held", "log_load_report", "record_positions", "recorded_positions",
            "rederive_rotary", "register_attention", "rope_parameters", "rotary_config", "rotary_module_class",
            "running_module", "static_length", "static_record", "static_slots", "text_config", "with_head_dim", "within"]
