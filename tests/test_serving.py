@@ -232,7 +232,7 @@ def test_vllm_refuses_a_scheme_it_cannot_compute_by_name(served, cell):
 @needs_vllm
 def test_without_the_plugin_vllm_refuses_the_folder_by_its_architecture(served, tmp_path):
     folders, _, _ = served
-    folder = folders[cell_id(("llama", "alibi", {}))]
+    folder = folders[cell_id(("llama", "nope", {"layers": [1]}))]  # served in the sample and in the full run
     # VLLM_PLUGINS: the names of the plugins to load, hf-posenc's not among them. vLLM then looks for the
     # architecture in transformers and in the folder's remote code, whose class declines vLLM's Transformers backend
     results, _ = run_worker(tmp_path, [folder], VLLM_PLUGINS="none")
