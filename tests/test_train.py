@@ -457,3 +457,24 @@ def test_training_arguments_fields_reach_trainer_by_their_own_names(tmp_path, as
         k: v for k, v in recipe_dict(assets, tmp_path / "p", gradient_accumulation_steps=3).items()
         if k != "global_batch_size"}))
     assert _arguments(plain, tmp_path / "p", 2, cpu=True).gradient_accumulation_steps == 3  # Trainer's own way
+
+
+def test_a_run_of_the_loop_before_trainer_is_refused_for_resume_by_name(tmp_path, assets):
+    """A folder the pre-Trainer loop wrote (its run.json's recipe has sections; its checkpoints look like Trainer's
+    by name): --resume and --resume auto refuse it, saying why and what to do; --overwrite may replace it."""
+    out = tmp_path / "out"
+    (out / "checkpoints" / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoints" / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"step": 4}))
+    (out / "run.json").write_text(json.dumps({"recipe": {"model": {"name_or_path": str(assets["model"])},
+                                                         "data": {"dataset": "kjv"}, "training": {"max_steps": 8}}}))
+    folders.mark(out, "train")
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, out)))
+    for resume in (True, "auto"):
+        with pytest.raises(PosEncError, match="cannot resume .*written by the training loop hf-posenc had before "
+                                              "recipes ran on transformers' Trainer.*pass --overwrite"):
+            preflight(recipe, resume, False, 1)
+    assert preflight(recipe, False, True, 1)[1:] == (False, True)
+    (out / "run.json").write_text("{not json")
+    with pytest.raises(PosEncError, match="run.json: damaged .*--overwrite"):
+        preflight(recipe, True, False, 1)
+    assert (out / "checkpoints" / "checkpoint-4" / "trainer_state.json").is_file()  # nothing was removed

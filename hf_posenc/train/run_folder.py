@@ -67,6 +67,11 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
         return False, True
     if not resume:
         raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if _before_trainer(out):
+        raise PosEncError(f"{where}: cannot resume {str(out)!r}: its run and checkpoints were written by the training "
+                          "loop hf-posenc had before recipes ran on transformers' Trainer (a recipe of sections: "
+                          "model:, data:, training:), whose state Trainer cannot continue; pass --overwrite to start "
+                          "it again (the model saved there still loads)")
     if changed := _recipe_changes(out, recipe):
         raise PosEncError(f"{where}: cannot resume {str(out)!r}: the recipe changed in {', '.join(changed)}")
     return True, False
@@ -79,8 +84,25 @@ def input_paths(recipe: Recipe) -> dict[str, str | None]:
             "tokenizer_name_or_path": recipe.model.tokenizer_name_or_path, "dataset_name": data, "the recipe": recipe.source}
 
 
+def _saved_recipe(out: Path) -> dict[str, Any]:
+    """The recipe run.json recorded, or a PosEncError naming the damaged file."""
+    try:
+        saved = json.loads((out / RUN_FILE).read_text())["recipe"]
+    except (ValueError, KeyError, TypeError):
+        raise PosEncError(f"{out / RUN_FILE}: damaged (not the JSON of a run with its recipe); pass --overwrite to "
+                          "start the run again") from None
+    if not isinstance(saved, dict):
+        raise PosEncError(f"{out / RUN_FILE}: damaged (its recipe is not a mapping); pass --overwrite to start again")
+    return saved
+
+
+def _before_trainer(out: Path) -> bool:
+    """A run of the loop before Trainer: its recipe had sections, which no field of today's is."""
+    return any(isinstance(_saved_recipe(out).get(section), dict) for section in ("model", "data", "training"))
+
+
 def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
-    return _diff(json.loads((out / RUN_FILE).read_text())["recipe"], recipe.to_dict())
+    return _diff(_saved_recipe(out), recipe.to_dict())
 
 
 class Checked(NamedTuple):
