@@ -36,7 +36,7 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
         assert r["gate"] == (r["iid"]["exact_match"] >= s.gate)  # failed gates are kept, marked
         cell = r["ood_by_length"][str(s.test_lengths[-1])]
         assert cell["n"] == s.test_per_length and 0 <= cell["low"] <= cell["exact_match"] <= cell["high"] <= 1
-        assert r["train_seconds"] > 0 and r["params"] > 0
+        assert r["train_seconds"] > 0 and r["params"] > 0 and r["steps"] == s.steps_of(r["task"])
     assert saved["settings"]["gate"] == 0.95 and saved["settings"]["steps"] == s.steps
     table = (out / "results.md").read_text()
     assert "### repeat" in table and "### Runs that failed the in-distribution gate" in table
@@ -55,6 +55,13 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     assert (out / "runs" / "nope-copy-seed0.json").stat().st_mtime_ns == before
     again = json.loads((out / "results.json").read_text())["runs"]
     assert len(again) == 4 and {r["arm"] for r in again} == {"nope", "learned"}
+
+
+def test_a_run_file_of_the_full_budget_is_recognised_on_resume(run):
+    """The full budget's per-task steps (tuples) compare equal to what a run file holds (JSON lists): else a
+    rerun would train every finished run again."""
+    assert run.FULL.task_steps and json.loads(json.dumps(run.budget(run.FULL))) == run.budget(run.FULL)
+    assert [run.FULL.steps_of(t) for t in ("repeat", "copy")] == [dict(run.FULL.task_steps)["repeat"], run.FULL.steps]
 
 
 @pytest.mark.parametrize("argv, match", [

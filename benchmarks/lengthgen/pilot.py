@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                          test=s.test_per_length, seed=args.seed)
     model = init_model(arms(s.width)[args.arm], s, tokenizer, args.seed)
     probe = Probe(model, tokenizer, splits["iid"], args.every)
-    train(model, splits["train"], s, tokenizer, args.seed, HERE / "work" / "pilot", callbacks=(probe,))
+    train(model, splits["train"], s, tokenizer, args.seed, HERE / "work" / "pilot", args.steps, callbacks=(probe,))
     print(json.dumps({"task": args.task, "arm": args.arm, "lr": args.lr, "batch_size": args.batch_size, "train_lengths": n,
                       "steps": args.steps, "curve": probe.curve}))
     return 0

@@ -55,7 +55,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", help="seeds of every arm given (default: 3 for the first tier, 1 for the second)")
     p.add_argument("--train-lengths", help="input lengths trained on, e.g. 1-20")
     p.add_argument("--test-lengths", help="input lengths scored past training, e.g. 21-40")
-    p.add_argument("--steps", type=int, help="training steps of every run (default: the settings')")
+    p.add_argument("--steps", type=int, help="training steps of every run, whatever the task (default: the "
+                   "settings', per task)")
     p.add_argument("--lr", type=float, help="peak learning rate of every run (default: the settings')")
     p.add_argument("--batch-size", type=int, help="examples per step (default: the settings')")
     p.add_argument("--positions", type=int, help="rows of the learned table (default: the longest test sequence)")
@@ -79,6 +80,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
     for flag in ("positions", "steps", "lr", "batch_size"):
         if getattr(args, flag) is not None:
             changes[flag] = getattr(args, flag)
+    if args.steps is not None:  # every task then
+        changes["task_steps"] = ()
     return dataclasses.replace(s, **changes)
 
 
@@ -119,8 +122,8 @@ def check_out(out: Path) -> None:
 
 def budget(s: Settings) -> dict[str, Any]:
     """What makes runs comparable: every setting but which tasks and seeds run."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()
-            if k not in ("tasks", "seeds", "seeds_tier2")}
+    kept = {k: v for k, v in dataclasses.asdict(s).items() if k not in ("tasks", "seeds", "seeds_tier2")}
+    return json.loads(json.dumps(kept))  # as a run file holds it (tuples as lists), so the two compare equal
 
 
 def run_file(out: Path, name: str, task: str, seed: int) -> Path:

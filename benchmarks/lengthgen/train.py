@@ -26,7 +26,7 @@ def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int) -> transformers
     draw for every arm of a seed up to what the scheme adds."""
     torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=s.table, n_embd=s.width, n_layer=s.layers,
-                                     n_head=s.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     n_head=s.heads, activation_function=s.activation, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                                      pad_token_id=tokenizer.pad_token_id)
     model = transformers.GPT2LMHeadModel(config)
@@ -46,13 +46,13 @@ def encoded(examples: list[Example], tokenizer: Any) -> datasets.Dataset:
 
 
 def train(model: transformers.PreTrainedModel, examples: list[Example], s: Settings, tokenizer: Any, seed: int,
-          work: Path, callbacks: tuple[transformers.TrainerCallback, ...] = ()) -> float:
-    """`s.steps` AdamW steps of `s.batch_size` examples (linear warm-up, cosine decay); returns the last logged loss.
+          work: Path, steps: int, callbacks: tuple[transformers.TrainerCallback, ...] = ()) -> float:
+    """`steps` AdamW steps of `s.batch_size` examples (linear warm-up, cosine decay); returns the last logged loss.
     `callbacks`: the pilot's probe of the in-distribution exact match while it trains."""
     args = transformers.TrainingArguments(
-        output_dir=str(work), max_steps=s.steps, per_device_train_batch_size=s.batch_size, learning_rate=s.lr,
+        output_dir=str(work), max_steps=steps, per_device_train_batch_size=s.batch_size, learning_rate=s.lr,
         warmup_steps=s.warmup, weight_decay=s.weight_decay, lr_scheduler_type="cosine", seed=seed,
-        data_seed=seed, save_strategy="no", report_to=[], logging_steps=max(1, s.steps // 10), disable_tqdm=True,
+        data_seed=seed, save_strategy="no", report_to=[], logging_steps=max(1, steps // 10), disable_tqdm=True,
         use_cpu=True, dataloader_num_workers=0)
     collator = transformers.DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=encoded(examples, tokenizer),
@@ -79,7 +79,7 @@ def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: A
                          test=s.test_per_length, seed=seed)
     model = init_model(arm, s, tokenizer, seed)
     t0 = time.perf_counter()
-    loss = train(model, splits["train"], s, tokenizer, seed, work)
+    loss = train(model, splits["train"], s, tokenizer, seed, work, s.steps_of(task))
     seconds = time.perf_counter() - t0
     model.eval()
     table = s.table if arm.table else None
@@ -89,6 +89,6 @@ def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: A
     scored = {int(n): c for n, c in ood_cells.items() if "n" in c}
     return {"arm": name, "seed": seed, "task": task, "iid": iid, "iid_by_length": iid_cells,
             "ood": scoring.pooled(scored) if scored else None, "ood_by_length": ood_cells,
-            "gate": iid["exact_match"] >= s.gate, "train_loss": loss, "train_seconds": round(seconds, 1),
+            "gate": iid["exact_match"] >= s.gate, "steps": s.steps_of(task), "train_loss": loss, "train_seconds": round(seconds, 1),
             "score_seconds": round(time.perf_counter() - t0 - seconds, 1),
             "params": sum(p.numel() for p in model.parameters())}
