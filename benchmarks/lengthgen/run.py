@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     folders.mark(out, COMMAND)
     done = {(r["arm"], r["task"], r["seed"]) for r in finished(out, budget(s))}
-    todo = [t for t in todo if t not in done]
+    todo = sorted((t for t in todo if t not in done), key=lambda t: t[2])  # seed 0 of every arm first
     print(f"lengthgen study: {len(todo)} run(s) to do, {len(done)} kept, {args.workers} worker(s)", flush=True)
     from tqdm.auto import tqdm
 
