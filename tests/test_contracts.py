@@ -217,6 +217,23 @@ def test_built_on_meta_and_initialised_the_concat_split_comes_from_the_initialis
     assert meta.eval()(ids()).logits.isfinite().all()
 
 
+def test_concat_on_a_vocabulary_smaller_than_the_width_still_adds_positions():
+    """A task model of a few symbols (vocabulary 12 < width 64, as the length-generalisation study's): the SVD of its
+    embeddings has 12 directions only; the position basis is still `d_pos` wide, orthogonal to the token basis. It
+    was empty, so the code added nothing: one repeated token then gives the same output at every position (a
+    causal average of equal values), as with no positions at all."""
+    config = transformers.GPT2Config(vocab_size=12, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                                     initializer_range=0.2)
+    torch.manual_seed(0)
+    model = hp.patch(transformers.GPT2LMHeadModel(config).eval(), "concat", d_pos=16)
+    (split,) = [m for m in model.modules() if hasattr(m, "token_basis")]
+    assert split.position_basis.shape == (64, 16) and split.token_basis.shape == (64, 48)
+    both = torch.cat([split.token_basis, split.position_basis], dim=1).float()
+    torch.testing.assert_close(both.T @ both, torch.eye(64), atol=1e-5, rtol=0)
+    logits = model(torch.full((1, 8), 5)).logits[0]
+    assert (logits[1:] - logits[0]).abs().amax() > 1e-2  # the positions tell the copies of one token apart
+
+
 ROTARY = ("llama", "mistral", "qwen2", "qwen3")  # models that rotate, with `rope_parameters` in their config
 SCALINGS = ({"rope_type": "linear", "factor": 10.0}, {"rope_type": "dynamic", "factor": 10.0},
             {"rope_type": "yarn", "factor": 10.0})

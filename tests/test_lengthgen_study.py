@@ -37,6 +37,13 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
         cell = r["ood_by_length"][str(s.test_lengths[-1])]
         assert cell["n"] == s.test_per_length and 0 <= cell["low"] <= cell["exact_match"] <= cell["high"] <= 1
         assert r["train_seconds"] > 0 and r["params"] > 0 and r["steps"] == s.steps_of(r["task"])
+        if r["arm"] == "learned":  # positions added to the tokens: their geometry and layer 0's four terms
+            shares = r["geometry"]["four_terms"]
+            assert 0 < r["geometry"]["position_energy_in_token_subspace"] <= 1
+            assert set(shares) == {"content-content", "content-position", "position-content", "position-position"}
+            assert all(0 <= v <= 1 for v in shares.values()) and shares["position-position"] > 0
+        else:
+            assert r["geometry"] is None
     assert saved["settings"]["gate"] == 0.95 and saved["settings"]["steps"] == s.steps
     table = (out / "results.md").read_text()
     assert "### repeat" in table and "### Runs that failed the in-distribution gate" in table

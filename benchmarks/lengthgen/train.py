@@ -15,6 +15,7 @@ from arms import Arm
 from settings import Settings
 
 import hf_posenc as hp
+from hf_posenc import analysis
 from hf_posenc.evaluation.lengthgen import scoring, tasks
 from hf_posenc.evaluation.lengthgen.tasks import Example
 
@@ -87,8 +88,12 @@ def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: A
     iid = scoring.pooled(iid_cells)
     ood_cells = score(model, tokenizer, splits["ood"], table)
     scored = {int(n): c for n, c in ood_cells.items() if "n" in c}
+    longest = max(splits["iid"], key=lambda e: e.length)  # a held-out sequence of the longest trained length
+    ids = torch.tensor(tokenizer(longest.prompt + longest.target)["input_ids"])
+    # positions added to the tokens: where they sit against the token subspace, and layer 0's four terms
+    geometry = analysis.added_positions(model, ids, len(ids)) if arm.added else None
     return {"arm": name, "seed": seed, "task": task, "iid": iid, "iid_by_length": iid_cells,
             "ood": scoring.pooled(scored) if scored else None, "ood_by_length": ood_cells,
             "gate": iid["exact_match"] >= s.gate, "steps": s.steps_of(task), "train_loss": loss, "train_seconds": round(seconds, 1),
             "score_seconds": round(time.perf_counter() - t0 - seconds, 1),
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in model.parameters()), "geometry": geometry}

@@ -37,14 +37,7 @@ def length_metrics(model: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, s:
 def geometry(model: torch.nn.Module, ids: torch.Tensor, seq_len: int) -> dict[str, Any]:
     """Energy share and principal angles of the position subspace in the token subspace (vs random
     subspaces), and the layer-0 four-term shares (softmax-relevant, mean over heads) on held-out text."""
-    positions = analysis.position_vectors(model, seq_len)
-    geo = analysis.subspace_geometry(analysis.token_vectors(model), positions)
-    terms = analysis.four_terms(model, ids[None, :seq_len]).summary()["softmax_share"]
-    return {"position_energy_in_token_subspace": geo["position_energy_in_token_subspace"],
-            "random_energy": geo["random"]["position_energy_in_token_subspace"]["mean"],
-            "angles_median_deg": geo["angles"]["median"],
-            "random_angles_median_deg": geo["random"]["angles"]["median"]["mean"],
-            "four_terms": {term: sum(terms[term]) / len(terms[term]) for term in analysis.TERMS}}
+    return analysis.added_positions(model, ids[None, :seq_len], seq_len)
 
 
 def encoding(model: torch.nn.Module, seq_len: int) -> dict[str, Any]:

@@ -33,12 +33,13 @@ from .positions import (
     qk_modules,
     token_vectors,
 )
-from .report import inspect_model
+from .report import added_positions, inspect_model
 
 __all__ = [
     "BIAS_TERMS",
     "TERMS",
     "FourTerms",
+    "added_positions",
     "alibi_slopes",
     "check_length",
     "encoding_by_distance",

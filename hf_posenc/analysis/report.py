@@ -113,3 +113,17 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return value
+
+
+def added_positions(model: nn.Module, input_ids: Tensor, length: int) -> dict[str, Any]:
+    """The seed's question on a model that adds position vectors, in numbers a table can hold: the energy share
+    and median principal angle of its first `length` position vectors in the token subspace (beside random
+    subspaces of the same size), and layer 0's four attention terms (softmax-relevant shares, mean over heads) on
+    `input_ids` (one sequence)."""
+    geo = subspace_geometry(token_vectors(model), position_vectors(model, length))
+    terms = four_terms(model, input_ids[None, :length] if input_ids.ndim == 1 else input_ids).summary()["softmax_share"]
+    return {"position_energy_in_token_subspace": geo["position_energy_in_token_subspace"],
+            "random_energy": geo["random"]["position_energy_in_token_subspace"]["mean"],
+            "angles_median_deg": geo["angles"]["median"],
+            "random_angles_median_deg": geo["random"]["angles"]["median"]["mean"],
+            "four_terms": {term: sum(terms[term]) / len(terms[term]) for term in TERMS}}

@@ -76,8 +76,12 @@ class ConcatPositions(EmbeddingDerived):
 
 def embedding_split(embeddings: torch.Tensor, d_pos: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Orthonormal token and position bases from the SVD of the (V, d) embedding matrix, and the share
-    of the embeddings' energy the token basis keeps."""
+    of the embeddings' energy the token basis keeps. With fewer tokens than dimensions (a task model's vocabulary of
+    a few symbols) the SVD has only V directions: the rest of the space, where the embeddings have no energy, is
+    added after them, so the position basis still has its `d_pos` dimensions."""
     _, singular, vh = torch.linalg.svd(embeddings.float(), full_matrices=False)
+    if vh.shape[0] < vh.shape[1]:  # the complement of the V directions: the last rows of a full SVD of them
+        vh = torch.cat([vh, torch.linalg.svd(vh, full_matrices=True).Vh[vh.shape[0]:]])
     keep = embeddings.shape[1] - d_pos
     energy = singular.pow(2)
     return vh[:keep].T.contiguous(), vh[keep:].T.contiguous(), float(energy[:keep].sum() / energy.sum())
