@@ -92,22 +92,27 @@ class Adapter:
     native_slot: bool = False  # a per-layer entry's view: the position slot keeps the model's own positions
 
     def facts(self, model: nn.Module) -> ModelFacts:
-        config = compat.text_config(model.config)
+        # what needs no config first, then the config's (one pass over each)
         base = model.base_model
-        heads = config.num_attention_heads
-        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
-            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
-            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
-        head_dim = quirks.head_dim(config) or config.hidden_size // heads
-        ids_offset = self.ids_offset(config)
         slot = get_module(base, self.position_slot) if self.position_slot else None
         # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
         # axial factors (a ParameterList), which no table-reading scheme takes
         table = next((t for t in (getattr(slot, "weight", None), getattr(slot, "weights", None))
                       if isinstance(t, torch.Tensor)), None)
         embeddings = model.get_input_embeddings().weight
-        rope = compat.rope_parameters(config) if self.rotary else None
         buckets = get_module(base, self.bias_table).weight if self.bias_table else None
+        values = [_values(t) if t is not None else None for t in (table, embeddings, buckets)]
+        position_offset = self.position_offset(model.config)
+        ids_offset = 0 if self.slot_adds_offset else position_offset
+        config = compat.text_config(model.config)
+        rope = compat.rope_parameters(config) if self.rotary else None
+        heads = config.num_attention_heads
+        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
+            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
+            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
+        # quirks.head_dim, read as data: the config's own field, else hidden_size / heads
+        head_dim = getattr(config, quirks.HEAD_DIM_FIELDS.get(getattr(config, "model_type", ""), "head_dim"), None) \
+            or config.hidden_size // heads
         if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
             rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
         return ModelFacts(
@@ -121,12 +126,12 @@ class Adapter:
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.alibi_scale,
-            position_table=_values(table) if table is not None else None,
-            position_offset=self.position_offset(config),
+            position_table=values[0],
+            position_offset=position_offset,
             ids_offset=ids_offset,
-            bias_table=_values(buckets) if buckets is not None else None,
+            bias_table=values[2],
             bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias_table else None,
-            token_embeddings=_values(embeddings),
+            token_embeddings=values[1],
             dtype=embeddings.dtype,
             device=embeddings.device,
         )

@@ -1,5 +1,6 @@
 """The generic decoder adapter: for a model type without a hand-written adapter, an `Adapter` built
-from what `discover` reads off the instance (or off a meta-device model built from its config).
+from what `discover` reads off a stock instance (`hf_posenc.view` picks it: the model, or a meta-device model
+built from its config).
 
 What the site installers cannot do for this model yet becomes a named gap (`Adapter.gaps`), so a
 scheme that would need it is refused with the reason; a model whose positions cannot all be placed
@@ -18,30 +19,19 @@ from torch import nn
 from ..errors import PosEncError
 from .base import Adapter, QKTap
 from .discover import OUTSIDE, Structure, discover
-from .meta import ConfigCache, meta_model
 from .quirks import ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, TRAINED_LENGTHS
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
 NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
 
-# discovery runs once per model
-CACHE: ConfigCache[Adapter] = ConfigCache()
-
-
-def generic_adapter(model_or_config: Any) -> Adapter:
-    """The adapter for a model (or config) whose model_type has no hand-written adapter.
+def generic_adapter(model: nn.Module) -> Adapter:
+    """The adapter of a stock model whose model_type has no hand-written adapter, read off the model (which
+    model that is, and the cache, are `hf_posenc.view.read`'s).
 
     Raises PosEncError naming what is missing when positions enter the model somewhere it cannot place.
     """
-    config = getattr(model_or_config, "config", model_or_config)
-    if (cached := CACHE.get(config)) is not None:
-        return cached
-    model = model_or_config if isinstance(model_or_config, nn.Module) else None
-    if model is None or getattr(config, "posenc", None) is not None:
-        # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
-        model = meta_model(config, type(model) if model is not None else None)
-    return CACHE.put(config, adapter_from(discover(model)))
+    return adapter_from(discover(model))
 
 
 def adapter_from(s: Structure) -> Adapter:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..attention import Positions
-from ..schemes.base import built
+from ..schemes.building import built
 from .base import LayerLoop, PatchHook, remove_native_positions
 from .entry import Entry, rotary_off
 

@@ -2,7 +2,7 @@
 
 An entry is everything one install reads, so no installer looks anywhere else for it: the scheme, its config
 with every option resolved, the adapter as this entry sees the model (a per-layer entry's view sees only its
-layers) and the stock facts of the model or stack it goes into.
+layers), the stock facts of the model or stack it goes into, and what the plan found the scheme sets of them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class Entry:
     config: PosEncConfig
     adapter: Adapter
     facts: ModelFacts
+    max_positions: int | None = None  # the `max_position_embeddings` the scheme sets (None: the model's own stays)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,10 +24,9 @@ from .. import compat
 from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
-from ..schemes.base import place
+from ..schemes.building import place
 from .base import LayerLoop, PatchHook
 from .entry import Entry
-from .model import install as install_model
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
 from .table import why_not as why_not_site
 
@@ -147,14 +146,18 @@ class LayerRole(PatchHook):
         return args, kwargs
 
 
-def install(model: nn.Module, adapter: Adapter, entries: Sequence[Entry], state: PatchState) -> None:
-    """Install every entry through its view, then one `LayerRole` per attention module."""
+def site_for(entry: Entry, adapter: Adapter) -> Any:
+    """The installer of one entry of a per-layer map (`adapter`: the stack's): a q/k entry's rotation on a natively
+    rotating model, else None (the scheme's own site, through the entry's view)."""
+    return rotation_installer(adapter) if rotates_natively(entry, adapter) else None
+
+
+def assign_roles(model: nn.Module, adapter: Adapter, entries: Sequence[Entry]) -> None:
+    """Once every entry is installed through its view: one `LayerRole` per attention module."""
     rotations: dict[int, str] = {}
-    for entry in entries:
-        site = rotation_installer(adapter) if rotates_natively(entry, adapter) else None
-        install_model(model, entry, state, site)
-        if adapter.rotary is not None:
-            kwarg = ROTARY_KWARG + entry.adapter.tag if site else IDENTITY
+    if adapter.rotary is not None:
+        for entry in entries:
+            kwarg = ROTARY_KWARG + entry.adapter.tag if rotates_natively(entry, adapter) else IDENTITY
             rotations.update(dict.fromkeys(entry.config.layers, kwarg))
     positioned = {i for e in entries if e.spec.site in POSENC_ATTENTION for i in e.config.layers}
     blocks = list(adapter.attention_blocks(model))

@@ -18,7 +18,8 @@ from .. import compat
 from ..adapters.base import PACKED_SPLITS, QKTap
 from ..attention import Positions
 from ..errors import PosEncError
-from ..schemes.base import ModelFacts, Scheme, place
+from ..schemes.base import ModelFacts, Scheme
+from ..schemes.building import place
 from ..schemes.rope import native_partial, native_theta
 from ..schemes.rotary import rotate
 from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
