@@ -24,7 +24,7 @@ from .registry import SCHEMES
 from .schemes.base import ModelFacts, Scheme
 from .sites import Entry, Stack, why_not_stacks
 from .sites import layers as layer_site
-from .view import ModelView, StockStack, planned, read, stock
+from .view import StockStack, planned, read, stock
 
 
 UNASKED = object()  # a question the view holds no answer to yet
@@ -84,8 +84,8 @@ def _per_layer(stacks: tuple[StockStack, ...], patch: PosEncConfig | LayerMap, n
 def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | LayerMap, name: str,
                    facts: ModelFacts) -> tuple[Entry, ...]:
     """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
-    blocks = len(model.base_model.get_submodule(adapter.layers))
-    attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
+    blocks, attention_layers = len(model.base_model.get_submodule(adapter.blocks.layers)), adapter.blocks.attention_layers
+    attending = list(attention_layers if attention_layers is not None else range(blocks))
     covered, configs = set(patch.layers), patch.entries
     if bad := sorted(covered - set(attending)):
         raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
@@ -94,16 +94,18 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     specs = [SCHEMES[entry.scheme] for entry in configs]
     views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
     for tag, (entry, spec) in enumerate(zip(configs, specs)):
-        views.append(layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag))
-        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all)) is not None:
+        views.append(layer_site.view(adapter, entry.layers, owns=covers_all and not tag))
+        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all,
+                                         keeps_slot=not (covers_all and not tag))) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
     if (reason := layer_site.why_not_map(specs)) is not None:
         raise PosEncError(reason)
     entries = []
-    for entry, spec, view in zip(configs, specs, views):
+    for tag, (entry, spec, view) in enumerate(zip(configs, specs, views)):
         resolved, length = _resolve(spec, entry, facts)
-        entries.append(Entry(spec, resolved, view, facts, length))
+        entries.append(Entry(spec, resolved, view, facts, length, tag=str(tag) if tag else "",
+                             native_slot=not (covers_all and not tag)))
     return tuple(entries)
 
 

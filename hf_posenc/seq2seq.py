@@ -38,7 +38,7 @@ def self_attentions(stack: nn.Module) -> list[nn.Module]:
 
 def cross_attentions(stack: nn.Module, adapter: Adapter) -> list[nn.Module]:
     """Attention modules of the stack's blocks other than the self-attention (found by discovery's names)."""
-    blocks = get_module(stack, adapter.layers)
+    blocks = get_module(stack, adapter.blocks.layers)
     return [m for block in blocks for n, m in block.named_modules()
             if n and any(c == n.rsplit(".", 1)[-1] for c in CROSS)]
 

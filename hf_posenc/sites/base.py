@@ -24,9 +24,7 @@ from ..schemes.building import built
 from ..schemes.rotary import Rotary
 
 if TYPE_CHECKING:
-    from ..adapters.base import Adapter
     from ..state import PatchState
-    from ..schemes.base import ModelFacts
     from .entry import Entry
 
 
@@ -306,37 +304,38 @@ class PassModule:
         kwargs[self.kwarg] = owner.get_submodule(self.path)
 
 
-def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
-                            keep_slot: bool = False, keep_rotary: bool = False) -> None:
+def remove_native_positions(model: nn.Module, entry: Entry, state: PatchState, keep_slot: bool = False,
+                            keep_rotary: bool = False) -> None:
     """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
     (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias
     (or a zero bucket table, whose bias T5 computes once and shares down the stack)."""
-    for path, module in native_off(model, adapter, facts, state, keep_slot, keep_rotary):
+    for path, module in native_off(model, entry, state, keep_slot, keep_rotary):
         state.replace(model.base_model, path, module)
 
 
-def native_off(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState, keep_slot: bool = False,
+def native_off(model: nn.Module, entry: Entry, state: PatchState, keep_slot: bool = False,
                keep_rotary: bool = False) -> list[tuple[str, nn.Module]]:
     """`remove_native_positions` up to the modules that take the place of the model's own, built and returned by
     path from the base model for the caller to put in (`state.replace`) with its other changes; the native bias is
     switched off here (a recorded switch, or a hook on each block)."""
-    base = model.base_model
-    if adapter.native_bias_switch:
-        if not isinstance(getattr(base, adapter.native_bias_switch, None), bool):
-            raise PosEncError(f"{type(base).__name__} has no boolean `{adapter.native_bias_switch}` to switch its own "
-                              "position bias off")
-        state.set_attr(base, adapter.native_bias_switch, False)
-    elif adapter.native_bias:
+    base, adapter, facts = model.base_model, entry.adapter, entry.facts
+    bias, rotation = adapter.bias, adapter.rotation
+    if bias.switch:
+        if not isinstance(getattr(base, bias.switch, None), bool):
+            raise PosEncError(f"{type(base).__name__} has no boolean `{bias.switch}` to switch its own position bias "
+                              "off")
+        state.set_attr(base, bias.switch, False)
+    elif bias.argument:
         for block in adapter.attention_blocks(model):
-            block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
+            block.register_forward_pre_hook(ZeroBias(bias.argument), with_kwargs=True)
     found: list[tuple[str, nn.Module]] = []
-    if adapter.bias_table:
-        shape = tuple(base.get_submodule(adapter.bias_table).weight.shape)
-        found.append((adapter.bias_table, ZeroBuckets(shape, facts.dtype).to(facts.device)))
-    if adapter.position_slot and not keep_slot and not adapter.native_slot:
-        found.append((adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device)))
-    if adapter.rotary and not keep_rotary:
-        found.append((adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions)))
+    if bias.table:
+        shape = tuple(base.get_submodule(bias.table).weight.shape)
+        found.append((bias.table, ZeroBuckets(shape, facts.dtype).to(facts.device)))
+    if adapter.slot and not keep_slot and not entry.native_slot:
+        found.append((adapter.slot.path, ZeroPositions(facts.dtype).to(facts.device)))
+    if rotation and not keep_rotary:
+        found.append((rotation.module, Rotary(rotation.dim or facts.head_dim, {}, 0.0, facts.max_positions)))
     return found
 
 
@@ -347,7 +346,7 @@ def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Ent
     the model's own positions, what is read of the model, the scheme's module, then every change recorded."""
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = loop.posenc_attention = True
-    replaced = native_off(model, entry.adapter, entry.facts, state)
+    replaced = native_off(model, entry, state)
     attentions, path = entry.adapter.attention_modules(model), entry.adapter.at_loop(name)
     for attention in attentions:
         if not isinstance(getattr(attention, "config", None), PretrainedConfig):

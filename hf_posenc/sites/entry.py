@@ -25,6 +25,10 @@ class Entry:
     adapter: Adapter
     facts: ModelFacts
     max_positions: int | None = None  # the `max_position_embeddings` the scheme sets (None: the model's own stays)
+    # a per-layer map's entry (sites.layers): the suffix of the modules and private kwargs it adds, and whether the
+    # position slot keeps the model's own positions (for the layers outside the map)
+    tag: str = ""
+    native_slot: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +45,9 @@ class Stack:
 
 def slot_needs(adapter: Adapter) -> list[str]:
     """The mechanism every site but the input one needs on a model with a position slot it takes away."""
-    return ["slot"] if adapter.position_slot and not adapter.native_slot else []
+    return ["slot"] if adapter.slot else []
 
 
 def rotary_off(adapter: Adapter) -> list[str]:
     """The mechanism every site but q/k needs on a natively rotating model."""
-    return ["rotary_off"] if adapter.rotary else []
+    return ["rotary_off"] if adapter.rotation else []

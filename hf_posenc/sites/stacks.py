@@ -74,25 +74,27 @@ def install_entry(model: nn.Module, entry: Entry, state: PatchState, site: Calla
     `sites.layers`)."""
     adapter, spec, facts = entry.adapter, entry.spec, entry.facts
     base = model.base_model
-    owner = base.get_submodule(adapter.loop) if adapter.loop else base
+    blocks, slot = adapter.blocks, adapter.slot
+    owner = base.get_submodule(blocks.loop) if blocks.loop else base
     drops = model is not base and drops_position_ids(model, base)
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), facts.ids_offset,
-                     bool(adapter.position_slot) and not adapter.slot_hooked, adapter.token_type_ids,
-                     carry=adapter.from_loop(adapter.layers) if adapter.carry_kwargs else None)
-    if adapter.position_slot and adapter.slot_hooked and not adapter.native_slot:  # a kept slot takes its own call
-        loop.contributions.append(HandSlotIds(adapter.from_loop(adapter.position_slot), facts.position_offset))
+                     slot is not None and not slot.hooked, adapter.embeddings.token_type_ids,
+                     carry=adapter.from_loop(blocks.layers) if blocks.carry_kwargs else None)
+    if slot and slot.hooked and not entry.native_slot:  # a kept slot takes its own call
+        loop.contributions.append(HandSlotIds(adapter.from_loop(slot.path), facts.position_offset))
     state.undo.append(RemoveHooks(base, PatchHook))
     if entry.max_positions is not None:
-        state.set_attr(compat.text_config(model.config), adapter.positions_field, entry.max_positions + facts.ids_offset)
+        state.set_attr(compat.text_config(model.config), adapter.embeddings.positions_field,
+                       entry.max_positions + facts.ids_offset)
     (site or SITES[spec.site].install)(model, entry, state, loop)
     if loop.slot or loop.contributions or loop.key_positions:  # the layer loop has something to hand down
         owner.register_forward_pre_hook(loop, with_kwargs=True)
-        relay = RelayKwargs if adapter.relay_kwargs else CarryKwargs if adapter.carry_kwargs else None
+        relay = RelayKwargs if blocks.relay_kwargs else CarryKwargs if blocks.carry_kwargs else None
         for block in adapter.attention_blocks(model) if relay else ():
-            block.register_forward_pre_hook(relay(adapter.attention), with_kwargs=True)
+            block.register_forward_pre_hook(relay(blocks.attention), with_kwargs=True)
         if drops:
             state.undo.append(RemoveHooks(model, PatchHook))
-            model.register_forward_pre_hook(KeepPositionIds(adapter.loop), with_kwargs=True)
+            model.register_forward_pre_hook(KeepPositionIds(blocks.loop), with_kwargs=True)
     if loop.key_positions:
         owner.register_forward_hook(RecordPositions(), with_kwargs=True)
 

@@ -17,19 +17,20 @@ if TYPE_CHECKING:
 SITES: dict[str, ModuleType] = {"input": embedding, "qk": qk, "score": score, "attention": logits, "none": removal}
 
 
-def needs(adapter: Adapter, spec: Scheme) -> tuple[str, ...]:
+def needs(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> tuple[str, ...]:
     """What the site of `spec` must do to this model (keys of adapters.base.MECHANISMS): switching off a native
-    score bias first, then the site's own."""
-    native = ["native_bias"] if adapter.native_bias or adapter.bias_table else []
-    return tuple(native + SITES[spec.site].needs(adapter, spec))
+    score bias first, then the site's own (`keeps_slot`: a per-layer entry, whose layers leave the position slot to
+    the others, takes nothing away from it)."""
+    native = ["native_bias"] if adapter.bias.argument or adapter.bias.table else []
+    return tuple(native + [m for m in SITES[spec.site].needs(adapter, spec) if not (keeps_slot and m == "slot")])
 
 
-def why_not(adapter: Adapter, spec: Scheme) -> str | None:
+def why_not(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> str | None:
     """None if `spec` can be patched into the model `adapter` describes, else the reason: the first mechanism its
     site needs that the adapter names as a gap."""
     if spec.causal_only and not adapter.causal:
         return f"{spec.name!r} needs a causal model"
-    wanted = needs(adapter, spec)
+    wanted = needs(adapter, spec, keeps_slot)
     gap = next((f"{m}: {adapter.gaps[m]}" for m in wanted if m in adapter.gaps), None)
     return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in wanted and adapter.qk is None else None)
 
