@@ -134,6 +134,7 @@ def read(subject: Any, one_stack: bool = False) -> ModelView:
     """The view of `subject` (a model, or a transformers config read as its causal LM), or PosEncError naming what
     could not be placed. `one_stack`: a speech LM read whole, as one stack (what `catalog.adapter_for` answers)."""
     config = getattr(subject, "config", subject)
+    one_stack = one_stack and is_seq2seq(subject)  # a model of one stack reads alike either way: one discovery
     key = (type(subject) if isinstance(subject, nn.Module) else None, one_stack)
     if (cached := CACHE.get(config, key)) is not None:
         return cached
