@@ -28,21 +28,17 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Everything but the config, the error and the registry imports torch and transformers: only when first
-    used, so that `hf-posenc --help` and `hf-posenc list` start at once."""
+    used, so that `hf-posenc --help` and `hf-posenc list` start at once. Kept once found (each call of `hp.patch`
+    is then the function itself)."""
     if name in ("describe", "patch", "unpatch", "validate"):
-        from . import patching
-
-        return getattr(patching, name)
-    if name in ("list_architectures", "list_schemes", "supports"):
-        from . import catalog
-
-        return getattr(catalog, name)
-    if name == "export_gguf":
-        from .serving.gguf.export import export_gguf
-
-        return export_gguf
-    if name in ("from_pretrained", "load_tokenizer"):
-        from . import loading
-
-        return getattr(loading, name)
-    raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
+        from . import patching as module
+    elif name in ("list_architectures", "list_schemes", "supports"):
+        from . import catalog as module
+    elif name == "export_gguf":
+        from .serving.gguf import export as module
+    elif name in ("from_pretrained", "load_tokenizer"):
+        from . import loading as module
+    else:
+        raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
+    globals()[name] = value = getattr(module, name)
+    return value

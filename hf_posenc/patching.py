@@ -14,7 +14,7 @@ from torch import nn
 
 from . import compat, self_check, sites
 from .config import LayerMap, PosEncConfig, as_patch
-from .plan import Plan, plan
+from .plan import plan
 from .recording import record
 from .sites.qk import ROTARY_MODULE
 from .state import STATE_ATTR, PatchState, own_config
@@ -44,14 +44,7 @@ def patch(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, **opti
         **options: the scheme's options (e.g. `theta=1e4`, `factor=4.0`), and `layers=[...]`: the attention
             layers that take the scheme (the others keep the model's own positions).
     """
-    target = transformers_model(model)
-    check = self_check.wanted()  # past the newest transformers tested (hf_posenc.self_check)
-    config = as_patch(scheme, options)
-    planned = plan(target, config)  # a mistake is named before the self-check runs
-    if check:
-        for entry in config.entries:  # each scheme on every layer of a tiny model
-            self_check.ensure(target, entry.replace(layers=None), _patch_now, unpatch)
-    _install(target, planned)
+    _apply(transformers_model(model), scheme, options, check=True)
     return model
 
 
@@ -68,12 +61,21 @@ def release_check(model_class: type, model_type: str, config: PosEncConfig) -> s
 
 def _patch_now(model: nn.Module, config: PosEncConfig | LayerMap) -> nn.Module:
     """Plan and install `config` (what the self-check patches its tiny models with)."""
-    return _install(model, plan(model, config))
+    return _apply(model, config, {}, check=False)
 
 
-def _install(model: nn.Module, planned: Plan) -> nn.Module:
-    """Install and record a plan: one pass down. Take the previous patch off and install the new one into a fresh
-    state; if that fails, undo it and put the previous patch's same objects back (its trained modules, its hooks)."""
+def _apply(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, options: dict[str, Any],
+           check: bool) -> nn.Module:
+    """Normalise, plan, install, record: one pass down. `check`: run the self-check first where it is wanted (past
+    the newest transformers tested, `hf_posenc.self_check`). The install takes the previous patch off and installs
+    the new one into a fresh state; if that fails, it undoes it and puts the previous patch's same objects back (its
+    trained modules, its hooks)."""
+    check = check and self_check.wanted()
+    config = as_patch(scheme, options)
+    planned = plan(model, config)  # a mistake is named before the self-check runs
+    if check:
+        for entry in config.entries:  # each scheme on every layer of a tiny model
+            self_check.ensure(model, entry.replace(layers=None), _patch_now, unpatch)
     previous = getattr(model, STATE_ATTR, None)
     if previous is not None:
         previous.rollback()

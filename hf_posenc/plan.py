@@ -1,11 +1,11 @@
 """The plan of a patch: what `patch` will install where, found and checked before the first change.
 
-A plan is the model's attention stacks (an encoder-decoder has two, any other model one: itself), each an adapter
-with its entries (`sites.Entry`): a whole-model patch is one entry covering every layer, a per-layer map one entry
-per scheme. An entry carries its scheme, its options resolved against the stock model's facts (once), the view of
-the adapter it installs through, and those facts. `validate` is a plan and nothing more; `patch` installs one.
-A model or a transformers config is planned alike: a config's model is built on the meta device (an
-encoder-decoder config's with its two stacks).
+The model is read once (`hf_posenc.view`: its stacks, their adapters, their stock modules and facts); a plan is the
+stacks the patch goes into (an encoder-decoder has two, any other model one: itself), each an adapter with its
+entries (`sites.Entry`): a whole-model patch is one entry covering every layer, a per-layer map one entry per
+scheme. An entry carries its scheme, its options resolved against the stock model's facts (once), the view of the
+adapter it installs through, and those facts. `validate` is a plan and nothing more; `patch` installs one. A model
+or a transformers config is planned alike.
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ import torch
 from torch import nn
 
 from .adapters.base import Adapter
-from .adapters.meta import meta_model
-from .catalog import AttentionStack, get_scheme, model_type_of, stacks_of
+from .catalog import supported_schemes
 from .config import LayerMap, PosEncConfig, layer_patch
-from .errors import PosEncError
+from .errors import PosEncError, Unsupported
+from .registry import SCHEMES
 from .schemes.base import ModelFacts, Scheme
-from .sites import Entry, Stack
+from .sites import Entry, Stack, why_not_stacks
 from .sites import layers as layer_site
-from .state import STATE_ATTR
+from .view import StockStack, planned, read, stock
+
+
+UNASKED = object()  # a question the view holds no answer to yet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,44 +36,40 @@ class Plan:
 
     config: PosEncConfig | LayerMap
     stacks: tuple[Stack, ...]
-
-    @property
-    def native(self) -> str:
-        """The scheme the model was pretrained with (its first stack's), which `config.posenc` records."""
-        return self.stacks[0].adapter.native
+    native: str  # the scheme the model was pretrained with (its first stack's), which `config.posenc` records
 
 
 def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     """The plan of `patch` on `subject` (a model, or its transformers config), or PosEncError naming what is wrong;
-    changes nothing (a patched model is read as it was before its patch: the same objects taken off, put back)."""
-    if not isinstance(subject, nn.Module) and getattr(subject, "is_encoder_decoder", False):
-        subject = meta_model(subject, encoder_decoder=True)
-    state = getattr(subject, STATE_ATTR, None)
-    if state is not None:
-        state.rollback()
-    try:
-        name = repr(model_type_of(subject))
-        if patch.layers is not None:
-            return _per_layer(stacks_of(subject, patch), patch, name)
-        spec = get_scheme(patch.scheme)
-        return _whole(spec, stacks_of(subject, patch), patch)
-    finally:
-        if state is not None:
-            state.reapply()
+    changes nothing (a patched model is read as it was before its patch)."""
+    subject = planned(subject)
+    view = read(subject)
+    names = view.names(patch.stacks)
+    if patch.layers is not None:
+        return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
+    spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
+    if (reason := view.answers.get((spec, names), UNASKED)) is UNASKED:  # asked once per view
+        reason = why_not_stacks(view, spec, names)
+    if reason is not None:
+        supported = supported_schemes(subject)
+        what = f"{view.model_type!r}" if view.two_stacks else f"{view.model_type!r} models ({view.only().name} adapter)"
+        raise Unsupported(f"{what} cannot take scheme {spec.name!r} ({reason})"
+                          f"{'' if view.two_stacks else '; supported: ' + (', '.join(supported) or 'none')}",
+                          spec.name, reason, supported)
+    return _whole(spec, stock(subject, view, names), patch)
 
 
-def _whole(spec: Scheme, stacks: list[AttentionStack], patch: PosEncConfig) -> Plan:
+def _whole(spec: Scheme, stacks: tuple[StockStack, ...], patch: PosEncConfig) -> Plan:
     """One entry per stack, over every layer: an encoder-decoder's stacks take the same options, resolved against
     the first."""
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
-    resolved = resolve_options(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
-    planned = []
-    for stack in stacks:
-        planned.append(Stack(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts),)))
-    return Plan(resolved, tuple(planned))
+    resolved, length = _resolve(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
+    found = [Stack(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts, length),))
+             for stack in stacks]
+    return Plan(resolved, tuple(found), stacks[0].adapter.native)
 
 
-def _per_layer(stacks: list[AttentionStack], patch: PosEncConfig | LayerMap, name: str) -> Plan:
+def _per_layer(stacks: tuple[StockStack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
     """The entries of a per-layer patch in each stack: an encoder-decoder's stacks take the same."""
     planned = []
     for stack in stacks:
@@ -79,33 +78,34 @@ def _per_layer(stacks: list[AttentionStack], patch: PosEncConfig | LayerMap, nam
         planned.append(Stack(stack.name, stack.adapter, entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
-    return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned))
+    return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native)
 
 
 def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | LayerMap, name: str,
                    facts: ModelFacts) -> tuple[Entry, ...]:
     """The entries of a per-layer patch of one attention stack (`model`), each checked and resolved."""
-    blocks = len(model.base_model.get_submodule(adapter.layers))
-    attending = list(adapter.attention_layers if adapter.attention_layers is not None else range(blocks))
+    blocks, attention_layers = len(model.base_model.get_submodule(adapter.blocks.layers)), adapter.blocks.attention_layers
+    attending = list(attention_layers if attention_layers is not None else range(blocks))
     covered, configs = set(patch.layers), patch.entries
     if bad := sorted(covered - set(attending)):
         raise PosEncError(f"layers {bad} are not attention layers of this {name} model: it has {blocks} "
                           f"layers, attention layers {_span(attending)}")
     covers_all = covered == set(attending)
-    specs = []
-    for entry in configs:
-        specs.append(get_scheme(entry.scheme))
+    specs = [SCHEMES[entry.scheme] for entry in configs]
     views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
     for tag, (entry, spec) in enumerate(zip(configs, specs)):
-        views.append(layer_site.view(adapter, entry.layers, str(tag) if tag else "", covers_all and not tag))
-        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all)) is not None:
+        views.append(layer_site.view(adapter, entry.layers, owns=covers_all and not tag))
+        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all,
+                                         keeps_slot=not (covers_all and not tag))) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
     if (reason := layer_site.why_not_map(specs)) is not None:
         raise PosEncError(reason)
     entries = []
-    for entry, spec, view in zip(configs, specs, views):
-        entries.append(Entry(spec, resolve_options(spec, entry, facts), view, facts))
+    for tag, (entry, spec, view) in enumerate(zip(configs, specs, views)):
+        resolved, length = _resolve(spec, entry, facts)
+        entries.append(Entry(spec, resolved, view, facts, length, tag=str(tag) if tag else "",
+                             native_slot=not (covers_all and not tag)))
     return tuple(entries)
 
 
@@ -116,12 +116,17 @@ def _span(indices: list[int]) -> str:
 def resolve_options(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> PosEncConfig:
     """`config` with its defaults resolved against a model's facts: what the resolution changed is checked against
     the options' domains, every option against the model's facts (PosEncError if not valid)."""
+    return _resolve(spec, config, facts)[0]
+
+
+def _resolve(spec: Scheme, config: PosEncConfig, facts: ModelFacts) -> tuple[PosEncConfig, int | None]:
+    """`resolve_options`, and the `max_position_embeddings` the scheme sets (None: it sets none)."""
     try:
         with torch.device("cpu"):  # what a scheme reads off a model made on the meta device: stand-ins on the CPU
             options = spec.resolve(config.options, facts)
         if (length := spec.max_positions(options)) is not None and length < 1:
             raise PosEncError(f"scheme {spec.name!r} would leave the model {length} positions; options: {options}")
-        return config.resolved(options, facts.named())
+        return config.resolved(options, facts.named()), length
     except PosEncError as err:
         raise PosEncError(str(err) if str(err).startswith("scheme ") else f"scheme {spec.name!r}: {err}") from err
 

@@ -29,12 +29,13 @@ import transformers
 from packaging.version import Version
 from torch import nn
 
-from . import compat, seq2seq, sites
-from .catalog import adapter_for, get_scheme, list_architectures, supports, why_not
+from . import compat, sites
+from .catalog import get_scheme, list_architectures, supports, why_not
 from .config import PosEncConfig, required_options
 from .errors import PosEncError
 from .registry import ADAPTERS
 from .tiny import tiny_config, tiny_ids
+from .view import read
 
 ENV = "HF_POSENC_SELF_CHECK"
 MODES = ("auto", "always", "never")
@@ -167,9 +168,9 @@ class Probe:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.two_stacks = seq2seq.is_seq2seq(model)
-        self.adapter = seq2seq.stack_adapter(model, seq2seq.text_stacks(model)[-1]) if self.two_stacks \
-            else adapter_for(model)
+        view = read(model)
+        self.two_stacks = view.two_stacks
+        self.adapter = view.adapter(view.text[-1]) if self.two_stacks else view.only()
         self.inputs = self._inputs(tiny_ids(batch=2, length=10))
         self.stock = self.logits(**self.inputs)
 
@@ -286,7 +287,7 @@ def default_schemes(model_class: type, model_type: str) -> list[str]:
     """The family's own scheme and the scheme standing for each site it supports."""
     with torch.device("meta"):
         model = model_class._from_config(tiny_config(model_type))
-    native = (seq2seq.stack_adapter(model, seq2seq.text_stacks(model)[-1]) if seq2seq.is_seq2seq(model)
-              else adapter_for(model)).native
+    view = read(model)
+    native = (view.adapter(view.text[-1]) if view.two_stacks else view.only()).native
     probes = [name for name, _ in sites.probes()]
     return list(dict.fromkeys(s for s in (native, *probes) if supports(model, s)))

@@ -68,7 +68,7 @@ def adapter_of(arch: str) -> str:
 def keeps_table(arch: str, label: str) -> bool:
     """A per-layer label on a model whose positions enter at the input keeps the model's own table (and its
     length) for every layer."""
-    return "layers" in SCHEMES[label] and adapter_for(TINY_CONFIGS[arch]()).position_slot is not None
+    return "layers" in SCHEMES[label] and adapter_for(TINY_CONFIGS[arch]()).slot is not None
 
 
 def site_of(label: str) -> str:
@@ -159,4 +159,5 @@ def ids(batch: int = 2, length: int = 12, seed: int = 1) -> torch.Tensor:
 
 def position_offset(model: torch.nn.Module) -> int:
     """Row of position 0 in the model's own table (RoBERTa counts from padding_idx + 1)."""
-    return adapter_for(model).position_offset(model.config)
+    slot = adapter_for(model).slot
+    return slot.offset(model.config) if slot else 0

@@ -43,3 +43,23 @@ def test_a_name_is_registered_once_and_a_refused_adapter_takes_none_of_its_types
 def test_the_generic_adapter_still_refuses_gemma3_so_the_override_is_needed():
     with pytest.raises(hp.PosEncError, match="vision_tower.*register a hand-written adapter"):
         hp.catalog.adapter_for(Gemma3Config())
+
+
+def test_an_adapter_written_with_flat_fields_still_works_and_names_the_record_that_replaced_each():
+    """An Adapter is a composition of records (issue 49); one written, read or replaced with the flat fields it had
+    before is the same adapter, with a DeprecationWarning naming the record and field of each."""
+    from hf_posenc.adapters.base import Adapter, Blocks
+
+    with pytest.warns(DeprecationWarning, match=r"blocks\.attention, blocks\.layers, rotation\.module"):
+        flat = Adapter(name="llama", model_types=LLAMA.model_types, native="rope", causal=True, layers="layers",
+                       attention="self_attn", rotary="rotary_emb", qk=LLAMA.qk)
+    assert flat == LLAMA and flat.blocks == Blocks("layers", "self_attn") and flat.slot is None
+    with pytest.warns(DeprecationWarning, match=r"Adapter\.rotary is deprecated: read Adapter\.rotation\.module"):
+        assert LLAMA.rotary == "rotary_emb"
+    with pytest.warns(DeprecationWarning, match=r"Adapter\.position_offset is deprecated"):
+        assert LLAMA.position_offset(LLAMA) == 0  # no slot: its record's default
+    with pytest.warns(DeprecationWarning):
+        off = dataclasses.replace(LLAMA, rotary=None, attention_layers=(1,))
+    assert off.rotation is None and off.blocks == Blocks("layers", "self_attn", attention_layers=(1,))
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['rotray'\]"):
+        Adapter(name="x", model_types=("x",), native="rope", causal=True, blocks=LLAMA.blocks, rotray="r")

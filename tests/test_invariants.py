@@ -183,7 +183,7 @@ def test_inputs_past_the_original_table(arch, label):
     if label in TABLES:
         with pytest.raises(hp.PosEncError, match=r"length 80.*64 positions"):
             model(long)
-    elif "layers" in SCHEMES[label] and adapter_for(model).position_slot:
+    elif "layers" in SCHEMES[label] and adapter_for(model).slot:
         with pytest.raises((IndexError, RuntimeError)):  # a per-layer patch keeps the model's own table
             model(long)
     else:

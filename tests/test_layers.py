@@ -94,7 +94,7 @@ def test_layers_covering_the_model_equal_the_whole_model_patch(model_type):
         model = zoo.build(model_type)
         if not supports(model, scheme):
             continue
-        layers = list(range(len(model.base_model.get_submodule(adapter_for(model).layers))))
+        layers = list(range(len(model.base_model.get_submodule(adapter_for(model).blocks.layers))))
         with torch.no_grad():
             whole = hp.patch(model, scheme, **options)(x).logits
             by_layers = hp.patch(model, scheme, layers=layers, **options)(x).logits
@@ -108,7 +108,7 @@ def test_one_layer_patched_is_cached_equal_to_uncached_and_unpatches_exactly(mod
     x = zoo.inputs()
     with torch.no_grad():
         stock = model(x).logits
-    last = len(model.base_model.get_submodule(adapter_for(model).layers)) - 1
+    last = len(model.base_model.get_submodule(adapter_for(model).blocks.layers)) - 1
     tried = 0
     for scheme, options in SCHEMES:
         try:

@@ -174,7 +174,7 @@ def test_blocks_that_drop_kwargs_get_them_relayed():
     the bias and positions over (alibi differs from nope), and unpatch leaves no hook behind."""
     model, x = zoo.build("stablelm"), zoo.inputs()
     before = zoo.logits(model, x)
-    assert hp.catalog.adapter_for(model).relay_kwargs
+    assert hp.catalog.adapter_for(model).blocks.relay_kwargs
     alibi = zoo.logits(hp.patch(model, "alibi"), x)
     assert not torch.allclose(alibi, zoo.logits(hp.patch(model, "nope"), x), atol=1e-3)
     hp.unpatch(model)
@@ -190,7 +190,7 @@ def test_a_slot_called_with_its_own_arguments_takes_the_loops_positions(scheme, 
     reloads with a table plain transformers sizes from max_position_embeddings."""
     model, x = zoo.build("opt"), zoo.inputs()
     adapter = hp.catalog.adapter_for(model)
-    assert (adapter.loop, adapter.slot_hooked, adapter.ids_offset(model.config)) == ("decoder", True, 0)
+    assert (adapter.blocks.loop, adapter.slot.hooked, adapter.ids_offset(model.config)) == ("decoder", True, 0)
     patched = zoo.logits(hp.patch(model, scheme, **options), x)
     positions = torch.arange(x.shape[1])[None]
     torch.testing.assert_close(zoo.logits(model, x, position_ids=positions), patched)
@@ -219,8 +219,8 @@ def test_hybrid_models_tap_only_their_attention_layers():
     """Jamba's mamba blocks have no attention: q/k taps go on the attention blocks alone."""
     model = zoo.build("jamba")
     adapter = hp.catalog.adapter_for(model)
-    blocks = list(model.base_model.get_submodule(adapter.layers))
-    assert adapter.attention_layers == tuple(i for i, b in enumerate(blocks) if hasattr(b, "self_attn"))
+    blocks = list(model.base_model.get_submodule(adapter.blocks.layers))
+    assert adapter.blocks.attention_layers == tuple(i for i, b in enumerate(blocks) if hasattr(b, "self_attn"))
     assert 0 < len(adapter.attention_modules(model)) < len(blocks)
 
 

@@ -91,7 +91,7 @@ def site_scheme(adapter, site: str) -> tuple[str, dict[str, Any]]:
     """The scheme a site's cells use: for q/k, a YaRN scaling where the model rotates natively,
     else plain RoPE through the q/k taps."""
     if site == "qk":
-        return ("yarn", {"factor": 2.0}) if adapter.rotary else ("rope", {"theta": 100.0})
+        return ("yarn", {"factor": 2.0}) if adapter.rotation else ("rope", {"theta": 100.0})
     return SITE_SCHEMES[site]
 
 
@@ -134,7 +134,8 @@ def check_scaling_matches_transformers(model_type: str) -> None:
     reference = type(model)(config).eval()
     reference.load_state_dict(weights)
     params = compat.text_config(reference.config).rope_parameters
-    per_type = adapter_of(model).rotary_layer_types  # Gemma 3: every rotating layer type takes the scaling
+    rotation = adapter_of(model).rotation
+    per_type = rotation.layer_types if rotation else ()  # Gemma 3: every rotating layer type takes the scaling
     assert {p["rope_type"] for p in (params.values() if per_type else [params]) if p} == {"yarn"}
     torch.testing.assert_close(ours, logits(reference, x), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(ours, stock, atol=1e-3), "yarn x2 had no effect"
@@ -226,13 +227,13 @@ def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[
     adapter = adapter_of(model)
     supported = {s: sites.why_not(adapter, get_scheme(site_scheme(adapter, s)[0])) is None for s in SITES}
     out: dict[str, Callable[[str], None]] = {}
-    slot = model.base_model.get_submodule(adapter.position_slot) if adapter.position_slot else None
+    slot = model.base_model.get_submodule(adapter.slot.path) if adapter.slot else None
     table_less = adapter.native == "learned" and not isinstance(getattr(slot, "weight", None), torch.Tensor)
     if sites.why_not(adapter, get_scheme(adapter.native)) is None and not table_less:
         out["native"] = check_native
     if supported["qk"]:
-        out["yarn_vs_transformers" if adapter.rotary else "rope_relative"] = (
-            check_scaling_matches_transformers if adapter.rotary else check_relative)
+        out["yarn_vs_transformers" if adapter.rotation else "rope_relative"] = (
+            check_scaling_matches_transformers if adapter.rotation else check_relative)
     def compared(check: Callable[[str, str | None], None], site: str) -> Callable[[str], None]:
         return functools.partial(against_stock, check, site=site) if baseline else functools.partial(check, site=site)
 

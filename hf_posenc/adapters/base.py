@@ -6,6 +6,8 @@ or to one block (attention) or to the attention module (q/k projections).
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -52,64 +54,153 @@ MECHANISMS = {
 }
 
 
+def no_offset(config: Any) -> int:
+    """`PositionSlot.offset` of a table whose first row is position 0."""
+    return 0
+
+
 @dataclass(frozen=True)
+class Blocks:
+    """The layer loop and its blocks: where positions are hooked in and how they reach the self-attention."""
+
+    layers: str  # the ModuleList of blocks
+    attention: str  # the self-attention module inside a block
+    loop: str = ""  # the module whose forward runs the layer loop, where positions are hooked in ("": base)
+    attention_layers: tuple[int, ...] | None = None  # blocks with self-attention (hybrid SSM models); None: all
+    relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
+    carry_kwargs: bool = False  # the loop calls blocks without **kwargs (BLOOM, Falcon): carried by hooks
+    score_mask: bool = False  # score biases go into the mask the attention adds to its logits (quirks)
+
+
+@dataclass(frozen=True)
+class PositionSlot:
+    """The absolute position embedding module, called with position_ids (or hooked); without one, input-site codes
+    are added to the token embeddings in the layer-loop pre-hook."""
+
+    path: str
+    offset: Callable[[Any], int] = no_offset  # table row of position 0
+    # The slot adds `offset` itself (OPT, BART): position ids and max_position_embeddings count from position 0,
+    # not from the table's first row (RoBERTa).
+    adds_offset: bool = False
+    # The model calls the slot with other arguments than position ids (OPT: attention_mask, past length,
+    # position_ids=...): a pre-hook on the slot turns the call into `slot(ids)` with the loop's ids.
+    hooked: bool = False
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """What the token embeddings carry besides positions, and how many positions the config says the model takes."""
+
+    token_type_ids: bool = False  # a zero token-type buffer indexed by position (BERT)
+    other: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
+    positions_field: str = "max_position_embeddings"  # the config field sizing the table (quirks.POSITIONS_FIELDS)
+    trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The model's own rotary module, returning (cos, sin)."""
+
+    module: str
+    layer_types: tuple[str, ...] = ()  # called per layer type, rope_parameters keyed by it
+    dim: int | None = None  # width of (cos, sin) when only part of each head rotates
+
+
+@dataclass(frozen=True)
+class NativeBias:
+    """The model's own score bias, which a patch switches off (none: all empty)."""
+
+    argument: str | None = None  # block argument carrying it (BLOOM's `alibi`)
+    switch: str | None = None  # base-model attribute switching it on (Falcon)
+    table: str | None = None  # T5's bucket table: one layer computes the bias the stack shares (zeroed when off)
+    alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
+
+
+# The names an Adapter had when its fields were flat, each now (record, field): still read and still taken by the
+# constructor (and `dataclasses.replace`), with a DeprecationWarning, so adapters written against them keep working.
+FLAT: dict[str, tuple[str, str]] = {
+    "layers": ("blocks", "layers"), "attention": ("blocks", "attention"), "loop": ("blocks", "loop"),
+    "attention_layers": ("blocks", "attention_layers"), "relay_kwargs": ("blocks", "relay_kwargs"),
+    "carry_kwargs": ("blocks", "carry_kwargs"), "score_mask": ("blocks", "score_mask"),
+    "position_slot": ("slot", "path"), "position_offset": ("slot", "offset"),
+    "slot_adds_offset": ("slot", "adds_offset"), "slot_hooked": ("slot", "hooked"),
+    "token_type_ids": ("embeddings", "token_type_ids"), "other_embeddings": ("embeddings", "other"),
+    "positions_field": ("embeddings", "positions_field"), "trained_length": ("embeddings", "trained_length"),
+    "rotary": ("rotation", "module"), "rotary_layer_types": ("rotation", "layer_types"),
+    "rotary_dim": ("rotation", "dim"),
+    "native_bias": ("bias", "argument"), "native_bias_switch": ("bias", "switch"), "bias_table": ("bias", "table"),
+    "alibi_scale": ("bias", "alibi_scale"),
+}
+RECORDS: dict[str, type] = {"blocks": Blocks, "slot": PositionSlot, "embeddings": Embeddings,
+                            "rotation": Rotation, "bias": NativeBias}
+KEYS = {"slot": "path", "rotation": "module"}  # a record that is None where this field is
+
+
+@dataclass(frozen=True, init=False)
 class Adapter:
+    """Where positions enter one family, as a composition of small records: its blocks, its position slot, what its
+    token embeddings carry, its rotation, where q and k leave their projections, its native bias; and what the
+    installers cannot do there yet (`gaps`). A new mechanism is a field on the record whose part of the model it
+    reads, and the site that reads it (docs/extending.md)."""
+
     name: str
     model_types: tuple[str, ...]
     native: str  # the scheme the family is pretrained with
     causal: bool
-    layers: str  # the ModuleList of blocks
-    attention: str  # the self-attention module inside a block
-    position_slot: str | None = None  # absolute position embedding module, called with position_ids (or hooked);
-    # without one, input-site codes are added to the token embeddings in the layer-loop pre-hook
-    position_offset: Callable[[Any], int] = field(default=lambda config: 0)  # table row of position 0
-    # The slot adds `position_offset` itself (OPT, BART): position ids and max_position_embeddings count
-    # from position 0, not from the table's first row (RoBERTa).
-    slot_adds_offset: bool = False
-    # The model calls the slot with other arguments than position ids (OPT: attention_mask, past length,
-    # position_ids=...): a pre-hook on the slot turns the call into `slot(ids)` with the loop's ids.
-    slot_hooked: bool = False
-    loop: str = ""  # the module whose forward runs the layer loop, where positions are hooked in ("": base)
-    token_type_ids: bool = False  # has a zero token-type buffer indexed by position (BERT)
-    other_embeddings: tuple[str, ...] = ()  # added to token embeddings before positions (token types)
-    rotary: str | None = None  # native rotary module returning (cos, sin)
+    blocks: Blocks
+    slot: PositionSlot | None = None
+    embeddings: Embeddings = Embeddings()
+    rotation: Rotation | None = None
     qk: QKTap | None = None
-    # Found by the generic adapter (what the installers cannot do with it is in `gaps`).
-    attention_layers: tuple[int, ...] | None = None  # blocks with self-attention (hybrid SSM models); None: all
-    rotary_layer_types: tuple[str, ...] = ()  # rotary called per layer type, rope_parameters keyed by it
-    rotary_dim: int | None = None  # width of (cos, sin) when only part of each head rotates
-    native_bias: str | None = None  # block argument carrying the model's own score bias (BLOOM's `alibi`)
-    relay_kwargs: bool = False  # blocks drop **kwargs instead of passing them to attention (StableLM)
-    carry_kwargs: bool = False  # the loop calls blocks without **kwargs (BLOOM, Falcon): carried by hooks
-    score_mask: bool = False  # score biases go into the mask the attention adds to its logits (quirks)
-    native_bias_switch: str | None = None  # base-model attribute switching the native bias on (Falcon)
-    bias_table: str | None = None  # T5's bucket table: one layer computes the bias the stack shares (zeroed when off)
-    alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
-    trained_length: int | None = None  # max positions when the config names none (quirks.TRAINED_LENGTHS)
-    positions_field: str = "max_position_embeddings"  # the config field sizing the table (quirks.POSITIONS_FIELDS)
+    bias: NativeBias = NativeBias()
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
-    tag: str = ""  # one entry of a per-layer map (sites.layers.view): suffix of the modules and kwargs it adds
-    native_slot: bool = False  # a per-layer entry's view: the position slot keeps the model's own positions
+
+    def __init__(self, name: str, model_types: tuple[str, ...], native: str, causal: bool,
+                 blocks: Blocks | None = None, slot: PositionSlot | None = None, embeddings: Embeddings = Embeddings(),
+                 rotation: Rotation | None = None, qk: QKTap | None = None, bias: NativeBias = NativeBias(),
+                 gaps: Mapping[str, str] | None = None, **flat: Any) -> None:
+        records: dict[str, Any] = {"blocks": blocks, "slot": slot, "embeddings": embeddings, "rotation": rotation,
+                                   "bias": bias}
+        if unknown := sorted(set(flat) - set(FLAT)):
+            raise TypeError(f"Adapter() got unexpected keyword arguments {unknown}")
+        if flat:
+            warnings.warn(f"Adapter({', '.join(f'{k}=' for k in flat)}...): flat fields are deprecated; give the records "
+                          f"instead ({', '.join(sorted({'.'.join(FLAT[k]) for k in flat}))})", DeprecationWarning,
+                          stacklevel=2)
+        for record, cls in RECORDS.items():
+            changes = {FLAT[k][1]: v for k, v in flat.items() if FLAT[k][0] == record}
+            if changes:
+                records[record] = _with(cls, records[record], changes, KEYS.get(record))
+        if records["blocks"] is None:
+            raise TypeError("Adapter() needs its blocks: Blocks(layers=..., attention=...) (or layers= and attention=)")
+        for key, value in {"name": name, "model_types": model_types, "native": native, "causal": causal, **records,
+                           "qk": qk, "gaps": {} if gaps is None else gaps}.items():
+            object.__setattr__(self, key, value)
 
     def facts(self, model: nn.Module) -> ModelFacts:
-        config = compat.text_config(model.config)
+        # what needs no config first, then the config's (one pass over each)
         base = model.base_model
-        heads = config.num_attention_heads
-        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
-            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
-            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
-        head_dim = quirks.head_dim(config) or config.hidden_size // heads
-        ids_offset = self.ids_offset(config)
-        slot = get_module(base, self.position_slot) if self.position_slot else None
+        slot = get_module(base, self.slot.path) if self.slot else None
         # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
         # axial factors (a ParameterList), which no table-reading scheme takes
         table = next((t for t in (getattr(slot, "weight", None), getattr(slot, "weights", None))
                       if isinstance(t, torch.Tensor)), None)
         embeddings = model.get_input_embeddings().weight
-        rope = compat.rope_parameters(config) if self.rotary else None
-        buckets = get_module(base, self.bias_table).weight if self.bias_table else None
-        if rope and self.rotary_layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
-            rope = dict(rope.get("full_attention") or rope[self.rotary_layer_types[0]])
+        buckets = get_module(base, self.bias.table).weight if self.bias.table else None
+        values = [_values(t) if t is not None else None for t in (table, embeddings, buckets)]
+        position_offset = self.slot.offset(model.config) if self.slot else 0
+        ids_offset = 0 if self.slot and self.slot.adds_offset else position_offset
+        config = compat.text_config(model.config)
+        rope = compat.rope_parameters(config) if self.rotation else None
+        heads = config.num_attention_heads
+        if "num_attention_heads" in getattr(type(config), "attribute_map", {}):
+            # an alias of one stack's field (BART, Whisper: the encoder's); the attention module knows its own
+            heads = getattr(self.attention_modules(model)[0], "num_heads", heads)
+        # quirks.head_dim, read as data: the config's own field, else hidden_size / heads
+        head_dim = getattr(config, quirks.HEAD_DIM_FIELDS.get(getattr(config, "model_type", ""), "head_dim"), None) \
+            or config.hidden_size // heads
+        if rope and self.rotation.layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
+            rope = dict(rope.get("full_attention") or rope[self.rotation.layer_types[0]])
         return ModelFacts(
             # where input codes are added: the table's width (OPT-350m projects its 512-wide tokens to 1024
             # before adding positions), else the tokens' (ELECTRA: embedding_size)
@@ -117,45 +208,72 @@ class Adapter:
             num_heads=heads,
             head_dim=head_dim,
             # ALiBi models (BLOOM, MPT) name no length: their trained length if known, else 0 (an input-site gap)
-            max_positions=(getattr(config, self.positions_field, None) or self.trained_length or 0) - ids_offset,
+            max_positions=(getattr(config, self.embeddings.positions_field, None) or self.embeddings.trained_length
+                           or 0) - ids_offset,
             causal=self.causal,
             rope_parameters=rope,
-            alibi_scale=self.alibi_scale,
-            position_table=_values(table) if table is not None else None,
-            position_offset=self.position_offset(config),
+            alibi_scale=self.bias.alibi_scale,
+            position_table=values[0],
+            position_offset=position_offset,
             ids_offset=ids_offset,
-            bias_table=_values(buckets) if buckets is not None else None,
-            bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias_table else None,
-            token_embeddings=_values(embeddings),
+            bias_table=values[2],
+            bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias.table else None,
+            token_embeddings=values[1],
             dtype=embeddings.dtype,
             device=embeddings.device,
         )
 
     def ids_offset(self, config: Any) -> int:
         """What position ids passed to the model add to a position (the offset unless the slot adds it)."""
-        return 0 if self.slot_adds_offset else self.position_offset(config)
+        return 0 if self.slot is None or self.slot.adds_offset else self.slot.offset(config)
 
     def at_loop(self, name: str) -> str:
         """Path from the base model of `name` on the loop owner (where a patch puts its modules)."""
-        return f"{self.loop}.{name}" if self.loop else name
+        return f"{self.blocks.loop}.{name}" if self.blocks.loop else name
 
     def from_loop(self, path: str) -> str:
         """`path` (from the base model) relative to the loop owner, which must hold it."""
-        if not self.loop:
+        loop = self.blocks.loop
+        if not loop:
             return path
-        if not path.startswith(self.loop + "."):
+        if not path.startswith(loop + "."):
             from ..errors import PosEncError
 
-            raise PosEncError(f"{path} lies outside the layer loop's module {self.loop}, where positions are hooked in")
-        return path[len(self.loop) + 1:]
+            raise PosEncError(f"{path} lies outside the layer loop's module {loop}, where positions are hooked in")
+        return path[len(loop) + 1:]
 
     def attention_blocks(self, model: nn.Module) -> list[nn.Module]:
-        blocks = list(get_module(model.base_model, self.layers))
-        keep = range(len(blocks)) if self.attention_layers is None else self.attention_layers
+        blocks = list(get_module(model.base_model, self.blocks.layers))
+        keep = range(len(blocks)) if self.blocks.attention_layers is None else self.blocks.attention_layers
         return [blocks[i] for i in keep]
 
     def attention_modules(self, model: nn.Module) -> list[nn.Module]:
-        return [get_module(block, self.attention) for block in self.attention_blocks(model)]
+        return [get_module(block, self.blocks.attention) for block in self.attention_blocks(model)]
+
+
+def _with(cls: type, record: Any, changes: dict[str, Any], key: str | None) -> Any:
+    """`record` with `changes` (a new one where it was None); None where they set its key field to None."""
+    if key is not None and changes.get(key, getattr(record, key, None)) is None:
+        return None
+    return cls(**changes) if record is None else dataclasses.replace(record, **changes)
+
+
+def _flat(record: str, name: str, default: Any, name_of: dict[str, str]) -> property:
+    def read(adapter: Adapter) -> Any:
+        warnings.warn(f"Adapter.{name_of[name]} is deprecated: read Adapter.{record}.{name}", DeprecationWarning,
+                      stacklevel=2)
+        value = getattr(adapter, record)
+        return default if value is None else getattr(value, name)
+
+    read.__doc__ = f"`{record}.{name}` (the name from when an adapter's fields were flat)"
+    return property(read)
+
+
+for _name, (_record, _field) in FLAT.items():
+    _default = next((f.default for f in dataclasses.fields(RECORDS[_record]) if f.name == _field), None)
+    setattr(Adapter, _name, _flat(_record, _field, None if _default is dataclasses.MISSING else _default,
+                                  {_field: _name}))
+del _name, _record, _field, _default
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:

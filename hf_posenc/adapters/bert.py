@@ -4,7 +4,7 @@ RoBERTa numbers positions from `padding_idx + 1`; DistilBERT has no token types.
 """
 
 from ..registry import register_adapter
-from .base import Adapter, QKTap
+from .base import Adapter, Blocks, Embeddings, PositionSlot, QKTap
 
 BERT = register_adapter(
     Adapter(
@@ -12,11 +12,9 @@ BERT = register_adapter(
         model_types=("bert",),
         native="learned",
         causal=False,
-        layers="encoder.layer",
-        attention="attention.self",
-        position_slot="embeddings.position_embeddings",
-        token_type_ids=True,
-        other_embeddings=("embeddings.token_type_embeddings",),
+        blocks=Blocks(layers="encoder.layer", attention="attention.self"),
+        slot=PositionSlot("embeddings.position_embeddings"),
+        embeddings=Embeddings(token_type_ids=True, other=("embeddings.token_type_embeddings",)),
         qk=QKTap(projections=("query", "key")),
     )
 )
@@ -27,12 +25,9 @@ ROBERTA = register_adapter(
         model_types=("roberta", "xlm-roberta"),
         native="learned",
         causal=False,
-        layers="encoder.layer",
-        attention="attention.self",
-        position_slot="embeddings.position_embeddings",
-        position_offset=lambda config: config.pad_token_id + 1,
-        token_type_ids=True,
-        other_embeddings=("embeddings.token_type_embeddings",),
+        blocks=Blocks(layers="encoder.layer", attention="attention.self"),
+        slot=PositionSlot("embeddings.position_embeddings", offset=lambda config: config.pad_token_id + 1),
+        embeddings=Embeddings(token_type_ids=True, other=("embeddings.token_type_embeddings",)),
         qk=QKTap(projections=("query", "key")),
     )
 )
@@ -43,9 +38,8 @@ DISTILBERT = register_adapter(
         model_types=("distilbert",),
         native="learned",
         causal=False,
-        layers="transformer.layer",
-        attention="attention",
-        position_slot="embeddings.position_embeddings",
+        blocks=Blocks(layers="transformer.layer", attention="attention"),
+        slot=PositionSlot("embeddings.position_embeddings"),
         qk=QKTap(projections=("q_lin", "k_lin")),
     )
 )

@@ -1,5 +1,6 @@
 """The generic decoder adapter: for a model type without a hand-written adapter, an `Adapter` built
-from what `discover` reads off the instance (or off a meta-device model built from its config).
+from what `discover` reads off a stock instance (`hf_posenc.view` picks it: the model, or a meta-device model
+built from its config).
 
 What the site installers cannot do for this model yet becomes a named gap (`Adapter.gaps`), so a
 scheme that would need it is refused with the reason; a model whose positions cannot all be placed
@@ -16,32 +17,21 @@ from typing import Any
 from torch import nn
 
 from ..errors import PosEncError
-from .base import Adapter, QKTap
+from .base import Adapter, Blocks, Embeddings, NativeBias, PositionSlot, QKTap, Rotation
 from .discover import OUTSIDE, Structure, discover
-from .meta import ConfigCache, meta_model
 from .quirks import ALIBI_HEAD_DIM_POWER, KNOWN_GAPS, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, TRAINED_LENGTHS
 
 ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
                 "longrope": "longrope"}
 NEEDS_LOOP_HOOK = ("slot", "input", "qk_tap", "score", "kwargs")
 
-# discovery runs once per model
-CACHE: ConfigCache[Adapter] = ConfigCache()
-
-
-def generic_adapter(model_or_config: Any) -> Adapter:
-    """The adapter for a model (or config) whose model_type has no hand-written adapter.
+def generic_adapter(model: nn.Module) -> Adapter:
+    """The adapter of a stock model whose model_type has no hand-written adapter, read off the model (which
+    model that is, and the cache, are `hf_posenc.view.read`'s).
 
     Raises PosEncError naming what is missing when positions enter the model somewhere it cannot place.
     """
-    config = getattr(model_or_config, "config", model_or_config)
-    if (cached := CACHE.get(config)) is not None:
-        return cached
-    model = model_or_config if isinstance(model_or_config, nn.Module) else None
-    if model is None or getattr(config, "posenc", None) is not None:
-        # a config alone, or a model carrying a patch (a deepcopy, a reload): read the stock structure
-        model = meta_model(config, type(model) if model is not None else None)
-    return CACHE.put(config, adapter_from(discover(model)))
+    return adapter_from(discover(model))
 
 
 def adapter_from(s: Structure) -> Adapter:
@@ -56,35 +46,37 @@ def adapter_from(s: Structure) -> Adapter:
     # taps are kept even when the installer cannot use them yet (the qk_tap gap says why): they are data
     tap = QKTap(s.taps, packed=s.tap_kind == "packed", per_head=s.tap_per_head, layout=s.tap_layout) \
         if s.taps and s.tap_kind != "latent" else None
+    native_bias = bool(s.native_bias_kind)
     return Adapter(
         name="generic",
         model_types=(s.model_type,),
         native=native_scheme(s),
         causal=s.causal,
-        layers=s.layers,
-        attention=s.attention,
-        position_slot=s.slot,
-        position_offset=FixedOffset(s.slot_offset),
-        slot_adds_offset=s.slot_adds_offset,
-        slot_hooked=s.slot_call is not None,
-        loop=s.loop_owner,
-        token_type_ids=s.token_type_ids,
-        other_embeddings=s.other_embeddings,
-        rotary=s.rotary[0] if s.rotary else None,
+        blocks=Blocks(
+            layers=s.layers,
+            attention=s.attention,
+            loop=s.loop_owner,
+            attention_layers=None if len(s.attention_layers) == s.num_layers else s.attention_layers,
+            relay_kwargs=s.relay_kwargs,
+            carry_kwargs=s.carry_kwargs,
+            score_mask=not s.attention_interface and s.model_type in MASK_ADDED_TO_LOGITS,
+        ),
+        slot=PositionSlot(s.slot, FixedOffset(s.slot_offset), s.slot_adds_offset, s.slot_call is not None)
+        if s.slot else None,
+        embeddings=Embeddings(s.token_type_ids, s.other_embeddings, s.positions_field,
+                              TRAINED_LENGTHS.get(s.model_type)),
+        rotation=Rotation(s.rotary[0], s.rotary_layer_types,
+                          s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None)
+        if s.rotary else None,
         qk=tap,
-        attention_layers=None if len(s.attention_layers) == s.num_layers else s.attention_layers,
-        rotary_layer_types=s.rotary_layer_types,
-        rotary_dim=s.rotary_width if s.rotary_width and s.rotary_width != s.head_dim else None,
-        # a bias table is zeroed where it is computed; the block argument then carries zeros
-        native_bias=s.native_bias if s.native_bias_kind and not s.bias_table else None,
-        bias_table=s.bias_table,
-        relay_kwargs=s.relay_kwargs,
-        carry_kwargs=s.carry_kwargs,
-        score_mask=not s.attention_interface and s.model_type in MASK_ADDED_TO_LOGITS,
-        native_bias_switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if s.native_bias_kind else None,
-        alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0) if s.native_bias_kind == "alibi" else 1.0,
-        trained_length=TRAINED_LENGTHS.get(s.model_type),
-        positions_field=s.positions_field,
+        bias=NativeBias(
+            # a bias table is zeroed where it is computed; the block argument then carries zeros
+            argument=s.native_bias if native_bias and not s.bias_table else None,
+            switch=NATIVE_BIAS_SWITCHES.get(s.model_type) if native_bias else None,
+            table=s.bias_table,
+            alibi_scale=s.head_dim ** ALIBI_HEAD_DIM_POWER.get(s.model_type, 0.0)
+            if s.native_bias_kind == "alibi" else 1.0,
+        ),
         gaps=gaps(s),
     )
 

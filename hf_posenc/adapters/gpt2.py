@@ -1,7 +1,7 @@
 """GPT-2: learned absolute table `wpe`; q, k, v leave one Conv1D `c_attn` packed as [q | k | v]."""
 
 from ..registry import register_adapter
-from .base import Adapter, QKTap
+from .base import Adapter, Blocks, PositionSlot, QKTap
 
 GPT2 = register_adapter(
     Adapter(
@@ -9,9 +9,8 @@ GPT2 = register_adapter(
         model_types=("gpt2",),
         native="learned",
         causal=True,
-        layers="h",
-        attention="attn",
-        position_slot="wpe",
+        blocks=Blocks(layers="h", attention="attn"),
+        slot=PositionSlot("wpe"),
         qk=QKTap(projections=("c_attn",), packed=True),
     )
 )

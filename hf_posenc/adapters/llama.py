@@ -6,7 +6,7 @@ tap q/k where the model would rotate them: after the projections, or after Qwen3
 """
 
 from ..registry import register_adapter
-from .base import Adapter, QKTap
+from .base import Adapter, Blocks, QKTap, Rotation
 
 LLAMA = register_adapter(
     Adapter(
@@ -14,9 +14,8 @@ LLAMA = register_adapter(
         model_types=("llama", "mistral", "qwen2"),
         native="rope",
         causal=True,
-        layers="layers",
-        attention="self_attn",
-        rotary="rotary_emb",
+        blocks=Blocks(layers="layers", attention="self_attn"),
+        rotation=Rotation("rotary_emb"),
         qk=QKTap(projections=("q_proj", "k_proj")),
     )
 )
@@ -27,9 +26,8 @@ QWEN3 = register_adapter(
         model_types=("qwen3",),
         native="rope",
         causal=True,
-        layers="layers",
-        attention="self_attn",
-        rotary="rotary_emb",
+        blocks=Blocks(layers="layers", attention="self_attn"),
+        rotation=Rotation("rotary_emb"),
         qk=QKTap(projections=("q_norm", "k_norm"), per_head=True),
     )
 )

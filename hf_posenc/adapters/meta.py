@@ -1,20 +1,16 @@
-"""What discovery reads when it cannot read the instance: the stock model of a config on the meta device, and
-the cache that makes discovery run once per config. Shared by the generic adapter, the encoder-decoder stacks
-(`hf_posenc.seq2seq`) and option checks against a config alone (`patching.validate`, the CLI)."""
+"""What discovery reads when it cannot read the instance: the stock model of a config on the meta device
+(`hf_posenc.view` decides when: a config alone, a reloaded patched model, an encoder-decoder config's stacks)."""
 
 from __future__ import annotations
 
 import copy
-import weakref
-from typing import Any, Generic, Hashable, TypeVar
+from typing import Any
 
 import torch
 import transformers
 from torch import nn
 
 from ..errors import PosEncError
-
-T = TypeVar("T")
 
 
 def meta_model(config: Any, model_class: type | None = None, encoder_decoder: bool = False) -> nn.Module:
@@ -44,20 +40,3 @@ def meta_model(config: Any, model_class: type | None = None, encoder_decoder: bo
     except (ValueError, KeyError) as exc:
         raise PosEncError(f"unsupported architecture {config.model_type!r}: no causal LM class to read its "
                           f"structure from ({str(exc).splitlines()[0]})") from exc
-
-
-class ConfigCache(Generic[T]):
-    """Values kept per config object (and key), dropped with the config: configs are unhashable dataclasses,
-    so they are keyed by identity and held by a weak reference."""
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[int, Hashable], tuple[weakref.ref, T]] = {}
-
-    def get(self, config: Any, key: Hashable = None) -> T | None:
-        entry = self.entries.get((id(config), key))
-        return entry[1] if entry is not None and entry[0]() is config else None
-
-    def put(self, config: Any, value: T, key: Hashable = None) -> T:
-        slot = (id(config), key)
-        self.entries[slot] = (weakref.ref(config, lambda _, slot=slot: self.entries.pop(slot, None)), value)
-        return value

@@ -97,7 +97,7 @@ def _layer0_inputs(model: nn.Module, input_ids: Tensor) -> tuple[dict[Any, Tenso
     norms = [m for m in model.base_model.modules() if isinstance(m, nn.LayerNorm)]
     q_proj = qk_modules(model, 0)[0]
     handles = [model.get_input_embeddings().register_forward_hook(keep("word")),
-               get_module(model.base_model, adapter_for(model).position_slot).register_forward_hook(keep("position")),
+               get_module(model.base_model, adapter_for(model).slot.path).register_forward_hook(keep("position")),
                q_proj.register_forward_pre_hook(stop),
                *(m.register_forward_hook(keep(m)) for m in norms)]
     try:

@@ -26,13 +26,13 @@ def position_kind(model: nn.Module) -> str:
         return "per-layer"
     if patched is not None:
         return sites.kind(get_scheme(patched.scheme)) or patched.scheme
-    return "absolute" if adapter.position_slot else "rotary" if adapter.rotary else "none"
+    return "absolute" if adapter.slot else "rotary" if adapter.rotation else "none"
 
 
 def kinds_allowed(kind: str) -> str:
     """Architectures whose unpatched positions are of this kind, for error messages."""
     adapters = {a.name: a for a in ADAPTERS.values()}
-    have = {"absolute": lambda a: a.position_slot, "rotary": lambda a: a.rotary}[kind]
+    have = {"absolute": lambda a: a.slot, "rotary": lambda a: a.rotation}[kind]
     return ", ".join(sorted(name for name, a in adapters.items() if have(a)))
 
 
@@ -111,7 +111,7 @@ def position_vectors(model: nn.Module, length: int | None = None) -> Tensor:
         captured.append(output.detach().float().reshape(-1, length, output.shape[-1])[0])
         raise Stop
 
-    handle = get_module(model.base_model, adapter_for(model).position_slot).register_forward_hook(hook)
+    handle = get_module(model.base_model, adapter_for(model).slot.path).register_forward_hook(hook)
     try:
         run_until_stop(model, dummy_ids(model, length))
     finally:
@@ -122,4 +122,4 @@ def position_vectors(model: nn.Module, length: int | None = None) -> Tensor:
 def rotary_module(model: nn.Module) -> nn.Module:
     """The module returning (cos, sin): the model's own (possibly rebuilt by a patch) or the patch's."""
     adapter = adapter_for(model)
-    return get_module(model.base_model, adapter.rotary or adapter.at_loop(ROTARY_MODULE))
+    return get_module(model.base_model, adapter.rotation.module if adapter.rotation else adapter.at_loop(ROTARY_MODULE))

@@ -62,10 +62,10 @@ def table_positions(model: torch.nn.Module) -> int | None:
         adapter = adapter_for(model)
     except PosEncError:
         return None
-    slot = model.base_model.get_submodule(adapter.position_slot) if adapter.position_slot else None
+    slot = model.base_model.get_submodule(adapter.slot.path) if adapter.slot else None
     if not isinstance(slot, torch.nn.Embedding):
         return None
-    return slot.num_embeddings - adapter.position_offset(model.config)
+    return slot.num_embeddings - adapter.slot.offset(model.config)
 
 
 def check_table(model: torch.nn.Module, length: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .base import remove_hooks
 from .entry import Entry, Stack
 from .stacks import install
-from .table import SITES, kind, needs, probe, probes, title, why_not
+from .table import SITES, kind, needs, probe, probes, title, why_not, why_not_stacks
 
-__all__ = ["SITES", "Entry", "Stack", "install", "kind", "needs", "probe", "probes", "remove_hooks", "title", "why_not"]
+__all__ = ["SITES", "Entry", "Stack", "install", "kind", "needs", "probe", "probes", "remove_hooks", "title", "why_not",
+           "why_not_stacks"]

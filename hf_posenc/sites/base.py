@@ -8,6 +8,7 @@ Every hook a patch registers is a small object of a module-level class (plain da
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -18,13 +19,12 @@ from transformers import PretrainedConfig
 from .. import compat
 from ..attention import BASES, POSITIONS_KWARG, PREFIX, Positions, PositionedConfig, implementation_for
 from ..errors import PosEncError
-from ..schemes.base import ZeroBuckets, ZeroPositions, built
+from ..schemes.base import ZeroBuckets, ZeroPositions
+from ..schemes.building import built
 from ..schemes.rotary import Rotary
 
 if TYPE_CHECKING:
-    from ..adapters.base import Adapter
     from ..state import PatchState
-    from ..schemes.base import ModelFacts
     from .entry import Entry
 
 
@@ -122,23 +122,25 @@ def _flat(tensor: Any, rows: int) -> Any:
     return tensor
 
 
+@dataclasses.dataclass(eq=False)
 class LayerLoop(PatchHook):
     """Forward pre-hook on the module owning the layer loop. Once per forward it computes the positions,
     fills in padding-aware `position_ids` for a position slot called with them (`slot`), and lets each site
     add what its modules need as private kwargs (`contributions`, which get the loop owner and find their
     modules on it), which transformers passes down to the attention modules and functions. Positions never
     travel down as `position_ids` where the model would not have had them: ids that do not step by one with
-    no mask and no cache are read by transformers as packed sequences."""
+    no mask and no cache are read by transformers as packed sequences. Plain data, as every patch hook."""
 
-    def __init__(self, scheme: str, arg_names: list[str], offset: int, slot: bool, token_type_ids: bool,
-                 carry: str | None = None) -> None:
-        self.scheme, self.arg_names, self.offset, self.slot = scheme, arg_names, offset, slot
-        self.token_type_ids = token_type_ids
-        self.carry = carry  # path of the blocks whose `CarryKwargs` hooks take the private kwargs (BLOOM, Falcon)
-        self.contributions: list[Any] = []  # callables (loop owner, kwargs, positions) -> None
-        self.key_positions = False  # attention needs the keys' positions (score and attention sites)
-        self.posenc_attention = False  # the scheme runs inside a posenc_* attention implementation
-        self.handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
+    scheme: str
+    arg_names: list[str]
+    offset: int
+    slot: bool
+    token_type_ids: bool
+    carry: str | None = None  # path of the blocks whose `CarryKwargs` hooks take the private kwargs (BLOOM, Falcon)
+    contributions: list[Any] = dataclasses.field(default_factory=list)  # callables (loop owner, kwargs, positions)
+    key_positions: bool = False  # attention needs the keys' positions (score and attention sites)
+    posenc_attention: bool = False  # the scheme runs inside a posenc_* attention implementation
+    handed: torch.Tensor | None = None  # position_ids the wrapper's forward drops (KeepPositionIds)
 
     def __call__(self, owner: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         kwargs = {**dict(zip(self.arg_names, args)), **kwargs}
@@ -302,44 +304,62 @@ class PassModule:
         kwargs[self.kwarg] = owner.get_submodule(self.path)
 
 
-def remove_native_positions(model: nn.Module, adapter: Adapter, facts: ModelFacts, state: PatchState,
-                            keep_slot: bool = False, keep_rotary: bool = False) -> None:
+def remove_native_positions(model: nn.Module, entry: Entry, state: PatchState, keep_slot: bool = False,
+                            keep_rotary: bool = False) -> None:
     """Switch the model's own positions off: a zero in the position slot, cos=1, sin=0 from its rotary module
     (as wide as the model's own (cos, sin): partial rotaries hand out fewer than head_dim), a zero native bias
     (or a zero bucket table, whose bias T5 computes once and shares down the stack)."""
-    base = model.base_model
-    if adapter.native_bias_switch:
-        if not isinstance(getattr(base, adapter.native_bias_switch, None), bool):
-            raise PosEncError(f"{type(base).__name__} has no boolean `{adapter.native_bias_switch}` to switch its own "
-                              "position bias off")
-        state.set_attr(base, adapter.native_bias_switch, False)
-    elif adapter.native_bias:
+    for path, module in native_off(model, entry, state, keep_slot, keep_rotary):
+        state.replace(model.base_model, path, module)
+
+
+def native_off(model: nn.Module, entry: Entry, state: PatchState, keep_slot: bool = False,
+               keep_rotary: bool = False) -> list[tuple[str, nn.Module]]:
+    """`remove_native_positions` up to the modules that take the place of the model's own, built and returned by
+    path from the base model for the caller to put in (`state.replace`) with its other changes; the native bias is
+    switched off here (a recorded switch, or a hook on each block)."""
+    base, adapter, facts = model.base_model, entry.adapter, entry.facts
+    bias, rotation = adapter.bias, adapter.rotation
+    if bias.switch:
+        if not isinstance(getattr(base, bias.switch, None), bool):
+            raise PosEncError(f"{type(base).__name__} has no boolean `{bias.switch}` to switch its own position bias "
+                              "off")
+        state.set_attr(base, bias.switch, False)
+    elif bias.argument:
         for block in adapter.attention_blocks(model):
-            block.register_forward_pre_hook(ZeroBias(adapter.native_bias), with_kwargs=True)
-    if adapter.bias_table:
-        shape = tuple(base.get_submodule(adapter.bias_table).weight.shape)
-        state.replace(base, adapter.bias_table, ZeroBuckets(shape, facts.dtype).to(facts.device))
-    if adapter.position_slot and not keep_slot and not adapter.native_slot:
-        state.replace(base, adapter.position_slot, ZeroPositions(facts.dtype).to(facts.device))
-    if adapter.rotary and not keep_rotary:
-        state.replace(base, adapter.rotary, Rotary(adapter.rotary_dim or facts.head_dim, {}, 0.0, facts.max_positions))
+            block.register_forward_pre_hook(ZeroBias(bias.argument), with_kwargs=True)
+    found: list[tuple[str, nn.Module]] = []
+    if bias.table:
+        shape = tuple(base.get_submodule(bias.table).weight.shape)
+        found.append((bias.table, ZeroBuckets(shape, facts.dtype).to(facts.device)))
+    if adapter.slot and not keep_slot and not entry.native_slot:
+        found.append((adapter.slot.path, ZeroPositions(facts.dtype).to(facts.device)))
+    if rotation and not keep_rotary:
+        found.append((rotation.module, Rotary(rotation.dim or facts.head_dim, {}, 0.0, facts.max_positions)))
+    return found
 
 
 def install_biased_attention(name: str, kwarg: str, model: nn.Module, entry: Entry, state: PatchState,
                              loop: LayerLoop) -> None:
     """Score and attention sites: the scheme's module on the loop owner as `name`, handed to the posenc
-    attention function as `kwarg` with the positions of queries and keys."""
-    implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float term
-    loop.posenc_attention = True
-    add_scheme_module(name, kwarg, model, entry, state, loop)
-    remove_native_positions(model, entry.adapter, entry.facts, state)
-    positioned = []  # each attention module's config, read by a posenc attention function: built, then set
-    for attention in entry.adapter.attention_modules(model):
+    attention function as `kwarg` with the positions of queries and keys. One pass down: what takes the place of
+    the model's own positions, what is read of the model, the scheme's module, then every change recorded."""
+    loop.contributions.append(PassModule(kwarg, name))
+    loop.key_positions = loop.posenc_attention = True
+    replaced = native_off(model, entry, state)
+    attentions, path = entry.adapter.attention_modules(model), entry.adapter.at_loop(name)
+    for attention in attentions:
         if not isinstance(getattr(attention, "config", None), PretrainedConfig):
             raise PosEncError(f"{type(attention).__name__} reads no config to choose its attention function by; "
                               f"the {entry.spec.name!r} scheme's term has no way in")
-        positioned.append((attention, PositionedConfig(attention.config)))
-    for attention, config in positioned:
+    # flash attention takes no float term (the implementation read as `PositionedConfig` reads it)
+    implementation_for(model.config._attn_implementation)
+    positioned = [PositionedConfig(attention.config) for attention in attentions]  # each module's, set below
+    module = built(entry.spec, entry.config.options, entry.facts)
+    for where, substitute in replaced:
+        state.replace(model.base_model, where, substitute)
+    state.add_module(model.base_model, path, module, new=True)
+    for attention, config in zip(attentions, positioned):
         state.set_attr(attention, "config", config, instance=True)
     state.set_attr(model, "set_attn_implementation", functools.partial(set_attn_implementation, model), instance=True)
 
@@ -356,10 +376,11 @@ def set_attn_implementation(model: nn.Module, attn_implementation: str | dict, *
 
 
 def add_scheme_module(name: str, kwarg: str, model: nn.Module, entry: Entry, state: PatchState,
-                      loop: LayerLoop) -> None:
-    """The scheme's module on the loop owner as `name`, handed down each forward as `kwarg` with the positions
-    of queries and keys (whatever then applies it: posenc attention, or a `BiasMask`)."""
+                      loop: LayerLoop, path: str | None = None) -> None:
+    """The scheme's module on the loop owner as `name` (at `path` from the base model), handed down each forward
+    as `kwarg` with the positions of queries and keys (whatever then applies it: posenc attention, or a
+    `BiasMask`)."""
     loop.contributions.append(PassModule(kwarg, name))
     loop.key_positions = True
-    path = entry.adapter.at_loop(name)
+    path = path or entry.adapter.at_loop(name)
     state.add_module(model.base_model, path, built(entry.spec, entry.config.options, entry.facts), new=True)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..attention import Positions
-from ..schemes.base import built
+from ..schemes.building import built
 from .base import LayerLoop, PatchHook, remove_native_positions
 from .entry import Entry, rotary_off
 
@@ -32,7 +32,7 @@ PROBE = ("learned", {"init": "normal"})  # the scheme standing for this site in 
 
 def needs(adapter: Adapter, spec: Scheme) -> list[str]:
     """The mechanisms (adapters.base.MECHANISMS) an input code needs: the position slot's place, else the loop."""
-    return (["slot", "slot_code"] if adapter.position_slot and not adapter.native_slot else ["input"]) + \
+    return (["slot", "slot_code"] if adapter.slot else ["input"]) + \
         rotary_off(adapter)
 
 
@@ -64,14 +64,14 @@ class ProjectTokens(PatchHook):
 def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
     base, adapter = model.base_model, entry.adapter
     code = built(entry.spec, entry.config.options, entry.facts)
-    if adapter.position_slot:
-        state.replace(base, adapter.position_slot, code)
+    if adapter.slot:
+        state.replace(base, adapter.slot.path, code)
     else:
         state.add_module(base, adapter.at_loop(INPUT_MODULE), code, new=True)
         loop.contributions.append(AddCode(INPUT_MODULE))
     state.notes.update(getattr(code, "notes", {}))
     if hasattr(code, "project_tokens"):
-        for path in adapter.other_embeddings:
+        for path in adapter.embeddings.other:
             base.get_submodule(path).register_forward_hook(ProjectTokens(code))
         model.get_input_embeddings().register_forward_hook(ProjectTokens(code))
-    remove_native_positions(model, adapter, entry.facts, state, keep_slot=True)
+    remove_native_positions(model, entry, state, keep_slot=True)

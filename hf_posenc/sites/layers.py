@@ -24,10 +24,9 @@ from .. import compat
 from ..attention import BIAS_KWARG, LOGITS_KWARG, POSITIONS_KWARG, PREFIX
 from ..errors import PosEncError
 from ..schemes.rope import native_partial
-from ..schemes.base import place
+from ..schemes.building import place
 from .base import LayerLoop, PatchHook
 from .entry import Entry
-from .model import install as install_model
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
 from .table import why_not as why_not_site
 
@@ -42,16 +41,15 @@ ATTENTION_KWARGS = (POSITIONS_KWARG, BIAS_KWARG, LOGITS_KWARG)  # the private kw
 IDENTITY = ""  # LayerRole.rotation: cos = 1, sin = 0
 
 
-def view(adapter: Adapter, layers: Sequence[int], tag: str, covers_all: bool) -> Adapter:
+def view(adapter: Adapter, layers: Sequence[int], owns: bool) -> Adapter:
     """The adapter as one entry's installers see it: only `layers` attend with the entry's positions, the
-    model's rotary module stays for the others, and the slot, bias table and bias switch shared by every layer
-    are the entry's to remove only when the patch covers every layer (`covers_all`, given to the first entry).
-    `tag` keeps the modules and private kwargs of two entries of the same site apart."""
+    model's rotary module stays for the others, and the bias table and bias switch shared by every layer are the
+    entry's to remove only when the patch covers every layer (`owns`: given to the first entry, which then also
+    takes the position slot away, `Entry.native_slot`). Its `Entry.tag` keeps the modules and private kwargs of two
+    entries of the same site apart."""
     return dataclasses.replace(
-        adapter, attention_layers=tuple(layers), rotary=None, rotary_layer_types=(), tag=tag,
-        native_slot=not covers_all,
-        bias_table=adapter.bias_table if covers_all else None,
-        native_bias_switch=adapter.native_bias_switch if covers_all else None,
+        adapter, blocks=dataclasses.replace(adapter.blocks, attention_layers=tuple(layers)), rotation=None,
+        bias=adapter.bias if owns else dataclasses.replace(adapter.bias, table=None, switch=None),
     )
 
 
@@ -61,10 +59,10 @@ def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: d
     from the scheme's rope_parameters, or the scheme's rotary module (another rotating fraction, a scheme no
     rope_parameters express, a rotation per layer type, whose entry rotates all its layers alike)."""
     config = compat.text_config(model.config)
-    if spec.native and options["partial"] == native_partial(facts) and not adapter.rotary_layer_types:
+    if spec.native and options["partial"] == native_partial(facts) and not adapter.rotation.layer_types:
         own = copy.deepcopy(config)
         own.rope_parameters = layer_parameters(spec, options, facts, compat.rope_parameters(config) or {})
-        return type(model.base_model.get_submodule(adapter.rotary))(config=compat.with_head_dim(own))
+        return type(model.base_model.get_submodule(adapter.rotation.module))(config=compat.with_head_dim(own))
     return spec.rotary(options, facts, facts.max_positions + facts.ids_offset)
 
 
@@ -74,8 +72,8 @@ def rotation_installer(adapter: Adapter) -> Any:
     kwarg its layers' `LayerRole` takes."""
 
     def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
-        name = ROTARY_MODULE + entry.adapter.tag
-        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry.adapter.tag))
+        name = ROTARY_MODULE + entry.tag
+        loop.contributions.append(RotaryKwarg(name, ROTARY_KWARG + entry.tag))
         module = place(rotation_module(model, adapter, entry.spec, entry.config.options, entry.facts), entry.facts)
         state.add_module(model.base_model, entry.adapter.at_loop(name), module, new=True)
 
@@ -84,25 +82,26 @@ def rotation_installer(adapter: Adapter) -> Any:
 
 def rotates_natively(entry: Entry, adapter: Adapter) -> bool:
     """A q/k entry on a natively rotating model: its rotation replaces the model's in its layers."""
-    return adapter.rotary is not None and entry.spec.site == "qk"
+    return adapter.rotation is not None and entry.spec.site == "qk"
 
 
-def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool) -> str | None:
+def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool,
+            keeps_slot: bool) -> str | None:
     """Why `spec` cannot go into some layers of this model (None if it can), beyond what the view's
-    mechanisms say."""
+    mechanisms say (`keeps_slot`: the entry leaves the position slot to the model's own positions)."""
     if spec.site == "input":
         return "it adds positions to the token embeddings, before every layer; per-layer schemes act in attention"
-    if not covers_all and (shared := adapter.bias_table or adapter.native_bias_switch):
+    if not covers_all and (shared := adapter.bias.table or adapter.bias.switch):
         return (f"the model computes its own position bias once for every layer ({shared}): a per-layer patch "
                 "must cover every layer")
-    if spec.site == "none" and not covers_all and adapter.rotary is None and adapter.native_bias is None:
+    if spec.site == "none" and not covers_all and adapter.rotation is None and adapter.bias.argument is None:
         return (f"nothing to remove: the model's positions ({adapter.native}) enter at the input, not in its layers; "
                 "patch every layer, or give the other layers a scheme in the same map")
     attention = adapter.attention_modules(model)[0]
-    if adapter.rotary and ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
+    if adapter.rotation and ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
         return f"its attention takes no `{ROTATION_KWARG}` to switch its own rotation off in one layer"
     # a rotation on a rotating model goes where the whole-model patch's would (rotation_module)
-    return why_not_site(adapter if adapter.rotary and spec.site == "qk" else view_, spec)
+    return why_not_site(adapter if adapter.rotation and spec.site == "qk" else view_, spec, keeps_slot)
 
 
 def why_not_map(specs: Sequence[Scheme]) -> str | None:
@@ -147,18 +146,22 @@ class LayerRole(PatchHook):
         return args, kwargs
 
 
-def install(model: nn.Module, adapter: Adapter, entries: Sequence[Entry], state: PatchState) -> None:
-    """Install every entry through its view, then one `LayerRole` per attention module."""
+def site_for(entry: Entry, adapter: Adapter) -> Any:
+    """The installer of one entry of a per-layer map (`adapter`: the stack's): a q/k entry's rotation on a natively
+    rotating model, else None (the scheme's own site, through the entry's view)."""
+    return rotation_installer(adapter) if rotates_natively(entry, adapter) else None
+
+
+def assign_roles(model: nn.Module, adapter: Adapter, entries: Sequence[Entry]) -> None:
+    """Once every entry is installed through its view: one `LayerRole` per attention module."""
     rotations: dict[int, str] = {}
-    for entry in entries:
-        site = rotation_installer(adapter) if rotates_natively(entry, adapter) else None
-        install_model(model, entry, state, site)
-        if adapter.rotary is not None:
-            kwarg = ROTARY_KWARG + entry.adapter.tag if site else IDENTITY
+    if adapter.rotation is not None:
+        for entry in entries:
+            kwarg = ROTARY_KWARG + entry.tag if rotates_natively(entry, adapter) else IDENTITY
             rotations.update(dict.fromkeys(entry.config.layers, kwarg))
     positioned = {i for e in entries if e.spec.site in POSENC_ATTENTION for i in e.config.layers}
     blocks = list(adapter.attention_blocks(model))
-    indices = adapter.attention_layers if adapter.attention_layers is not None else range(len(blocks))
+    indices = adapter.blocks.attention_layers if adapter.blocks.attention_layers is not None else range(len(blocks))
     for index, block in zip(indices, blocks):
         role = LayerRole(rotations.get(index), stock=index not in positioned, additive=bool(positioned))
-        block.get_submodule(adapter.attention).register_forward_pre_hook(role, with_kwargs=True)
+        block.get_submodule(adapter.blocks.attention).register_forward_pre_hook(role, with_kwargs=True)

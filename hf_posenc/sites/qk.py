@@ -18,7 +18,8 @@ from .. import compat
 from ..adapters.base import PACKED_SPLITS, QKTap
 from ..attention import Positions
 from ..errors import PosEncError
-from ..schemes.base import ModelFacts, Scheme, place
+from ..schemes.base import ModelFacts, Scheme
+from ..schemes.building import place
 from ..schemes.rope import native_partial, native_theta
 from ..schemes.rotary import rotate
 from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
@@ -39,7 +40,7 @@ def needs(adapter: Adapter, spec: Scheme) -> list[str]:
     """The mechanisms (adapters.base.MECHANISMS) a rotation needs: config on a natively rotating model (one
     rebuild per RoPE type, probed each on its own), else hooks on the q/k taps."""
     rope_type = getattr(spec, "rope_type", "default")
-    return slot_needs(adapter) + (["rope_config", f"rope_config:{rope_type}"] if adapter.rotary else ["qk_tap", "kwargs"])
+    return slot_needs(adapter) + (["rope_config", f"rope_config:{rope_type}"] if adapter.rotation else ["qk_tap", "kwargs"])
 
 
 class RotaryKwarg:
@@ -120,26 +121,26 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
 def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
     base, config, options = model.base_model, compat.text_config(model.config), entry.config.options
     adapter, spec, facts = entry.adapter, entry.spec, entry.facts
-    if adapter.rotary and spec.native and options["partial"] == native_partial(facts):
+    if adapter.rotation and spec.native and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
         own = compat.rope_parameters(config) or {}
-        if adapter.rotary_layer_types:
+        if adapter.rotation.layer_types:
             # layer types without a rotation (NoPE layers: None) stay without one
             params = {kind: layer_parameters(spec, options, facts, own[kind]) if own[kind] else None for kind in own}
         else:
             params = layer_parameters(spec, options, facts, own)
         state.set_attr(config, "rope_parameters", params)
-        old = base.get_submodule(adapter.rotary)
-        state.replace(base, adapter.rotary, place(type(old)(config=compat.with_head_dim(config)), facts))
+        old = base.get_submodule(adapter.rotation.module)
+        state.replace(base, adapter.rotation.module, place(type(old)(config=compat.with_head_dim(config)), facts))
         state.rebuilt_rotary = type(old).__module__.startswith("transformers.")
     else:
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = place(spec.rotary(options, facts, facts.max_positions + facts.ids_offset), facts)
-        if adapter.rotary:
-            state.replace(base, adapter.rotary, rotary)
+        if adapter.rotation:
+            state.replace(base, adapter.rotation.module, rotary)
             loop.slot = loop.slot or not spec.shift_invariant
         else:
-            name, kwarg = ROTARY_MODULE + adapter.tag, ROTARY_KWARG + adapter.tag
+            name, kwarg = ROTARY_MODULE + entry.tag, ROTARY_KWARG + entry.tag
             state.add_module(base, adapter.at_loop(name), rotary, new=True)  # FoPE's weights
             loop.contributions.append(RotaryKwarg(name, kwarg))
             for attention in adapter.attention_modules(model):
@@ -147,4 +148,4 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
                 attention.register_forward_pre_hook(rotation, with_kwargs=True)
                 for path in adapter.qk.projections:
                     rotation.hook_at(attention, path)
-    remove_native_positions(model, adapter, facts, state, keep_rotary=True)
+    remove_native_positions(model, entry, state, keep_rotary=True)

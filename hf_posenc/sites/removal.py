@@ -24,4 +24,4 @@ def needs(adapter: Adapter, spec: Scheme) -> list[str]:
 
 
 def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
-    remove_native_positions(model, entry.adapter, entry.facts, state)
+    remove_native_positions(model, entry, state)

@@ -3,7 +3,7 @@
 The scheme's bias module lives on the layer loop's module (the base model, OPT's decoder) as `posenc_bias`;
 the layer-loop hook hands it and the positions of queries and keys to the posenc attention function, which
 adds the bias whatever mask arrives. Families whose attention bypasses ALL_ATTENTION_FUNCTIONS but adds the
-mask it is handed to its scaled logits (`Adapter.score_mask`: BLOOM, Falcon) get the bias folded into that
+mask it is handed to its scaled logits (`Blocks.score_mask`: BLOOM, Falcon) get the bias folded into that
 mask by a pre-hook instead.
 """
 
@@ -34,7 +34,7 @@ PROBE = ("alibi", {})  # the scheme standing for this site in the self-check's "
 def needs(adapter: Adapter, spec: Scheme) -> list[str]:
     """The mechanisms (adapters.base.MECHANISMS) a score bias needs: the biased attention, or the mask of a
     family whose attention adds its mask outside ALL_ATTENTION_FUNCTIONS."""
-    return slot_needs(adapter) + rotary_off(adapter) + ["score_mask" if adapter.score_mask else "score", "kwargs"]
+    return slot_needs(adapter) + rotary_off(adapter) + ["score_mask" if adapter.blocks.score_mask else "score", "kwargs"]
 
 
 class BiasMask(PatchHook):
@@ -64,14 +64,14 @@ class BiasMask(PatchHook):
 def install_mask_bias(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
     """The bias module on the base model; a `BiasMask` on every attention module takes it and the positions."""
     implementation_for(compat.attn_implementation(model.config))  # flash attention takes no float mask
-    remove_native_positions(model, entry.adapter, entry.facts, state)
+    remove_native_positions(model, entry, state)
     add_scheme_module(BIAS_MODULE, BIAS_KWARG, model, entry, state, loop)
     for attention in entry.adapter.attention_modules(model):
         attention.register_forward_pre_hook(BiasMask(entry.adapter.causal), with_kwargs=True)
 
 
 def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
-    if entry.adapter.score_mask:
+    if entry.adapter.blocks.score_mask:
         install_mask_bias(model, entry, state, loop)
     else:
         install_biased_attention(BIAS_MODULE, BIAS_KWARG, model, entry, state, loop)

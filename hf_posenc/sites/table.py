@@ -7,28 +7,57 @@ from typing import TYPE_CHECKING, Any
 
 from . import embedding, logits, qk, removal, score
 
+from ..errors import PosEncError
+
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
     from ..schemes.base import Scheme
+    from ..view import ModelView
 
 SITES: dict[str, ModuleType] = {"input": embedding, "qk": qk, "score": score, "attention": logits, "none": removal}
 
 
-def needs(adapter: Adapter, spec: Scheme) -> tuple[str, ...]:
+def needs(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> tuple[str, ...]:
     """What the site of `spec` must do to this model (keys of adapters.base.MECHANISMS): switching off a native
-    score bias first, then the site's own."""
-    native = ["native_bias"] if adapter.native_bias or adapter.bias_table else []
-    return tuple(native + SITES[spec.site].needs(adapter, spec))
+    score bias first, then the site's own (`keeps_slot`: a per-layer entry, whose layers leave the position slot to
+    the others, takes nothing away from it)."""
+    native = ["native_bias"] if adapter.bias.argument or adapter.bias.table else []
+    return tuple(native + [m for m in SITES[spec.site].needs(adapter, spec) if not (keeps_slot and m == "slot")])
 
 
-def why_not(adapter: Adapter, spec: Scheme) -> str | None:
+def why_not(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> str | None:
     """None if `spec` can be patched into the model `adapter` describes, else the reason: the first mechanism its
     site needs that the adapter names as a gap."""
     if spec.causal_only and not adapter.causal:
         return f"{spec.name!r} needs a causal model"
-    wanted = needs(adapter, spec)
+    wanted = needs(adapter, spec, keeps_slot)
     gap = next((f"{m}: {adapter.gaps[m]}" for m in wanted if m in adapter.gaps), None)
     return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in wanted and adapter.qk is None else None)
+
+
+def why_not_stacks(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None = None) -> str | None:
+    """None if every stack of `view` in `names` (default: those that read text) takes `spec`, else the first
+    reason (an encoder-decoder's named by its stack); kept in the view, which is read once per config."""
+    key = (spec, names)
+    if key not in view.answers:
+        view.answers[key] = _why_not_stacks(view, spec, names)
+    return view.answers[key]
+
+
+def _why_not_stacks(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None) -> str | None:
+    if not view.two_stacks:
+        return why_not(view.stacks[0].adapter, spec)
+    names = names or view.text
+    if not names:
+        return view.no_text
+    for name in names:
+        try:
+            reason = why_not(view.adapter(name), spec)
+        except PosEncError as exc:
+            reason = str(exc)
+        if reason is not None:
+            return f"{name}: {reason}"
+    return None
 
 
 def kind(spec: Scheme) -> str | None:
