@@ -172,6 +172,28 @@ def prepare_seq2seq(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -
                     collate=lambda batch: _pad(batch, pad))
 
 
+def prepare_completion(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
+    """Prompt -> completion rows for a causal LM: the two tokenized apart and joined (TRL's way: a tokenizer that
+    merges across the boundary cannot move it), the labels the completion's ids only, the whole row cut at
+    `seq_len`."""
+    d = recipe.data
+    train_raw, eval_raw = row_splits(recipe, raw)
+
+    def row(prompt: list[int], answer: list[int]) -> dict[str, torch.Tensor]:
+        ids = torch.tensor(prompt + answer)[: d.seq_len]
+        labels = torch.tensor([IGNORE_INDEX] * len(prompt) + answer)[: d.seq_len]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+    def rows(ds: datasets.Dataset) -> Rows:
+        prompts = tokenizer(list(ds[d.text_column]))["input_ids"]
+        answers = tokenizer(list(ds[d.target_column]), add_special_tokens=False)["input_ids"]
+        return Rows([row(p, a) for p, a in zip(prompts, answers)])
+
+    pad = tokenizer.pad_token_id
+    return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
+                    collate=lambda batch: _pad(batch, pad))
+
+
 def _stack(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
 

@@ -12,6 +12,7 @@ import transformers
 from .. import compat, loading
 from ..errors import PosEncError, Unsupported
 from .recipe import Recipe
+from .tasks import TRAINING_TASKS
 
 HEAD_MODULES = ("classifier", "score")  # peft's names for sequence-classification heads
 
@@ -45,7 +46,7 @@ def load_recipe_model(recipe: Recipe) -> tuple[torch.nn.Module, Any]:
     """Model and tokenizer through `hf_posenc.loading`, with a pad token for batching."""
     m = recipe.model
     extra = {"num_labels": m.num_labels} if m.task == "classification" else {}
-    model, tokenizer = loading.load(m.model_name_or_path, task=m.task, tokenizer=m.tokenizer_name_or_path, dtype=getattr(torch, m.dtype),
+    model, tokenizer = loading.load(m.model_name_or_path, task=TRAINING_TASKS[m.task].head, tokenizer=m.tokenizer_name_or_path, dtype=getattr(torch, m.dtype),
                                     attn_implementation=m.attn_implementation, **extra)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -25,7 +25,8 @@ TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 # task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
 TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
                                             "classification": ("text_column", "label_column"),
-                                            "seq2seq": ("text_column", "target_column")}
+                                            "seq2seq": ("text_column", "target_column"),
+                                            "prompt_completion": ("text_column", "target_column")}
 
 # The keys of the recipe's small mappings, with their type, default and domain (checked by `_check_mapping`).
 POSE_KEYS: dict[str, tuple[type, Any, str]] = {
@@ -57,9 +58,10 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 @dataclasses.dataclass
 class ModelArguments:
     model_name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M-Instruct), 'minilm-l6'")
-    task: Literal["causal_lm", "classification", "seq2seq"] = field(
-        "causal_lm", help="head to train: next-token LM, sequence classifier, or an encoder-decoder "
-        "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder")
+    task: Literal["causal_lm", "classification", "seq2seq", "prompt_completion"] = field(
+        "causal_lm", help="head to train: next-token LM, sequence classifier, an encoder-decoder "
+        "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder, or a causal LM "
+        "trained on prompt -> completion rows, the loss on the completion only (TRL's prompt-completion format)")
     num_labels: int = field(2, help="classes, for task=classification")
     tokenizer_name_or_path: str | None = field(None, help="tokenizer path; defaults to the model's")
     dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
@@ -75,7 +77,8 @@ class DataArguments:
     eval_fraction: float = field(0.02, help="held-out share when there is no test split")
     text_column: str = field("text", help="column with the text")
     label_column: str = field("label", help="column with the class id (classification)")
-    target_column: str = field("target", help="column with the output text (seq2seq; text_column is the input)")
+    target_column: str = field("target", help="column with the output text (seq2seq, prompt_completion; "
+                               "text_column is the input or the prompt)")
     seq_len: int = field(512, help="LM: length of the packed training blocks; classification: truncation length; "
                          "seq2seq: truncation length of inputs and of targets")
     max_train_samples: int | None = field(None, help="cap on training rows (blocks for LM)")

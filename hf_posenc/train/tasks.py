@@ -37,6 +37,7 @@ class Task:
     held_out_loss: Callable[[Recipe, Tables], float]
     encoder_decoder: bool | None = None
     original: bool = False
+    head: str = "causal_lm"  # the `hf_posenc.loading` task whose Auto class loads the model
 
 
 def _without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -90,14 +91,28 @@ def _seq2seq_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> S
     return {"loss_sum": loss.sum(dim=1), "tokens": scored.sum(dim=1).float(), "exact": exact.float()}
 
 
-def _seq2seq_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
-                    tokenizer: Any) -> Tables:
-    """Per-token held-out loss and the rows' exact match (greedy decoding's, see `_seq2seq_scores`), with n
-    and its 95% Wilson interval."""
-    tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
-    loss = scores["loss_sum"].sum().item() / tokens
-    return {"seq2seq": {recipe.data.dataset_name: {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss,
-                                              "perplexity": math.exp(loss), "tokens": int(tokens)}}}
+def _completion_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+    """As `_seq2seq_scores` for a causal LM: each position predicts the next token, and only the completion's
+    tokens are labelled, so a row is exact when every completion token is the argmax after its prefix."""
+    labels = batch["labels"][:, 1:]
+    logits = model(**_without_labels(batch)).logits[:, :-1].float()
+    scored = labels != inputs.IGNORE_INDEX
+    loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=inputs.IGNORE_INDEX, reduction="none")
+    exact = ((logits.argmax(-1) == labels) | ~scored).all(dim=1)
+    return {"loss_sum": loss.sum(dim=1), "tokens": scored.sum(dim=1).float(), "exact": exact.float()}
+
+
+def _answer_tables(table: str) -> Callable[..., Tables]:
+    """The `table` of per-token held-out loss and the rows' exact match (greedy decoding's, see
+    `_seq2seq_scores`), with n and its 95% Wilson interval."""
+
+    def tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
+        tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
+        loss = scores["loss_sum"].sum().item() / tokens
+        return {table: {recipe.data.dataset_name: {"exact_match": hits / n, **rate_fields(round(hits), n),
+                                                   "loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}}}
+
+    return tables
 
 
 TRAINING_TASKS: dict[str, Task] = {
@@ -105,9 +120,11 @@ TRAINING_TASKS: dict[str, Task] = {
                       lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
                       encoder_decoder=False, original=True),
     "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
-                           lambda r, m: m["classification"][r.data.dataset_name]["loss"]),
-    "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _seq2seq_tables,
-                    lambda r, m: m["seq2seq"][r.data.dataset_name]["loss"], encoder_decoder=True),
+                           lambda r, m: m["classification"][r.data.dataset_name]["loss"], head="classification"),
+    "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _answer_tables("seq2seq"),
+                    lambda r, m: m["seq2seq"][r.data.dataset_name]["loss"], encoder_decoder=True, head="seq2seq"),
+    "prompt_completion": Task(inputs.prepare_completion, _completion_scores, _answer_tables("completion"),
+                              lambda r, m: m["completion"][r.data.dataset_name]["loss"], encoder_decoder=False),
 }
 # task -> the transformers Auto classes' model types it loads (None: the class decides at load)
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...registry import register_suite
+from ...registry import register_metric, register_suite
 from ...results import Metric, Plot
 from ..suite import Cell, Scoring, Suite
 
@@ -86,3 +86,6 @@ class Lengthgen(Suite):
 
 
 register_suite(Lengthgen())
+# the table recipes with `task: prompt_completion` write (held-out exact match and loss; `recipes/lengthgen`)
+register_metric("completion", Metric(("exact_match", "loss"), "dataset", "exact_match",
+                                     task=("text-generation", "Prompt completion")))
