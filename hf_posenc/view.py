@@ -292,11 +292,11 @@ def _stack_adapter(model: nn.Module, stack: str) -> Adapter:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack ({type(module).__name__}) is a plain "
                           "nn.Module without a config, not a transformers model discovery can read on its own")
     try:
-        structure = discover(module, stack)
+        found = discover(module, stack)
     except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
-    return dataclasses.replace(adapter_from(structure), causal=stack == "decoder")
+    return dataclasses.replace(adapter_from(found), causal=stack == "decoder")
 
 
 def _refuse_encoder_decoder(subject: Any, model_type: str) -> None:

@@ -229,8 +229,8 @@ def name_comparisons(names: set[str], allowed: str, exempt: dict[tuple[str, str]
 
 # The same words as scheme names, meaning something else: transformers' own names for a model's positions.
 SCHEME_WORDS_ELSEWHERE = {
-    ("hf_posenc.adapters.generic", "adapter_from"): "native_bias_kind: the kind of bias the model has",
-    ("hf_posenc.adapters.generic", "native_scheme"): "native_bias_kind: the kind of bias the model has",
+    ("hf_posenc.adapters.discover", "native_bias_record"): "native_bias_kind: the kind of bias the model has",
+    ("hf_posenc.adapters.discover", "native_scheme"): "native_bias_kind: the kind of bias the model has",
     ("hf_posenc.adapters.probes", "native_bias_kind"): "the block argument transformers passes the bias as",
     ("hf_posenc.adapters.probes", "unexplained"): "config.position_embedding_type, transformers' values",
     ("hf_posenc.serving.gguf.targets", "rotary_target"): "rope_parameters' rope_type: transformers' scaling names",

@@ -304,7 +304,7 @@ def reason(row: dict[str, Any]) -> str:
     why = {}
     for site, ok in sites.items():
         if not ok:
-            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotary"] else "rope"
+            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotation"] else "rope"
             why.setdefault(row["unsupported"][scheme], []).append(site)
     return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
 
