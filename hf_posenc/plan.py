@@ -22,9 +22,9 @@ from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError, Unsupported
 from .registry import SCHEMES
 from .schemes.base import ModelFacts, Scheme
-from .sites import Entry, Stack, why_not_stacks
+from .sites import Entry, why_not_stacks
 from .sites import layers as layer_site
-from .view import StockStack, planned, read, stock
+from .view import Stack, planned, read, stock
 
 
 UNASKED = object()  # a question the view holds no answer to yet
@@ -59,23 +59,23 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     return _whole(spec, stock(subject, view, names), patch)
 
 
-def _whole(spec: Scheme, stacks: tuple[StockStack, ...], patch: PosEncConfig) -> Plan:
+def _whole(spec: Scheme, stacks: tuple[Stack, ...], patch: PosEncConfig) -> Plan:
     """One entry per stack, over every layer: an encoder-decoder's stacks take the same options, resolved against
     the first."""
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     resolved, length = _resolve(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
-    found = [Stack(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts, length),))
+    found = [dataclasses.replace(stack, entries=(Entry(spec, resolved, stack.adapter, stack.facts, length),))
              for stack in stacks]
     return Plan(resolved, tuple(found), stacks[0].adapter.native)
 
 
-def _per_layer(stacks: tuple[StockStack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
+def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
     """The entries of a per-layer patch in each stack: an encoder-decoder's stacks take the same."""
     planned = []
     for stack in stacks:
         where = f"{name} {stack.name}" if stack.name else name
         entries = _layer_entries(stack.module, stack.adapter, patch, where, stack.facts)
-        planned.append(Stack(stack.name, stack.adapter, entries, per_layer=True))
+        planned.append(dataclasses.replace(stack, entries=entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native)

@@ -380,6 +380,31 @@ def test_a_patch_reads_the_model_once():
     assert max(trip["again"].values(), default=0) <= 3, trip["again"]
 
 
+def test_one_type_describes_a_stack():
+    """A stack is a `view.Stack` as read, for one instance and in a plan, for a model of one stack and for an
+    encoder-decoder's two (issue 49: `view.StackView`, `view.StockStack` and `sites.Stack` were three types, which
+    still resolve to it, with a DeprecationWarning); `config.STACKS` is only their names, in order."""
+    import transformers
+
+    from hf_posenc import sites, tiny, tiny_seq2seq, view
+    from hf_posenc.config import STACKS, as_patch
+    from hf_posenc.plan import plan
+
+    for model, names in ((tiny.tiny_model("llama", transformers.AutoModelForCausalLM), (None,)),
+                         (tiny_seq2seq.tiny_model("t5"), STACKS)):
+        read = view.read(model)
+        stock, planned = view.stock(model, read, names), plan(model, as_patch("alibi", {})).stacks
+        assert {type(stack) for stack in (*read.stacks, *stock, *planned)} == {view.Stack}
+        assert [(s.name, s.adapter) for s in planned] == [(s.name, s.adapter) for s in read.stacks] and \
+            tuple(s.name for s in planned) == names
+        assert [s.module for s in planned] == [model if n is None else view.stack_module(model, n) for n in names]
+        assert all(s.module is None and s.entries == () for s in read.stacks)
+        assert all(len(s.entries) == 1 and s.entries[0].adapter is s.adapter for s in planned)
+    for module, name in ((view, "StackView"), (view, "StockStack"), (sites, "Stack")):
+        with pytest.warns(DeprecationWarning, match="view.Stack"):
+            assert getattr(module, name) is view.Stack
+
+
 # The same words as suite or metric-table names, meaning something else: training tasks (`model.task`) anywhere;
 # in one module, (module, word) -> what the word means there.
 SUITE_WORDS_ELSEWHERE = {"classification": "a recipe's model.task", "seq2seq": "a recipe's model.task"}

@@ -12,10 +12,24 @@ into one model, `layers` a per-layer map, `stacks` the stacks of a plan; a new s
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
+from .. import view
 from .base import remove_hooks
-from .entry import Entry, Stack
+from .entry import Entry
 from .stacks import install
 from .table import SITES, kind, needs, probe, probes, title, why_not, why_not_stacks
 
-__all__ = ["SITES", "Entry", "Stack", "install", "kind", "needs", "probe", "probes", "remove_hooks", "title", "why_not",
+
+def __getattr__(name: str) -> Any:
+    """`Stack`, the plan's stack type before `view.Stack` was the one: deprecated, the same as `view.Stack`."""
+    if name == "Stack":
+        warnings.warn("sites.Stack is deprecated: one type describes a stack, hf_posenc.view.Stack", DeprecationWarning,
+                      stacklevel=2)
+        return view.Stack
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SITES", "Entry", "install", "kind", "needs", "probe", "probes", "remove_hooks", "title", "why_not",
            "why_not_stacks"]

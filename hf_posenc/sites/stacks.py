@@ -18,8 +18,9 @@ from ..attention import PREFIX
 from ..config import STACKS
 from ..seq2seq import cross_attentions, self_attentions, stack_module
 from ..state import PatchState, RemoveHooks
+from ..view import Stack
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
-from .entry import Entry, Stack
+from .entry import Entry
 from .layers import assign_roles, site_for
 from .table import SITES
 
