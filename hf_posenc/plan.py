@@ -22,7 +22,7 @@ from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError, Unsupported
 from .registry import SCHEMES
 from .schemes.base import ModelFacts, Scheme
-from .sites import Entry, why_not_stacks
+from .sites import Entry, stacks_refusal
 from .sites import layers as layer_site
 from .view import Stack, planned, read, stock
 
@@ -49,7 +49,7 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
         return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
     spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
     if (reason := view.answers.get((spec, names), UNASKED)) is UNASKED:  # asked once per view
-        reason = why_not_stacks(view, spec, names)
+        reason = stacks_refusal(view, spec, names)
     if reason is not None:
         supported = supported_schemes(subject)
         what = f"{view.model_type!r}" if view.two_stacks else f"{view.model_type!r} models ({view.only().name} adapter)"
@@ -95,11 +95,11 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
     for tag, (entry, spec) in enumerate(zip(configs, specs)):
         views.append(layer_site.view(adapter, entry.layers, owns=covers_all and not tag))
-        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all,
-                                         keeps_slot=not (covers_all and not tag))) is not None:
+        if (reason := layer_site.layer_refusal(model, adapter, views[-1], spec, covers_all,
+                                               keeps_slot=not (covers_all and not tag))) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
-    if (reason := layer_site.why_not_map(specs)) is not None:
+    if (reason := layer_site.map_refusal(specs)) is not None:
         raise PosEncError(reason)
     entries = []
     for tag, (entry, spec, view) in enumerate(zip(configs, specs, views)):

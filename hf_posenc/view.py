@@ -60,7 +60,7 @@ class ModelView:
     the names a patch takes by default (the stacks that read text); `refused`: a stack that cannot be read -> the
     message saying why; `no_text`: why no stack reads text, where none does; `two_stacks`: an encoder-decoder
     model (or a speech LM), whose stacks are named. `answers` keeps what the site table answered about a scheme on
-    these stacks (`sites.why_not_stacks`): the same question of the same model is not asked twice."""
+    these stacks (`sites.stacks_refusal`): the same question of the same model is not asked twice."""
 
     model_type: str
     stacks: tuple[Stack, ...]

@@ -405,6 +405,25 @@ def test_one_type_describes_a_stack():
             assert getattr(module, name) is view.Stack
 
 
+def test_only_the_catalog_asks_why_not():
+    """One `why_not`, the public `catalog.why_not` (which also takes an encoder-decoder's stacks); the internal
+    questions are named for what they check (`sites.table.site_refusal`, `stacks_refusal`, `sites.layers.
+    layer_refusal`, `map_refusal`). Issue 49 found four. The old names still resolve, with a DeprecationWarning."""
+    import transformers
+
+    from hf_posenc import catalog, sites, tiny
+
+    defined = sorted(f"{module}.{node.name}" for module in MODULES for node in ast.walk(parse(module))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "why_not" in node.name)
+    assert defined == ["hf_posenc.catalog.stacks_why_not", "hf_posenc.catalog.why_not"]  # the first deprecated
+    for name, now in (("why_not", sites.site_refusal), ("why_not_stacks", sites.stacks_refusal)):
+        with pytest.warns(DeprecationWarning, match=f"sites.{name} is deprecated"):
+            assert getattr(sites, name) is now
+    bert = tiny.tiny_model("bert", transformers.AutoModelForMaskedLM)
+    with pytest.warns(DeprecationWarning, match="stacks_why_not is deprecated"):
+        assert catalog.stacks_why_not(bert, SCHEMES["cope"]) == catalog.why_not(bert, "cope") is not None
+
+
 # The same words as suite or metric-table names, meaning something else: training tasks (`model.task`) anywhere;
 # in one module, (module, word) -> what the word means there.
 SUITE_WORDS_ELSEWHERE = {"classification": "a recipe's model.task", "seq2seq": "a recipe's model.task"}

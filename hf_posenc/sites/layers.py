@@ -28,7 +28,7 @@ from ..schemes.building import place
 from .base import LayerLoop, PatchHook
 from .entry import Entry
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
-from .table import why_not as why_not_site
+from .table import site_refusal
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -85,8 +85,8 @@ def rotates_natively(entry: Entry, adapter: Adapter) -> bool:
     return adapter.rotation is not None and entry.spec.site == "qk"
 
 
-def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool,
-            keeps_slot: bool) -> str | None:
+def layer_refusal(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool,
+                  keeps_slot: bool) -> str | None:
     """Why `spec` cannot go into some layers of this model (None if it can), beyond what the view's
     mechanisms say (`keeps_slot`: the entry leaves the position slot to the model's own positions)."""
     if spec.site == "input":
@@ -101,10 +101,10 @@ def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, co
     if adapter.rotation and ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
         return f"its attention takes no `{ROTATION_KWARG}` to switch its own rotation off in one layer"
     # a rotation on a rotating model goes where the whole-model patch's would (rotation_module)
-    return why_not_site(adapter if adapter.rotation and spec.site == "qk" else view_, spec, keeps_slot)
+    return site_refusal(adapter if adapter.rotation and spec.site == "qk" else view_, spec, keeps_slot)
 
 
-def why_not_map(specs: Sequence[Scheme]) -> str | None:
+def map_refusal(specs: Sequence[Scheme]) -> str | None:
     """Why the schemes of one map cannot share a model (None if they can): one runs in the attention function."""
     if len(biased := [s.name for s in specs if s.site in POSENC_ATTENTION]) > 1:
         return f"a layer map takes one scheme that runs in the attention function (score or attention site), got {biased}"
