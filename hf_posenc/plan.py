@@ -105,7 +105,7 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     for tag, (entry, spec, view) in enumerate(zip(configs, specs, views)):
         resolved, length = _resolve(spec, entry, facts)
         entries.append(Entry(spec, resolved, view, facts, length, tag=str(tag) if tag else "",
-                             native_slot=not (covers_all and not tag)))
+                             keeps_slot=not (covers_all and not tag)))
     return tuple(entries)
 
 

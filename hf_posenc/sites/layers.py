@@ -45,7 +45,7 @@ def view(adapter: Adapter, layers: Sequence[int], owns: bool) -> Adapter:
     """The adapter as one entry's installers see it: only `layers` attend with the entry's positions, the
     model's rotary module stays for the others, and the bias table and bias switch shared by every layer are the
     entry's to remove only when the patch covers every layer (`owns`: given to the first entry, which then also
-    takes the position slot away, `Entry.native_slot`). Its `Entry.tag` keeps the modules and private kwargs of two
+    takes the position slot away, `Entry.keeps_slot`). Its `Entry.tag` keeps the modules and private kwargs of two
     entries of the same site apart."""
     return dataclasses.replace(
         adapter, blocks=dataclasses.replace(adapter.blocks, attention_layers=tuple(layers)), rotation=None,
@@ -59,7 +59,7 @@ def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: d
     from the scheme's rope_parameters, or the scheme's rotary module (another rotating fraction, a scheme no
     rope_parameters express, a rotation per layer type, whose entry rotates all its layers alike)."""
     config = compat.text_config(model.config)
-    if spec.native and options["partial"] == native_partial(facts) and not adapter.rotation.layer_types:
+    if spec.config_only and options["partial"] == native_partial(facts) and not adapter.rotation.layer_types:
         own = copy.deepcopy(config)
         own.rope_parameters = layer_parameters(spec, options, facts, compat.rope_parameters(config) or {})
         return type(model.base_model.get_submodule(adapter.rotation.module))(config=compat.with_head_dim(own))
