@@ -9,6 +9,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 import hf_posenc as hp
 from hf_posenc import results
@@ -16,7 +17,7 @@ from hf_posenc.errors import PosEncError
 from hf_posenc.evaluation.lengthgen import scoring
 from hf_posenc.evaluation.lengthgen.tasks import Example
 from hf_posenc.loading import load
-from hf_posenc.tiny_decoder import write_task
+from hf_posenc.tiny_decoder import tiny_model, write_task
 from hf_posenc.train import inputs, load_recipe, tasks, train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "lengthgen" / "repeat"
@@ -73,3 +74,13 @@ def test_bad_task_settings_are_refused_before_anything_is_written(tmp_path):
         with pytest.raises(PosEncError, match=match):
             write_task(tmp_path / "w", args.pop("task"), args.pop("train_lengths"), **args)
         assert not (tmp_path / "w").exists()
+
+
+def test_the_tiny_decoder_takes_the_studys_shape_and_names_a_field_it_does_not_know():
+    model = tiny_model(40, seed=3, positions=96, n_embd=32, n_layer=1, n_head=2)
+    assert (model.config.n_positions, model.config.n_embd, model.config.n_layer) == (96, 32, 1)
+    assert model.config.activation_function == "gelu" and model.config.attn_pdrop == 0.0  # the rest stays SHAPE's
+    again = tiny_model(40, seed=3, positions=96, n_embd=32, n_layer=1, n_head=2)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))  # one seed, one draw
+    with pytest.raises(PosEncError, match=r"unknown tiny decoder field\(s\) \['n_layers'\]; allowed: .*n_layer"):
+        tiny_model(40, n_layers=3)

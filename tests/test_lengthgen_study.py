@@ -51,7 +51,9 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     # the smoke budget fits learned (its table) on both tasks and not nope: the ranking reads counted runs only
     assert len(failed) < len(saved["runs"]), "no smoke run passed the gate: the ranking is not exercised"
     assert "### MRR over the paper's five schemes" in table and "### MRR over every arm (repeat, copy)" in table
-    assert "| learned | 1.00 |" in table  # the one arm with counted runs ranks first on both tasks
+    assert "| learned | 1.00 |" in table
+    geometry = table.split("### Added positions")[1]  # only learned adds positions, and only its counted runs show
+    assert "| learned | repeat |" in geometry and "| nope |" not in geometry  # the one arm with counted runs ranks first on both tasks
     assert all(f"{r['arm']} / {r['task']} / seed {r['seed']}" in table for r in failed)
     assert (out / "results.png").stat().st_size > 1000
     assert seconds < 60, f"the smoke study took {seconds:.0f} s of CPU"

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = build_tokenizer()
     splits = tasks.split(args.task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
                          test=s.test_per_length, seed=args.seed)
-    model = init_model(arms(s.width)[args.arm], s, tokenizer, args.seed)
+    model = init_model(arms(s.width)[args.arm], s, args.seed)
     probe = Probe(model, tokenizer, splits["iid"], args.every)
     train(model, splits["train"], s, tokenizer, args.seed, HERE / "work" / "pilot", args.steps, callbacks=(probe,))
     print(json.dumps({"task": args.task, "arm": args.arm, "lr": args.lr, "batch_size": args.batch_size, "train_lengths": n,

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hf_posenc import plots
-from hf_posenc.evaluation.lengthgen.ranking import PAPER, PAPER_ARMS, mrr
+from hf_posenc.analysis.logit_terms import TERMS
+from hf_posenc.evaluation.lengthgen.ranking import PAPER, PAPER_ARMS, mrr, paper_ood, ranks
 from hf_posenc.stats import wilson
 
 Run = dict[str, Any]
@@ -71,6 +72,61 @@ def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
     return lines
 
 
+def geometry_table(runs: list[Run], arms: list[str], tasks: list[str]) -> list[str]:
+    """For the arms that add position vectors to the tokens, in the runs that passed the gate (means over seeds):
+    how much of the positions' energy lies in the token embeddings' subspace and their median principal angle to it,
+    each beside random subspaces of the same sizes, and layer 0's four attention terms (softmax-relevant shares)."""
+    head = ["| arm | task | runs | position energy in token subspace (random) | median angle, deg (random) | "
+            "content-content | content-position | position-content | position-position |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for arm in arms:
+        for task in tasks:
+            geo = [r["geometry"] for r in counted(runs, arm, task) if r.get("geometry")]
+            if not geo:
+                continue
+            mean = lambda key: statistics.mean(g[key] for g in geo)  # noqa: E731
+            terms = [statistics.mean(g["four_terms"][t] for g in geo) for t in TERMS]
+            rows.append(f"| {arm} | {task} | {len(geo)} | {mean('position_energy_in_token_subspace'):.2f} "
+                        f"({mean('random_energy'):.2f}) | {mean('angles_median_deg'):.0f} "
+                        f"({mean('random_angles_median_deg'):.0f}) | " + " | ".join(f"{v:.2f}" for v in terms) + " |")
+    return head + rows if rows else ["no run of an arm that adds positions passed the gate"]
+
+
+def order(scores: dict[str, float]) -> str:
+    """Names best first, ties joined by '='."""
+    by_rank = sorted(ranks(scores).items(), key=lambda kv: kv[1])
+    groups: dict[int, list[str]] = {}
+    for name, rank in by_rank:
+        groups.setdefault(rank, []).append(name)
+    return " > ".join(" = ".join(names) for names in groups.values())
+
+
+def beside_paper(runs: list[Run], tasks: list[str]) -> list[str]:
+    """Per task, each of their schemes' out-of-distribution exact match here (mean over counted seeds) and theirs
+    (mean of their 3 seeds; sort: their rank, its accuracies are a figure), and the order each gives."""
+    lines = ["Per task, out-of-distribution exact match here / theirs (here: mean over the runs that passed the gate; "
+             "theirs: mean of 3 seeds, for sort their rank):", "",
+             "| task | " + " | ".join(f"{s} ({a})" for s, a in PAPER_ARMS.items()) + " | order here | order theirs |",
+             "|---|" + "---|" * (len(PAPER_ARMS) + 2)]
+    for task in tasks:
+        here = {s: ood_score(counted(runs, a, task)) for s, a in PAPER_ARMS.items()}
+        theirs = paper_ood(task)
+        sort_rank = PAPER["sort_rank"]["rank"] if task == "sort" else {}
+        cells = []
+        for scheme in PAPER_ARMS:
+            ran = any(r["arm"] == PAPER_ARMS[scheme] and r["task"] == task for r in runs)
+            mine = f"{here[scheme]:.2f}" if here[scheme] is not None else "gate failed" if ran else "not run"
+            other = f"{theirs[scheme]:.2f}" if theirs else (f"rank {sort_rank[scheme]}" if sort_rank else "–")
+            cells.append(f"{mine} / {other}")
+        ours = order({s: -1.0 if v is None else v for s, v in here.items()}) \
+            if any(v is not None for v in here.values()) else "no counted run"
+        published = order(theirs) if theirs else order({s: -r for s, r in sort_rank.items()}) if sort_rank else "–"
+        lines.append(f"| {task} | " + " | ".join(cells) + f" | {ours} | {published} |")
+    splits = "; ".join(f"{t}: {v['split']}" for t, v in PAPER["by_task"].items()) + f"; sort: {PAPER['sort_rank']['split']}"
+    return lines + ["", f"Their splits: {splits}. Here: train lengths as in the settings, the digits as symbols."]
+
+
 def ordered(runs: list[Run], settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The arms and tasks that ran, in the settings' order (arms.py's, settings.py's)."""
     return ([a for a in settings["arms"] if any(r["arm"] == a for r in runs)],
@@ -96,16 +152,15 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     else:
         lines += ["", f"### MRR over the paper's five schemes ({len(splits)} task splits with a counted run here: "
                       f"{', '.join(splits)}; theirs: 17)", "",
-                  "| scheme | arm | MRR here | MRR (Kazemnejad et al.) | repeat OOD here | repeat OOD (theirs) |",
-                  "|---|---|---|---|---|---|"]
-        for theirs, arm in PAPER_ARMS.items():
-            if arm in ranked:
-                repeat = ood_score(counted(runs, arm, "repeat"))
-                lines.append(f"| {theirs} | {arm} | {ranked[arm]:.2f} | {PAPER['mrr_ood'][theirs]:.2f} | "
-                             f"{'–' if repeat is None else f'{repeat:.2f}'} | {PAPER['repeat_ood'][theirs]:.2f} |")
+                  "| scheme | arm | MRR here | MRR (Kazemnejad et al.) |", "|---|---|---|---|"]
+        lines += [f"| {theirs} | {arm} | {ranked[arm]:.2f} | {PAPER['mrr_ood'][theirs]:.2f} |"
+                  for theirs, arm in PAPER_ARMS.items() if arm in ranked]
+        lines += ["", *beside_paper(runs, tasks)]
     every, splits = ranking_table(runs, arms, tasks)
     lines += ["", f"### MRR over every arm ({', '.join(splits) or 'no task has a counted run: no ranking'})", ""]
     lines += ["| arm | MRR |", "|---|---|", *(f"| {arm} | {value:.2f} |" for arm, value in every.items())] if every else []
+    lines += ["", "### Added positions in models that learned: the token/position geometry and layer 0's four terms",
+              "", *geometry_table(runs, arms, tasks)]
     lines += ["", f"The paper's numbers: {PAPER['source']}."]
     return "\n".join(lines) + "\n"
 

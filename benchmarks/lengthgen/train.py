@@ -18,19 +18,16 @@ import hf_posenc as hp
 from hf_posenc import analysis
 from hf_posenc.evaluation.lengthgen import scoring, tasks
 from hf_posenc.evaluation.lengthgen.tasks import Example
+from hf_posenc.tiny_decoder import tiny_model
 
 IGNORE = -100  # labels transformers' loss skips: the prompt's tokens
 
 
-def init_model(arm: Arm, s: Settings, tokenizer: Any, seed: int) -> transformers.PreTrainedModel:
-    """The study's decoder (GPT-2 shape, no dropout) with the arm's positions patched in; the same weights
-    draw for every arm of a seed up to what the scheme adds."""
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=s.table, n_embd=s.width, n_layer=s.layers,
-                                     n_head=s.heads, activation_function=s.activation, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     pad_token_id=tokenizer.pad_token_id)
-    model = transformers.GPT2LMHeadModel(config)
+def init_model(arm: Arm, s: Settings, seed: int) -> transformers.PreTrainedModel:
+    """The study's decoder (`hf_posenc.tiny_decoder`, in the settings' shape) with the arm's positions patched in;
+    the same weights draw for every arm of a seed up to what the scheme adds."""
+    model = tiny_model(max(s.test_lengths), seed, positions=s.table, n_embd=s.width, n_layer=s.layers,
+                       n_head=s.heads, activation_function=s.activation)
     if arm.scheme is not None:
         hp.patch(model, arm.scheme, **arm.options)
     return model
@@ -78,7 +75,7 @@ def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: A
     """Train and score one (arm, task, seed): the run's record for results.json."""
     splits = tasks.split(task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
                          test=s.test_per_length, seed=seed)
-    model = init_model(arm, s, tokenizer, seed)
+    model = init_model(arm, s, seed)
     t0 = time.perf_counter()
     loss = train(model, splits["train"], s, tokenizer, seed, work, s.steps_of(task))
     seconds = time.perf_counter() - t0
