@@ -29,7 +29,8 @@ from mkdocs.structure.files import File
 
 REPO = Path(__file__).resolve().parents[1]
 # plots the pages show, by their path in the repository (served as assets/<path>)
-ASSET_GLOBS = ("benchmarks/results/*.png", "benchmarks/results/recovery/*.png", "benchmarks/study/*.png")
+ASSET_GLOBS = ("benchmarks/results/*.png", "benchmarks/results/*/*.png", "benchmarks/study/*.png",
+               "benchmarks/lengthgen/results/*.png")
 
 
 @functools.cache

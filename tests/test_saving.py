@@ -285,7 +285,8 @@ def test_the_documented_tokenizer_loads_ask_nothing(remote_code_folder, route, t
         status = os.waitpid(pid, 0)[1]
         text, seconds = output.decode(errors="replace"), time.perf_counter() - start
         assert os.waitstatus_to_exitcode(status) == 0, text
-        assert seconds < 14, f"{route} took {seconds:.0f} s in a terminal: it waited for an answer"
+        # transformers' question (dynamic_module_utils) waits 15 s for an answer: its text, not the time, says it asked
+        assert "Do you wish to run the custom code" not in text, f"{route} asked in a terminal ({seconds:.0f} s): {text}"
     else:
         proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr

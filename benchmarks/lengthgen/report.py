@@ -75,10 +75,11 @@ def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
 def geometry_table(runs: list[Run], arms: list[str], tasks: list[str]) -> list[str]:
     """For the arms that add position vectors to the tokens, in the runs that passed the gate (means over seeds):
     how much of the positions' energy lies in the token embeddings' subspace and their median principal angle to it,
-    each beside random subspaces of the same sizes, and layer 0's four attention terms (softmax-relevant shares)."""
+    each beside random subspaces of the same sizes, and layer 0's four attention terms (softmax-relevant shares; the
+    rest of the logits' variation is the query bias against keys' content and position, GPT-2's q/k biases)."""
     head = ["| arm | task | runs | position energy in token subspace (random) | median angle, deg (random) | "
-            "content-content | content-position | position-content | position-position |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "content-content | content-position | position-content | position-position | query bias (the rest) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for arm in arms:
         for task in tasks:
@@ -89,7 +90,7 @@ def geometry_table(runs: list[Run], arms: list[str], tasks: list[str]) -> list[s
             terms = [statistics.mean(g["four_terms"][t] for g in geo) for t in TERMS]
             rows.append(f"| {arm} | {task} | {len(geo)} | {mean('position_energy_in_token_subspace'):.2f} "
                         f"({mean('random_energy'):.2f}) | {mean('angles_median_deg'):.0f} "
-                        f"({mean('random_angles_median_deg'):.0f}) | " + " | ".join(f"{v:.2f}" for v in terms) + " |")
+                        f"({mean('random_angles_median_deg'):.0f}) | " + " | ".join(f"{v:.2f}" for v in [*terms, 1 - sum(terms)]) + " |")
     return head + rows if rows else ["no run of an arm that adds positions passed the gate"]
 
 
