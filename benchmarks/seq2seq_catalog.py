@@ -34,7 +34,7 @@ from transformers.models.auto import modeling_auto  # noqa: E402
 
 import hf_posenc as hp  # noqa: E402
 from hf_posenc import seq2seq  # noqa: E402
-from hf_posenc.catalog import get_scheme, stacks_why_not  # noqa: E402
+from hf_posenc.catalog import why_not  # noqa: E402
 
 # site -> the scheme that stands for it (as in the causal zoo)
 # (a theta of its own, so that rope moves a model that rotates natively)
@@ -100,7 +100,7 @@ def check_native(model_type: str, native: str, batch: dict[str, torch.Tensor]) -
 def verdict(model: torch.nn.Module) -> tuple[list[str], dict[str, str | None]]:
     """The stacks a patch takes (those that read text) and, per site, why not (None: supported)."""
     return list(seq2seq.text_stacks(model)), {
-        site: stacks_why_not(model, get_scheme(scheme)) for site, (scheme, _) in SITE_SCHEMES.items()}
+        site: why_not(model, scheme) for site, (scheme, _) in SITE_SCHEMES.items()}
 
 
 def entry(model_type: str) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def entry(model_type: str) -> dict[str, Any]:
                 row["cells"][site] = check_site(model_type, site, batch)
             except Exception as exc:  # noqa: BLE001
                 row["cells"][site] = f"fail: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    if row["native"] and stacks_why_not(model, get_scheme(row["native"])) is None:
+    if row["native"] and why_not(model, row["native"]) is None:
         try:
             row["cells"]["native"] = check_native(model_type, row["native"], batch)
         except Exception as exc:  # noqa: BLE001

@@ -6,6 +6,7 @@ registers every built-in scheme and adapter; `hf_posenc.registry` stays a table 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 from torch import nn
@@ -52,17 +53,25 @@ def stock_meta(config: Any) -> nn.Module:
 
 def supported_schemes(model_or_config: Any) -> list[str]:
     view = read(model_or_config)
-    return sorted(name for name, scheme in SCHEMES.items() if sites.why_not_stacks(view, scheme) is None)
+    return sorted(name for name, scheme in SCHEMES.items() if sites.stacks_refusal(view, scheme) is None)
 
 
-def why_not(model_or_config: Any, scheme: str) -> str | None:
-    """None if `scheme` can be patched into this model (or config), else the reason it cannot."""
-    return sites.why_not_stacks(read(model_or_config), get_scheme(scheme))
+def why_not(model_or_config: Any, scheme: str, stacks: tuple[str, ...] | None = None) -> str | None:
+    """None if `scheme` can be patched into this model (or config), else the reason it cannot.
+
+    Args:
+        model_or_config: a model, or a transformers config.
+        scheme: a scheme name.
+        stacks: an encoder-decoder's stacks to ask about ("encoder", "decoder"; default: those that read text).
+    """
+    return sites.stacks_refusal(read(model_or_config), get_scheme(scheme), stacks)
 
 
 def stacks_why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
-    """None if every stack in `stacks` (default: the text stacks) takes `spec`, else the first reason."""
-    return sites.why_not_stacks(read(model), spec, stacks)
+    """Deprecated: `why_not(model, spec.name, stacks)`, which now takes the stacks."""
+    warnings.warn("catalog.stacks_why_not is deprecated: use catalog.why_not(model, scheme_name, stacks)",
+                  DeprecationWarning, stacklevel=2)
+    return why_not(model, spec.name, stacks)
 
 
 def supports(model_or_config: Any, scheme: str) -> bool:
@@ -76,7 +85,8 @@ def supports(model_or_config: Any, scheme: str) -> bool:
 def support_matrix() -> dict[str, dict[str, bool]]:
     """{adapter name: {scheme: supported}} for docs and `hf-posenc list`."""
     by_name = {a.name: a for a in ADAPTERS.values()}
-    return {name: {s: sites.why_not(a, SCHEMES[s]) is None for s in sorted(SCHEMES)} for name, a in sorted(by_name.items())}
+    return {name: {s: sites.site_refusal(a, SCHEMES[s]) is None for s in sorted(SCHEMES)}
+            for name, a in sorted(by_name.items())}
 
 
 def snapshot() -> dict[str, Any]:

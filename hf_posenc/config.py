@@ -17,7 +17,7 @@ from .errors import PosEncError, did_you_mean
 from .registry import SCHEMES, SNAPSHOT
 
 FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
-# a native patch's config.json holds the patched fields (what plain transformers loads); this key of config.posenc
+# a config-only patch's config.json holds the patched fields (what plain transformers loads); this key of config.posenc
 # holds what they were, so hf-posenc rebuilds the model as it was before the patch (readers ignore unknown keys)
 BEFORE = "config_before"
 

@@ -236,7 +236,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view, provenance=provenance(source),
         architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
-        loadable=bool(config), native=bool(posenc and config) and loading.native_config(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
+        loadable=bool(config), config_only=bool(posenc and config) and loading.config_only(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
         world_size=run_info.get("world_size", 1), tables=tables,
@@ -325,14 +325,14 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     config = _read_json(folder / "config.json")
     if config.get("posenc"):
         PosEncConfig.from_dict(config["posenc"])  # a format this hf-posenc cannot read must not be published
-        native = loading.native_config(config)
+        config_only = loading.config_only(config)
     card = model_card(folder, base_model, repo_id=repo_id) if not (folder / "README.md").is_file() else \
         _staged_card((folder / "README.md").read_text(encoding="utf-8"), folder, repo_id)
     mark = gguf_of(gguf, config) if gguf is not None else None
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
     if config.get("posenc"):
-        saving.mark_folder(out, native)  # writes new files, never through the links
+        saving.mark_folder(out, config_only)  # writes new files, never through the links
     _write_new(out / "README.md", str(card))
     if gguf is not None:
         stage_gguf(gguf, mark, out, link)

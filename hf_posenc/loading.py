@@ -16,6 +16,7 @@ import copy
 import glob
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from .state import STATE_ATTR
 from .unpacked import cached_folder, unpacked_folder
 
 __all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
-           "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
+           "config_only", "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASK_MODEL_CLASSES: dict[str, Any] = {
@@ -212,20 +213,27 @@ def read_config(path: str | os.PathLike, **kwargs: Any) -> Any:
     return CONFIG_MAPPING[config["model_type"]].from_dict(config, **unused)
 
 
-def native_config(config: dict[str, Any]) -> bool:
-    """Whether plain transformers rebuilds a saved config.json's patched model from the config alone (folders
-    written before the marks existed): the model is patched on the meta device, so nothing is allocated."""
+def config_only(config: dict[str, Any]) -> bool:
+    """Whether a saved config.json's patch is config-only: plain transformers rebuilds the patched model from the
+    config alone (folders written before the marks existed); the model is patched on the meta device, so nothing is
+    allocated."""
     posenc = config.get("posenc")
     if not posenc or config.get("model_type") == MODEL_TYPE:
         return False
     spec = get_scheme(posenc["scheme"])
-    if not getattr(spec, "native", False):  # only a rotation `rope_parameters` says in full
+    if not getattr(spec, "config_only", False):  # only a rotation `rope_parameters` says in full
         return False
     stock = CONFIG_MAPPING[config["model_type"]].from_dict({k: v for k, v in config.items() if k != "auto_map"})
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(stock)
     patch(model, PosEncConfig.from_dict(posenc))
-    return getattr(model, STATE_ATTR).native
+    return getattr(model, STATE_ATTR).config_only
+
+
+def native_config(config: dict[str, Any]) -> bool:
+    """`config_only`, by its name before issue 49 (deprecated)."""
+    warnings.warn("loading.native_config is deprecated: use loading.config_only", DeprecationWarning, stacklevel=2)
+    return config_only(config)
 
 
 def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: Any) -> Any:
@@ -284,7 +292,7 @@ def _checkpoint_files(path: str, **hub_kwargs: Any) -> list[str]:
 
 
 def _before_the_patch(config: PretrainedConfig, where: str) -> None:
-    """A native folder's config holds the patched fields; set them back to what they were before the patch
+    """A config-only folder's config holds the patched fields; set them back to what they were before the patch
     (`recording.record_before`), so the model is built stock, patched, and `unpatch` gives the stock back."""
     before = config.posenc.get(BEFORE) if isinstance(config.posenc, dict) else None
     if before is None:

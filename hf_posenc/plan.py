@@ -22,9 +22,9 @@ from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError, Unsupported
 from .registry import SCHEMES
 from .schemes.base import ModelFacts, Scheme
-from .sites import Entry, Stack, why_not_stacks
+from .sites import Entry, stacks_refusal
 from .sites import layers as layer_site
-from .view import StockStack, planned, read, stock
+from .view import Stack, planned, read, stock
 
 
 UNASKED = object()  # a question the view holds no answer to yet
@@ -49,7 +49,7 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
         return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
     spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
     if (reason := view.answers.get((spec, names), UNASKED)) is UNASKED:  # asked once per view
-        reason = why_not_stacks(view, spec, names)
+        reason = stacks_refusal(view, spec, names)
     if reason is not None:
         supported = supported_schemes(subject)
         what = f"{view.model_type!r}" if view.two_stacks else f"{view.model_type!r} models ({view.only().name} adapter)"
@@ -59,23 +59,23 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     return _whole(spec, stock(subject, view, names), patch)
 
 
-def _whole(spec: Scheme, stacks: tuple[StockStack, ...], patch: PosEncConfig) -> Plan:
+def _whole(spec: Scheme, stacks: tuple[Stack, ...], patch: PosEncConfig) -> Plan:
     """One entry per stack, over every layer: an encoder-decoder's stacks take the same options, resolved against
     the first."""
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     resolved, length = _resolve(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
-    found = [Stack(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts, length),))
+    found = [dataclasses.replace(stack, entries=(Entry(spec, resolved, stack.adapter, stack.facts, length),))
              for stack in stacks]
     return Plan(resolved, tuple(found), stacks[0].adapter.native)
 
 
-def _per_layer(stacks: tuple[StockStack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
+def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
     """The entries of a per-layer patch in each stack: an encoder-decoder's stacks take the same."""
     planned = []
     for stack in stacks:
         where = f"{name} {stack.name}" if stack.name else name
         entries = _layer_entries(stack.module, stack.adapter, patch, where, stack.facts)
-        planned.append(Stack(stack.name, stack.adapter, entries, per_layer=True))
+        planned.append(dataclasses.replace(stack, entries=entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native)
@@ -95,17 +95,17 @@ def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | Lay
     views = []  # each entry's view of the adapter, checked: first the entries, then the map, then their options
     for tag, (entry, spec) in enumerate(zip(configs, specs)):
         views.append(layer_site.view(adapter, entry.layers, owns=covers_all and not tag))
-        if (reason := layer_site.why_not(model, adapter, views[-1], spec, covers_all,
-                                         keeps_slot=not (covers_all and not tag))) is not None:
+        if (reason := layer_site.layer_refusal(model, adapter, views[-1], spec, covers_all,
+                                               keeps_slot=not (covers_all and not tag))) is not None:
             raise PosEncError(f"{name} models ({adapter.name} adapter) cannot take scheme {spec.name!r} in "
                               f"layers {list(entry.layers)} ({reason})")
-    if (reason := layer_site.why_not_map(specs)) is not None:
+    if (reason := layer_site.map_refusal(specs)) is not None:
         raise PosEncError(reason)
     entries = []
     for tag, (entry, spec, view) in enumerate(zip(configs, specs, views)):
         resolved, length = _resolve(spec, entry, facts)
         entries.append(Entry(spec, resolved, view, facts, length, tag=str(tag) if tag else "",
-                             native_slot=not (covers_all and not tag)))
+                             keeps_slot=not (covers_all and not tag)))
     return tuple(entries)
 
 

@@ -29,8 +29,8 @@ def record(model: nn.Module, plan: Plan, state: PatchState) -> None:
     # plain transformers rebuilds the model from its config alone when the installer reports that it rebuilt the
     # model's own rotary module from new `rope_parameters` (a q/k entry of a per-layer map never does), which no
     # hook, bias or weight does; an encoder-decoder's stacks keep their own configs
-    state.native = plan.stacks[0].name is None and state.rebuilt_rotary
-    if state.native:
+    state.config_only = plan.stacks[0].name is None and state.rebuilt_rotary
+    if state.config_only:
         record_before(model.config, state)
 
 
@@ -46,7 +46,7 @@ def initialize_weights(model: nn.Module) -> None:
 
 
 def record_before(config: Any, state: PatchState) -> None:
-    """Put what the native patch changed in the model's (text) config, as it was, into `config.posenc`: the folder
+    """Put what the config-only patch changed in the model's (text) config, as it was, into `config.posenc`: the folder
     then loads in hf-posenc as the model before the patch, patched again, and `unpatch` gives the stock positions
     back (with only the patched fields, the loaded model's "stock" would be the patched one)."""
     text = compat.text_config(config)

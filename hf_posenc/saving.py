@@ -8,8 +8,9 @@ deep-copyable), which lets transformers save and then marks the folder (`mark_fo
 - `modeling_posenc.py` (remote code that loads through hf-posenc) is written next to the weights,
   and `config.auto_map` names it for every Auto class that builds the architecture, so
   `AutoModel*.from_pretrained(folder, trust_remote_code=True)` gives the patched model;
-- a patch that is native to transformers (RoPE scalings as `rope_parameters` on a model that
-  already rotates) keeps its `model_type`: plain transformers rebuilds exactly that model;
+- a config-only patch (RoPE scalings as `rope_parameters` on a model that already rotates: plain
+  transformers rebuilds it from the config alone) keeps its `model_type`: plain transformers rebuilds
+  exactly that model;
 - any other patch gets `model_type` "hf_posenc" (the stock one is kept as `posenc.stock_model_type`)
   and `AutoConfig` in `auto_map`: without `trust_remote_code=True` transformers refuses the folder
   and says to pass it, instead of loading the stock model;
@@ -42,7 +43,7 @@ MODEL_TYPE = "hf_posenc"
 ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
-# Where a non-native folder keeps its stock model_type. Not `posenc.model_type`: transformers' config reader takes
+# Where a folder of a patch that is not config-only keeps its stock model_type. Not `posenc.model_type`: transformers' config reader takes
 # a nested dict whose `model_type` is the class's own as the config itself (how it reads composite configs), so
 # `LlamaConfig.from_pretrained(folder)` would read the posenc dict and build a default 7B Llama.
 STOCK_MODEL_TYPE = "stock_model_type"
@@ -80,14 +81,14 @@ def built_by(auto_class: str) -> dict[str, str | tuple[str, ...]]:
     return getattr(modeling_auto, auto_class)._model_mapping._model_mapping
 
 
-def auto_map(model_type: str, native: bool, old: dict[str, str] | None = None) -> dict[str, str]:
+def auto_map(model_type: str, config_only: bool, old: dict[str, str] | None = None) -> dict[str, str]:
     """`config.auto_map` of a patched folder: every Auto class whose mapping builds `model_type`
     (a head loaded from a checkpoint of another head is what transformers does too), plus
     AutoConfig when the folder has a model_type of its own. Entries of other remote code are kept."""
     stem = Path(REMOTE_CODE).stem
     entries = {k: v for k, v in (old or {}).items() if not v.startswith(f"{stem}.")}
     entries.update({auto: f"{stem}.{cls}" for auto, cls in REMOTE_CLASSES.items() if model_type in built_by(auto)})
-    if not native:
+    if not config_only:
         entries["AutoConfig"] = f"{stem}.{REMOTE_CONFIG}"
     return dict(sorted(entries.items()))
 
@@ -99,14 +100,14 @@ def stock_model_type(config: dict[str, Any]) -> str | None:
 
 
 def own_architecture(stock: str) -> str:
-    """The architecture a non-native patched folder names: a class only hf-posenc provides."""
+    """The architecture a folder of a patch that is not config-only names: a class only hf-posenc provides."""
     return f"{ARCHITECTURE_PREFIX}{stock}"
 
 
 def stock_architectures(config: Any) -> list[str]:
     """The transformers classes a config (a transformers config or a config.json dict) was saved from:
     the stock names behind hf-posenc's own (`posenc.architectures`), else `architectures` as written
-    (native folders, and folders written before the names existed)."""
+    (config-only folders, and folders written before the names existed)."""
     fields = config if isinstance(config, dict) else vars(config)
     return list((fields.get("posenc") or {}).get("architectures") or fields.get("architectures") or [])
 
@@ -118,7 +119,7 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def mark_folder(folder: str | os.PathLike, native: bool) -> None:
+def mark_folder(folder: str | os.PathLike, config_only: bool) -> None:
     """Make a saved patched folder load back as what it is (see the module docstring); idempotent,
     and a folder without `config.posenc` is left alone."""
     folder = Path(folder)
@@ -131,7 +132,7 @@ def mark_folder(folder: str | os.PathLike, native: bool) -> None:
     # transformers writes the class it saved; a copied marked config.json already has hf-posenc's names
     stock = [name.removeprefix(ARCHITECTURE_PREFIX) for name in config.get("architectures") or []]
     posenc.pop(LEGACY_MODEL_TYPE, None)
-    if native:
+    if config_only:
         config["model_type"] = model_type
         posenc.pop(STOCK_MODEL_TYPE, None)
         posenc.pop("architectures", None)
@@ -140,8 +141,8 @@ def mark_folder(folder: str | os.PathLike, native: bool) -> None:
         if stock:
             posenc["architectures"] = stock
     if stock:
-        config["architectures"] = stock if native else [own_architecture(name) for name in stock]
-    config["auto_map"] = auto_map(model_type, native, config.get("auto_map"))
+        config["architectures"] = stock if config_only else [own_architecture(name) for name in stock]
+    config["auto_map"] = auto_map(model_type, config_only, config.get("auto_map"))
     _write_text(folder / REMOTE_CODE, remote_code())
     _write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
@@ -155,7 +156,7 @@ def save_pretrained(model: Any, save_directory: str | os.PathLike, *args: Any, *
     hub = {key: kwargs.pop(key) for key in PUSH_KWARGS if key in kwargs}
     type(model).save_pretrained(model, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", True) and getattr(model.config, "posenc", None):
-        mark_folder(save_directory, native=getattr(model, STATE_ATTR).native)
+        mark_folder(save_directory, config_only=getattr(model, STATE_ATTR).config_only)
         if not folders.is_marked(save_directory):  # a command's own marker (patch, train) says more
             folders.mark(save_directory, "save_pretrained", [model.config.name_or_path])
     if push:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 import weakref
-from typing import Any, Generic, Hashable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Hashable, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -31,16 +32,26 @@ from .registry import ADAPTERS
 from .schemes.base import ModelFacts
 from .state import STATE_ATTR, PatchState
 
+if TYPE_CHECKING:
+    from .sites.entry import Entry
+
 T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
-class StackView:
-    """One attention stack as every patch of its model reads it: its name (None: the model's one stack) and its
-    adapter."""
+class Stack:
+    """One attention stack, the one type that describes it: its name (None: the model's one stack; else an
+    encoder-decoder's "encoder" or "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config);
+    for one instance (`stock`), also its module (a config's model built on the meta device) and stock facts; in a
+    plan (`plan.plan`), also the entries a patch installs into it (`per_layer`: a per-layer map's, else one entry over
+    every layer), which `sites.install` installs."""
 
     name: str | None
     adapter: Adapter
+    module: nn.Module | None = None
+    facts: ModelFacts | None = None
+    entries: tuple[Entry, ...] = ()
+    per_layer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +60,10 @@ class ModelView:
     the names a patch takes by default (the stacks that read text); `refused`: a stack that cannot be read -> the
     message saying why; `no_text`: why no stack reads text, where none does; `two_stacks`: an encoder-decoder
     model (or a speech LM), whose stacks are named. `answers` keeps what the site table answered about a scheme on
-    these stacks (`sites.why_not_stacks`): the same question of the same model is not asked twice."""
+    these stacks (`sites.stacks_refusal`): the same question of the same model is not asked twice."""
 
     model_type: str
-    stacks: tuple[StackView, ...]
+    stacks: tuple[Stack, ...]
     text: tuple[str | None, ...]
     refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
     no_text: str | None = None
@@ -88,17 +99,6 @@ class ModelView:
             if stack.name == name:
                 return stack.adapter
         raise PosEncError(self.refused.get(name, f"{self.model_type!r} has no {name} stack"))
-
-
-@dataclasses.dataclass(frozen=True)
-class StockStack:
-    """One stack of one instance, as it was before any patch: its name, adapter, module (a config's model built on
-    the meta device) and stock facts."""
-
-    name: str | None
-    adapter: Adapter
-    module: nn.Module
-    facts: ModelFacts
 
 
 class ConfigCache(Generic[T]):
@@ -155,7 +155,7 @@ def planned(subject: Any) -> Any:
     return subject
 
 
-def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple[StockStack, ...]:
+def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple[Stack, ...]:
     """The stacks `names` of `subject` (read by `read` into `view`), each with its module and the facts of its stock
     model. A config's are read off its model on the meta device, without weights: no tables to read, so a scheme
     sizes its codes as it would for unit-scale embeddings."""
@@ -166,14 +166,14 @@ def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple
         model = _stock_meta(subject, adapter)
         facts = dataclasses.replace(adapter.facts(model), position_table=None, token_embeddings=None,
                                     device=torch.device("cpu"))
-        return (StockStack(None, adapter, model, facts),)
+        return (Stack(None, adapter, model, facts),)
     state = _as_stock(subject)
     try:
         found = []
         for name in names:
             adapter = view.adapter(name)
             module = subject if name is None else stack_module(subject, name)
-            found.append(StockStack(name, adapter, module, adapter.facts(module)))
+            found.append(Stack(name, adapter, module, adapter.facts(module)))
     finally:
         if state is not None:
             state.reapply()
@@ -195,7 +195,7 @@ def _one_stack(subject: Any) -> ModelView:
     _refuse_encoder_decoder(subject, model_type)
     _refuse_non_text(subject, model_type)
     adapter = ADAPTERS.get(model_type) or _generic(subject)
-    return ModelView(model_type, (StackView(None, adapter),), (None,))
+    return ModelView(model_type, (Stack(None, adapter),), (None,))
 
 
 def _generic(subject: Any) -> Adapter:
@@ -228,7 +228,7 @@ def _two_stacks(model: nn.Module) -> ModelView:
     found, refused = [], {}
     for name in STACKS:
         try:
-            found.append(StackView(name, _stack_adapter(source, name)))
+            found.append(Stack(name, _stack_adapter(source, name)))
         except PosEncError as exc:
             refused[name] = str(exc)
     no_text = None if text else "no stack reads text: " + "; ".join(f"{s}: {why[s]}" for s in STACKS)
@@ -292,11 +292,11 @@ def _stack_adapter(model: nn.Module, stack: str) -> Adapter:
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack ({type(module).__name__}) is a plain "
                           "nn.Module without a config, not a transformers model discovery can read on its own")
     try:
-        structure = discover(module, stack)
+        found = discover(module, stack)
     except (NotImplementedError, AttributeError, TypeError, RuntimeError) as exc:  # a stack that is no text model
         raise PosEncError(f"{model.config.model_type!r}: the {stack} stack is not a model discovery can read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
-    return dataclasses.replace(adapter_from(structure), causal=stack == "decoder")
+    return dataclasses.replace(adapter_from(found), causal=stack == "decoder")
 
 
 def _refuse_encoder_decoder(subject: Any, model_type: str) -> None:
@@ -332,5 +332,14 @@ def _refuse_non_text(subject: Any, model_type: str) -> None:
                           "`hf-posenc list --model-types` shows what is supported")
 
 
-__all__ = ["CACHE", "ConfigCache", "ModelView", "StackView", "StockStack", "is_seq2seq", "model_type_of", "not_text",
+def __getattr__(name: str) -> Any:
+    """`StackView` and `StockStack`, the stack types before `Stack` was the one: deprecated, the same as `Stack`."""
+    if name in ("StackView", "StockStack"):
+        warnings.warn(f"view.{name} is deprecated: one type describes a stack, view.Stack", DeprecationWarning,
+                      stacklevel=2)
+        return Stack
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CACHE", "ConfigCache", "ModelView", "Stack", "is_seq2seq", "model_type_of", "not_text",
            "planned", "read", "stack_module", "stock", "text_stacks"]

@@ -63,3 +63,31 @@ def test_an_adapter_written_with_flat_fields_still_works_and_names_the_record_th
     assert off.rotation is None and off.blocks == Blocks("layers", "self_attn", attention_layers=(1,))
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['rotray'\]"):
         Adapter(name="x", model_types=("x",), native="rope", causal=True, blocks=LLAMA.blocks, rotray="r")
+
+
+def test_a_config_only_patch_was_a_native_one_and_its_old_names_still_work():
+    """"native" means the model's own (issue 49); a patch plain transformers rebuilds from the config alone is
+    *config-only*. A scheme written with `native = False`, and code reading `PatchState.native`,
+    `loading.native_config` or `Entry.native_slot` (now `keeps_slot`), keep working with a DeprecationWarning."""
+    import pickle
+
+    from hf_posenc import loading
+    from hf_posenc.schemes.base import RotaryScheme
+    from hf_posenc.sites.entry import Entry
+    from hf_posenc.state import PatchState
+
+    with pytest.warns(DeprecationWarning, match="OldStyle.native is deprecated: set config_only"):
+        class OldStyle(RotaryScheme):
+            native = False
+
+    assert OldStyle.config_only is False and RotaryScheme.config_only is True
+    state = PatchState(hp.PosEncConfig("yarn", factor=2.0), config_only=True)
+    with pytest.warns(DeprecationWarning, match="read PatchState.config_only"):
+        assert state.native is True
+    old = pickle.loads(pickle.dumps(state, protocol=0).replace(b"config_only", b"native"))  # pickled before it
+    assert old.config_only is True and "native" not in vars(old)
+    with pytest.warns(DeprecationWarning, match="use loading.config_only"):
+        assert loading.native_config({"model_type": "llama"}) is loading.config_only({"model_type": "llama"}) is False
+    entry = Entry(get_scheme("nope"), hp.PosEncConfig("nope"), LLAMA, None, keeps_slot=True)
+    with pytest.warns(DeprecationWarning, match="read Entry.keeps_slot"):
+        assert entry.native_slot is True

@@ -81,7 +81,7 @@ def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type,
     assert (folder / saving.REMOTE_CODE).read_text() == saving.remote_code()
     assert config["model_type"] == (model_type if native else saving.MODEL_TYPE)
     assert ("AutoConfig" in config["auto_map"]) is not native
-    # engines dispatch on `architectures`: only a native patch may name the stock class
+    # engines dispatch on `architectures`: only a config-only patch may name the stock class
     stock = type(model).__name__
     assert config["architectures"] == [stock if native else f"PosEnc{stock}"]
     assert saving.stock_architectures(config) == [stock]
@@ -202,10 +202,10 @@ def test_without_hf_posenc_installed_the_remote_code_names_the_package(tmp_path)
 
 
 def test_auto_map_names_every_auto_class_that_builds_the_architecture():
-    assert set(saving.auto_map("llama", native=True)) == {
+    assert set(saving.auto_map("llama", config_only=True)) == {
         "AutoModel", "AutoModelForCausalLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
         "AutoModelForTokenClassification"}
-    kept = saving.auto_map("bert", native=False, old={"AutoTokenizer": "tok.T", "AutoModel": "modeling_posenc.Old"})
+    kept = saving.auto_map("bert", config_only=False, old={"AutoTokenizer": "tok.T", "AutoModel": "modeling_posenc.Old"})
     assert kept["AutoTokenizer"] == "tok.T" and kept["AutoModel"] == "modeling_posenc.PosEncModel"
     assert kept["AutoModelForMaskedLM"] == "modeling_posenc.PosEncForMaskedLM"
     source = Path(saving.__file__).parent / "model_cards" / saving.REMOTE_CODE
@@ -313,7 +313,7 @@ def test_unpatch_of_a_loaded_native_folder_gives_the_stock_model_back(tmp_path, 
     model = tiny_model(arch)
     stock, stock_config = output(model, ids), model.config.to_dict()
     hp.patch(model, scheme_of(label), **SCHEMES[label])
-    assert getattr(model, STATE_ATTR).native
+    assert getattr(model, STATE_ATTR).config_only
     expected = output(model, ids)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())

@@ -115,6 +115,41 @@ def test_generic_discovery_agrees_with_the_hand_written_adapter(model_type):
     assert not ours.gaps
 
 
+@pytest.mark.parametrize("model_type", ["opt", "bloom", "jamba", "gemma2", "deepseek_v3", "xlm"])
+def test_discovery_finds_the_generic_adapters_records_and_the_catalog_prints_them(model_type):
+    """`discover` returns the records the generic adapter holds (composed, not copied: the same objects) and the
+    details the zoo catalog prints, which are still what discovery finds."""
+    _, model = zoo.cached(model_type)
+    found = discover(model)
+    assert json.loads(json.dumps(found.to_dict(), default=str)) == CATALOG[model_type]["structure"]
+    try:
+        adapter = adapter_from(found)
+    except hp.PosEncError as exc:
+        assert found.blocks is None and CATALOG[model_type]["refused"] == str(exc)  # xlm: its attention is a list
+        return
+    records = ("blocks", "slot", "embeddings", "rotation", "qk", "bias")
+    assert all(getattr(adapter, r) is getattr(found, r) for r in records)
+    assert (adapter.native, adapter.causal, adapter.model_types) == (found.native, found.causal, (model_type,))
+
+
+def test_discoverys_flat_names_are_still_read_with_a_warning():
+    """`Structure` and its flat fields (before discovery returned records) keep working, deprecated."""
+    from hf_posenc.adapters import discover as discovery
+    from hf_posenc.adapters.found import Found
+
+    found = discover(zoo.cached("opt")[1])
+    with pytest.warns(DeprecationWarning, match="discover\\(\\) returns"):
+        assert discovery.Structure is Found
+    with pytest.warns(DeprecationWarning, match="Found.blocks.loop"):
+        assert found.loop_owner == found.blocks.loop == "decoder"
+    with pytest.warns(DeprecationWarning, match="Found.slot.offset.rows"):
+        assert found.slot_offset == 2  # OPT's table counts from row 2
+    with pytest.warns(DeprecationWarning, match="Found.details.attention_interface"):
+        assert found.attention_interface is found.details.attention_interface
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        found.nonsense
+
+
 @pytest.mark.parametrize("model_type", ["gemma2", "phi", "opt", "zamba", "deepseek_v3"])
 def test_a_config_alone_gets_the_same_answer_as_the_instance(model_type):
     """hp.supports(config) reads a meta-device model built from the config."""

@@ -225,11 +225,11 @@ def cells(model: torch.nn.Module, baseline: bool = True) -> dict[str, Callable[[
     from hf_posenc.catalog import get_scheme
 
     adapter = adapter_of(model)
-    supported = {s: sites.why_not(adapter, get_scheme(site_scheme(adapter, s)[0])) is None for s in SITES}
+    supported = {s: sites.site_refusal(adapter, get_scheme(site_scheme(adapter, s)[0])) is None for s in SITES}
     out: dict[str, Callable[[str], None]] = {}
     slot = model.base_model.get_submodule(adapter.slot.path) if adapter.slot else None
     table_less = adapter.native == "learned" and not isinstance(getattr(slot, "weight", None), torch.Tensor)
-    if sites.why_not(adapter, get_scheme(adapter.native)) is None and not table_less:
+    if sites.site_refusal(adapter, get_scheme(adapter.native)) is None and not table_less:
         out["native"] = check_native
     if supported["qk"]:
         out["yarn_vs_transformers" if adapter.rotation else "rope_relative"] = (
@@ -265,7 +265,7 @@ def verdict(model: torch.nn.Module) -> dict[str, Any]:
         adapter = adapter_of(model)
     except PosEncError as exc:
         return {"refused": str(exc)}
-    why = {name: sites.why_not(adapter, get_scheme(name)) for name in list_schemes()}
+    why = {name: sites.site_refusal(adapter, get_scheme(name)) for name in list_schemes()}
     return {"adapter": adapter.name, "native": adapter.native,
             "sites": {site: why[site_scheme(adapter, site)[0]] is None for site in SITES},
             "supported": sorted(n for n, w in why.items() if w is None),
@@ -304,7 +304,7 @@ def reason(row: dict[str, Any]) -> str:
     why = {}
     for site, ok in sites.items():
         if not ok:
-            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotary"] else "rope"
+            scheme = SITE_SCHEMES[site][0] if site != "qk" else "yarn" if row["structure"]["rotation"] else "rope"
             why.setdefault(row["unsupported"][scheme], []).append(site)
     return "; ".join([*failed, *(f"{'/'.join(s)}: {w}" for w, s in why.items())])
 

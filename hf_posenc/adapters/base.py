@@ -60,6 +60,16 @@ def no_offset(config: Any) -> int:
 
 
 @dataclass(frozen=True)
+class FixedOffset:
+    """`PositionSlot.offset` read off the slot (OPT's 2, RoBERTa's padding_idx + 1): plain data."""
+
+    rows: int
+
+    def __call__(self, config: Any) -> int:
+        return self.rows
+
+
+@dataclass(frozen=True)
 class Blocks:
     """The layer loop and its blocks: where positions are hooked in and how they reach the self-attention."""
 

@@ -3,16 +3,15 @@ model names: the module tree, weight shapes, forward signatures, and one call of
 on three positions. All of it is static (no model forward), so a model built on the meta device
 from a config alone is enough.
 
-The result is a `Structure`, plain data: the generic adapter is built from it and the zoo catalog
-prints it. Anything that looks like a position (a module, buffer or config field) that discovery
-cannot place is listed in `unexplained`, so the adapter refuses the model instead of patching it
-halfway.
+The result is a `Found` (`adapters.found`): the records the generic adapter is composed of, and the details
+its gaps are decided from and the zoo catalog prints. Anything that looks like a position (a module, buffer or
+config field) that discovery cannot place is listed in `details.unexplained`, so the adapter refuses the model
+instead of patching it halfway.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,10 +19,12 @@ from torch import nn
 
 from .. import compat
 from . import quirks
-from .base import PACKED_SPLITS
+from .base import PACKED_SPLITS, Blocks, Embeddings, FixedOffset, NativeBias, PositionSlot, QKTap, Rotation
+from .found import Details, Found
 from .probes import (MASK_BUILDERS, causal, chain, find_rotaries, native_bias, native_bias_kind, passes_kwargs,
                      rebuild_problems, relays_kwargs, rotary_call, slot_call, source_has, takes_kwargs, unexplained)
-from .quirks import ROPE_SWITCHES, packed_layout, positions_field
+from .quirks import (ALIBI_HEAD_DIM_POWER, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, ROPE_SWITCHES, TRAINED_LENGTHS,
+                     packed_layout, positions_field)
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
 # after q/k normalisation in Qwen3, OLMo 2, Gemma 3, ...), then separate projections.
@@ -40,80 +41,15 @@ NO_ATTENTION_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "mlp", "
 SLOT_NAMES = ("wpe", "position_embeddings", "embed_positions", "positions_embed", "position_embedding")
 OUTSIDE = "<outside base_model>."  # prefix of a path discovery found outside the base model
 STANDARD_ROPE_TYPES = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
+ROPE_SCHEMES = {"default": "rope", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+                "longrope": "longrope"}  # a native rope_type -> the scheme it is
 
 
-@dataclass(frozen=True)
-class Structure:
-    """What discovery found in one model. Paths: `base` from the model root; `loop_owner`, `layers`,
-    `rotary`, `slot` from `base`; `attention` from one block; `taps` from the attention."""
-
-    model_type: str
-    composite: bool  # text settings live in a sub-config (multimodal wrappers)
-    base: str
-    loop_owner: str  # the module whose forward runs the layer loop, from base ("": base itself)
-    layers: str
-    num_layers: int
-    attention: str | None
-    attention_class: str | None
-    attention_layers: tuple[int, ...]  # blocks with softmax self-attention
-    attention_paths: tuple[str, ...]  # every distinct attention path seen (more than one: shared blocks)
-    attention_outside: tuple[str, ...]  # q/k-holding modules outside the layer list (vision towers, 2nd stacks)
-    cross_attention: bool
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden_size: int | None  # config.hidden_size: the width of the hidden states position codes are added to
-    taps: tuple[str, ...]
-    tap_kind: str | None  # "norms", "projections", "packed", "latent"
-    tap_per_head: bool  # tap outputs are (B, L, H, D) rather than (B, L, H*D)
-    tap_layout: str | None  # packed projections: order of q, k, v (quirks.PACKED_LAYOUTS)
-    tap_problem: str | None
-    rotary: tuple[str, ...]
-    rotary_class: str | None
-    rotary_inside_layers: bool
-    rotary_layer_types: tuple[str, ...]  # the rotary forward takes a layer type (Gemma 2/3 style)
-    rotary_width: int | None  # last dim of (cos, sin)
-    rotary_widths: dict[str, int]  # that width per layer type ("": called without one)
-    rotary_problem: str | None
-    rebuild_problems: dict[str, str]  # rope type -> why the rotary class cannot be rebuilt with it
-    rope_parameters: dict[str, Any] | None
-    extra_rope_keys: tuple[str, ...]  # the model's own, which a new rope_parameters keeps
-    own_rope_types: tuple[str, ...]  # rope_type values transformers' ROPE_INIT_FUNCTIONS does not know
-    slot: str | None
-    slot_class: str | None
-    slot_offset: int
-    slot_adds_offset: bool  # the slot adds `slot_offset` to the ids itself (OPT, BART), else they include it
-    slot_learned: bool  # has trainable parameters (a table, or factors of one like Reformer's axial tables)
-    slot_call: str | None  # None if the model calls it with position ids alone
-    slot_width: int | None  # width of the code the slot returns (table columns, or `embedding_dim`)
-    token_type_ids: bool
-    other_embeddings: tuple[str, ...]
-    native_bias: str | None  # block argument carrying a native score bias ("alibi", "position_bias")
-    native_bias_kind: str | None  # "alibi", "relative" (learned buckets), None: absent or switched off
-    attention_interface: bool  # attention goes through ALL_ATTENTION_FUNCTIONS
-    mask_interface: bool  # the mask comes from masking_utils (AttentionMaskInterface)
-    private_kwargs: bool  # loop owner -> block -> attention pass **kwargs through
-    relay_kwargs: bool  # all but the block do, which takes **kwargs: a block pre-hook can hand them over
-    bias_table: str | None  # T5's bucket table (from base), computed in one layer and shared down the stack
-    carry_kwargs: bool  # the loop calls blocks without them, the attention takes **kwargs: hooks carry them
-    loop_takes: tuple[str, ...]  # input_ids / position_ids / inputs_embeds accepted by the loop owner's forward
-    causal: bool
-    layer_types: tuple[str, ...] | None
-    sliding_window: int | None
-    max_positions: int | None  # config.max_position_embeddings (ALiBi models have none)
-    latent_attention: bool
-    hybrid: bool
-    unexplained: tuple[str, ...] = field(default=())
-    positions_field: str = "max_position_embeddings"  # the config field sizing the position table
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
-def discover(model: nn.Module, stack: str | None = None) -> Structure:
-    """Read the position structure of a (causal LM) transformers model, or of one stack ("encoder", "decoder")
-    of an encoder-decoder model."""
+def discover(model: nn.Module, stack: str | None = None) -> Found:
+    """Read where positions enter a (causal LM) transformers model, or one stack ("encoder", "decoder") of an
+    encoder-decoder model: the records of its generic adapter, which `generic.adapter_from` composes."""
     config, text = model.config, compat.text_config(model.config)
+    model_type = config.model_type
     names = {id(m): n for n, m in model.named_modules()}
     base = model.base_model
     owner = _loop_owner(model)
@@ -127,18 +63,19 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
     paths = tuple(dict.fromkeys(p for p in found if p is not None))
     attention_path = max(paths, key=found.count) if paths else None
     attention = blocks[attention_layers[0]].get_submodule(found[attention_layers[0]]) if attention_layers else None
-    tap = _taps(attention, config.model_type, heads, kv_heads, head_dim) if attention is not None else \
-        {"taps": (), "tap_kind": None, "tap_per_head": False, "tap_layout": None,
-         "tap_problem": "no self-attention module with q/k projections in any block"}
+    qk, tap_kind, tap_problem = _taps(attention, model_type, heads, kv_heads, head_dim) if attention is not None \
+        else (None, None, "no self-attention module with q/k projections in any block")
 
     rotaries = find_rotaries(owner)
-
     slot, slot_module = _slot(owner, layers_path, rotaries, model.get_input_embeddings())
     table = next((n for n, _ in owner.named_modules() if n.startswith(layers_path + ".")
                   and n.rsplit(".", 1)[-1] in BIAS_TABLES), None)
     owner_to_base = _relative(names[id(owner)], names[id(base)])
-    rotary = _rotary_fields(owner, rotaries, layers_path, text, layer_types, owner_to_base)
-    bias = native_bias(blocks[0] if blocks else None)
+    rotation, rotary = _rotation(owner, rotaries, layers_path, text, layer_types, owner_to_base, head_dim)
+    position_slot, embeddings, slot_details = _embeddings(owner, slot, slot_module, owner_to_base,
+                                                          positions_field(model_type, stack), model_type)
+    argument = native_bias(blocks[0] if blocks else None)
+    kind = native_bias_kind(text, argument)
     loop_params = inspect.signature(type(owner).forward).parameters
     first_block = blocks[attention_layers[0]] if attention_layers else None
     links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
@@ -146,70 +83,80 @@ def discover(model: nn.Module, stack: str | None = None) -> Structure:
     # a hook on the block hands private kwargs to its one attention module (the relay, or the carry)
     one_attention = bool(links) and sum(map(holds_qk, first_block.modules())) == 1
     relayed = not passed and one_attention and relays_kwargs(links, first_block)
-    return Structure(
-        model_type=config.model_type,
-        composite=text is not config,
-        base=names[id(base)],
-        loop_owner=owner_to_base,
-        layers=_join(owner_to_base, layers_path),
-        num_layers=len(blocks),
-        attention=attention_path,
-        attention_class=type(attention).__name__ if attention is not None else None,
-        attention_layers=attention_layers,
-        attention_paths=paths,
+    interface = attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",))
+    details = Details(
+        composite=text is not config, base=names[id(base)], num_layers=len(blocks),
+        attention_class=type(attention).__name__ if attention is not None else None, attention_paths=paths,
         attention_outside=tuple(n for n, m in owner.named_modules()
                                 if n and not n.startswith(layers_path + ".") and holds_qk(m)),
         cross_attention=any(any(c in n for c in CROSS) for b in blocks[:1] for n, _ in b.named_modules()),
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        hidden_size=getattr(text, "hidden_size", None),
-        **tap,
-        **rotary,
-        **_embedding_fields(owner, slot, slot_module, owner_to_base),
-        native_bias=bias,
-        native_bias_kind=native_bias_kind(text, bias),
-        attention_interface=attention is not None and source_has(type(attention), ("ALL_ATTENTION_FUNCTIONS",)),
-        mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
-        private_kwargs=passed,
-        relay_kwargs=relayed,
-        bias_table=_join(owner_to_base, table) if table else None,
-        # the carry's hook sits on the block, so the attention must be a module inside it (not XLM's list)
-        carry_kwargs=not passed and not relayed and one_attention and bool(attention_path) and takes_kwargs(links[-1]),
-        loop_takes=tuple(p for p in ("input_ids", "position_ids", "inputs_embeds") if p in loop_params),
-        causal=causal(text, owner),
-        layer_types=layer_types,
-        sliding_window=getattr(text, "sliding_window", None),
-        max_positions=getattr(text, positions_field(config.model_type, stack), None),
-        latent_attention=tap["tap_kind"] == "latent",
-        hybrid=len(attention_layers) < len(blocks),
+        heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden_size=getattr(text, "hidden_size", None),
+        tap_kind=tap_kind, tap_problem=tap_problem, **rotary, **slot_details, native_bias_kind=kind,
+        attention_interface=interface, mask_interface=source_has(inspect.getmodule(type(owner)), MASK_BUILDERS),
+        private_kwargs=passed, loop_takes=tuple(p for p in ("input_ids", "position_ids", "inputs_embeds")
+                                                if p in loop_params),
+        layer_types=layer_types, sliding_window=getattr(text, "sliding_window", None),
+        max_positions=getattr(text, embeddings.positions_field, None),
         unexplained=unexplained(base, [_join(owner_to_base, p) for p in (*rotaries, *([slot] if slot else []),
                                                                          *([table] if table else []))],
-                                text, bool(rotaries), ROPE_SWITCHES.get(config.model_type)),
-        positions_field=positions_field(config.model_type, stack),
+                                text, bool(rotaries), ROPE_SWITCHES.get(model_type)),
     )
+    layers = Blocks(
+        _join(owner_to_base, layers_path), attention_path, owner_to_base,
+        None if len(attention_layers) == len(blocks) else attention_layers, relay_kwargs=relayed,
+        # the carry's hook sits on the block, so the attention must be a module inside it (not XLM's list)
+        carry_kwargs=not passed and not relayed and one_attention and bool(attention_path) and takes_kwargs(links[-1]),
+        score_mask=not interface and model_type in MASK_ADDED_TO_LOGITS) if attention_layers else None
+    bias = native_bias_record(model_type, argument, kind, _join(owner_to_base, table) if table else None, head_dim)
+    return Found(model_type, native_scheme(bias, kind, rotation, details.rope_parameters, position_slot,
+                                           details.slot_learned),
+                 causal(text, owner), layers, position_slot, embeddings, rotation, qk, bias, details)
 
 
-def _embedding_fields(owner: nn.Module, slot: str | None, slot_module: nn.Module | None,
-                      owner_to_base: str) -> dict[str, Any]:
-    """The embedding part of a `Structure`: the position slot, how it is called, the other embeddings."""
-    return dict(
-        slot=_join(owner_to_base, slot) if slot else None,
+def native_bias_record(model_type: str, argument: str | None, kind: str | None, table: str | None,
+                       head_dim: int) -> NativeBias:
+    """The model's own score bias: the block argument carrying it (a bias table is zeroed where it is computed, and
+    the argument then carries zeros), the attribute switching it off, the table, a native ALiBi's slope scale."""
+    return NativeBias(argument=argument if kind and not table else None,
+                      switch=NATIVE_BIAS_SWITCHES.get(model_type) if kind else None, table=table,
+                      alibi_scale=head_dim ** ALIBI_HEAD_DIM_POWER.get(model_type, 0.0) if kind == "alibi" else 1.0)
+
+
+def native_scheme(bias: NativeBias, kind: str | None, rotation: Rotation | None, rope: dict[str, Any] | None,
+                  slot: PositionSlot | None, learned: bool) -> str:
+    """The scheme the model was trained with, as a scheme name (`kind`: its native bias's)."""
+    if kind or bias.table:
+        return "alibi" if kind == "alibi" else "t5"
+    if rotation:
+        params = rope or {}
+        if rotation.layer_types:
+            params = next((v for v in params.values() if isinstance(v, dict)), {})
+        return ROPE_SCHEMES.get(params.get("rope_type", "default"), params.get("rope_type", "rope"))
+    if slot:
+        return "learned" if learned else "sinusoidal"
+    return "nope"
+
+
+def _embeddings(owner: nn.Module, slot: str | None, slot_module: nn.Module | None, owner_to_base: str,
+                field: str, model_type: str) -> tuple[PositionSlot | None, Embeddings, dict[str, Any]]:
+    """The position slot, what the token embeddings carry besides, and what else was seen of the slot."""
+    call = slot_call(slot_module) if slot_module is not None else None
+    position_slot = PositionSlot(_join(owner_to_base, slot), FixedOffset(_slot_offset(slot_module)),
+                                 _adds_offset(slot_module), call is not None) if slot else None
+    embeddings = Embeddings(_has_buffer(owner, "embeddings.token_type_ids"),
+                            tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
+                                  if _has_module(owner, p)), field, TRAINED_LENGTHS.get(model_type))
+    return position_slot, embeddings, dict(
         slot_class=type(slot_module).__name__ if slot_module is not None else None,
-        slot_offset=_slot_offset(slot_module),
-        slot_adds_offset=_adds_offset(slot_module),
         slot_learned=slot_module is not None and any(p.requires_grad for p in slot_module.parameters()),
-        slot_call=slot_call(slot_module) if slot_module is not None else None,
+        slot_call=call,
         slot_width=_slot_width(slot_module),
-        token_type_ids=_has_buffer(owner, "embeddings.token_type_ids"),
-        other_embeddings=tuple(_join(owner_to_base, p) for p in ("embeddings.token_type_embeddings",)
-                               if _has_module(owner, p)),
     )
 
 
-def _rotary_fields(owner: nn.Module, rotaries: list[str], layers_path: str, text: Any,
-                   layer_types: tuple[str, ...] | None, owner_to_base: str) -> dict[str, Any]:
-    """The rotary part of a `Structure`: the model's rotary modules, how they are called, its RoPE parameters."""
+def _rotation(owner: nn.Module, rotaries: list[str], layers_path: str, text: Any, layer_types: tuple[str, ...] | None,
+              owner_to_base: str, head_dim: int) -> tuple[Rotation | None, dict[str, Any]]:
+    """The model's rotary module (the first of them), and what else was seen of its rotation."""
     in_layers = [r for r in rotaries if r.startswith(layers_path + ".")]
     rotary_modules = [owner.get_submodule(r) for r in rotaries]
     rope = getattr(text, "rope_parameters", None) or None
@@ -217,12 +164,12 @@ def _rotary_fields(owner: nn.Module, rotaries: list[str], layers_path: str, text
         ((), {}, None)
     per_type = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
     own_keys = set().union(*(v or {} for v in rope.values())) if per_type else set(rope or {})
-    return dict(
-        rotary=tuple(_join(owner_to_base, r) for r in rotaries),
+    paths = tuple(_join(owner_to_base, r) for r in rotaries)
+    width = next(iter(widths.values()), None)
+    return Rotation(paths[0], rotary_types, width if width and width != head_dim else None) if paths else None, dict(
+        rotary=paths,
         rotary_class=type(rotary_modules[0]).__name__ if rotaries else None,
         rotary_inside_layers=bool(in_layers),
-        rotary_layer_types=rotary_types,
-        rotary_width=next(iter(widths.values()), None),
         rotary_widths=widths,
         rotary_problem=rotary_problem,
         rebuild_problems=rebuild_problems(rotary_modules[0], text) if rotaries and not rotary_types else {},
@@ -292,14 +239,17 @@ def _out_features(module: nn.Module) -> int | None:
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
-def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int, head_dim: int) -> dict[str, Any]:
-    """Where q and k leave their projections: tap names, kind, per-head output, packed layout, and
-    the problem that keeps the q/k installer from using them (None if it can)."""
+def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
+          head_dim: int) -> tuple[QKTap | None, str | None, str | None]:
+    """Where q and k leave their projections (None: nowhere a rotation can act), their kind, and the problem that
+    keeps the q/k installer from using them (None if it can)."""
     children = dict(attention.named_children())
 
-    def tap(names: tuple[str, ...], kind: str, problem: str | None, per_head: bool = False,
-            layout: str | None = None) -> dict[str, Any]:
-        return {"taps": names, "tap_kind": kind, "tap_per_head": per_head, "tap_layout": layout, "tap_problem": problem}
+    def tap(names: tuple[str, ...], kind: str | None, problem: str | None, per_head: bool = False,
+            layout: str | None = None) -> tuple[QKTap | None, str | None, str | None]:
+        found = QKTap(names, packed=kind == "packed", per_head=per_head, layout=layout) \
+            if names and kind != "latent" else None
+        return found, kind, problem
 
     for q, k in QK_NORMS:
         if q in children and k in children:
@@ -398,3 +348,14 @@ def _relative(path: str, base: str) -> str:
 
 def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
+
+
+def __getattr__(name: str) -> Any:
+    """`Structure`, the flat record discovery returned before `Found`: deprecated, the same as `Found`."""
+    if name == "Structure":
+        import warnings
+
+        warnings.warn("adapters.discover.Structure is deprecated: discover() returns an adapters.found.Found",
+                      DeprecationWarning, stacklevel=2)
+        return Found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ A scheme knows only maths (lucidrains-style contracts):
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -104,6 +105,9 @@ class Scheme:
         for attribute, fresh in (("test_settings", {}), ("served", False)):
             if attribute not in vars(cls):
                 setattr(cls, attribute, fresh)
+        if "native" in vars(cls):  # `config_only` by its name before issue 49
+            warnings.warn(f"{cls.__name__}.native is deprecated: set config_only", DeprecationWarning, stacklevel=2)
+            cls.config_only = vars(cls)["native"]
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """Fill options left as None ("take the model's own") from the model."""
@@ -137,9 +141,10 @@ class InputScheme(Scheme):
 class RotaryScheme(Scheme):
     site: ClassVar[Site] = "qk"
     rope_type: ClassVar[str] = "default"  # the transformers RoPE type it installs on a rotating model
-    # False where `rope_parameters` cannot say the whole rotation (p-RoPE, HoPE, FoPE): `rotary` always
-    # goes into the model, natively rotating or not
-    native: ClassVar[bool] = True
+    # config-only: `rope_parameters` say the whole rotation, so on a natively rotating model the patch is the config
+    # alone, which plain transformers rebuilds; False where they cannot (p-RoPE, HoPE, FoPE): `rotary` always goes
+    # into the model, natively rotating or not
+    config_only: ClassVar[bool] = True
 
     def rope_parameters(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         raise NotImplementedError

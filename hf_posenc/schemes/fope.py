@@ -80,7 +80,7 @@ class FourierRotary(DerivedBuffers, OwnParameters):
 
 class Fope(Rope):
     name = "fope"
-    native = False  # trainable series: no rope_parameters
+    config_only = False  # trainable series: no rope_parameters
     shift_invariant = False
     Options = FopeOptions
     citation = "Hua et al. 2025, Fourier Position Embedding: Enhancing Attention's Periodic Extension"

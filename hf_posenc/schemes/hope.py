@@ -43,7 +43,7 @@ def full_periods(pairs: int, theta: float, trained: int) -> int:
 
 class Hope(Rope):
     name = "hope"
-    native = False  # no rope_parameters stop the low frequencies alone
+    config_only = False  # no rope_parameters stop the low frequencies alone
     Options = HopeOptions
     citation = "Chen et al. 2025, HoPE: A Novel Positional Encoding Without Long-Term Decay"
 

@@ -56,7 +56,7 @@ class PRope(Rope):
     """RoPE's options and frequencies, then the pairs past the kept fraction switched off."""
 
     name = "p_rope"
-    native = False  # no rope_parameters keep RoPE's frequencies on a fraction of the pairs
+    config_only = False  # no rope_parameters keep RoPE's frequencies on a fraction of the pairs
     Options = PRopeOptions
     citation = "Barbero et al. 2025, Round and Round We Go! What makes Rotary Positional Encodings useful?"
     test_settings = {"p_rope": {"p": 0.5}}

@@ -332,7 +332,7 @@ def native_off(model: nn.Module, entry: Entry, state: PatchState, keep_slot: boo
     if bias.table:
         shape = tuple(base.get_submodule(bias.table).weight.shape)
         found.append((bias.table, ZeroBuckets(shape, facts.dtype).to(facts.device)))
-    if adapter.slot and not keep_slot and not entry.native_slot:
+    if adapter.slot and not keep_slot and not entry.keeps_slot:
         found.append((adapter.slot.path, ZeroPositions(facts.dtype).to(facts.device)))
     if rotation and not keep_rotary:
         found.append((rotation.module, Rotary(rotation.dim or facts.head_dim, {}, 0.0, facts.max_positions)))

@@ -1,4 +1,5 @@
-"""What a site installer is handed: one entry of a patch plan (`hf_posenc.plan`), and the stacks that hold them.
+"""What a site installer is handed: one entry of a patch plan (`hf_posenc.plan`); the stacks that hold them are
+`hf_posenc.view.Stack`s.
 
 An entry is everything one install reads, so no installer looks anywhere else for it: the scheme, its config
 with every option resolved, the adapter as this entry sees the model (a per-layer entry's view sees only its
@@ -8,6 +9,7 @@ layers), the stock facts of the model or stack it goes into, and what the plan f
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,19 +30,13 @@ class Entry:
     # a per-layer map's entry (sites.layers): the suffix of the modules and private kwargs it adds, and whether the
     # position slot keeps the model's own positions (for the layers outside the map)
     tag: str = ""
-    native_slot: bool = False
+    keeps_slot: bool = False
 
-
-@dataclasses.dataclass(frozen=True)
-class Stack:
-    """One attention stack of the plan and its entries: `name` is the encoder-decoder stack ("encoder",
-    "decoder"), None for the one stack of any other model (the model itself); `per_layer`: the entries are a
-    per-layer map (`sites.layers`), else one entry covering every layer."""
-
-    name: str | None
-    adapter: Adapter
-    entries: tuple[Entry, ...]
-    per_layer: bool = False
+    @property
+    def native_slot(self) -> bool:
+        """`keeps_slot`, by its name before issue 49 (deprecated)."""
+        warnings.warn("Entry.native_slot is deprecated: read Entry.keeps_slot", DeprecationWarning, stacklevel=2)
+        return self.keeps_slot
 
 
 def slot_needs(adapter: Adapter) -> list[str]:

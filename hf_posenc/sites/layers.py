@@ -28,7 +28,7 @@ from ..schemes.building import place
 from .base import LayerLoop, PatchHook
 from .entry import Entry
 from .qk import ROTARY_KWARG, ROTARY_MODULE, RotaryKwarg, layer_parameters
-from .table import why_not as why_not_site
+from .table import site_refusal
 
 if TYPE_CHECKING:
     from ..adapters.base import Adapter
@@ -45,7 +45,7 @@ def view(adapter: Adapter, layers: Sequence[int], owns: bool) -> Adapter:
     """The adapter as one entry's installers see it: only `layers` attend with the entry's positions, the
     model's rotary module stays for the others, and the bias table and bias switch shared by every layer are the
     entry's to remove only when the patch covers every layer (`owns`: given to the first entry, which then also
-    takes the position slot away, `Entry.native_slot`). Its `Entry.tag` keeps the modules and private kwargs of two
+    takes the position slot away, `Entry.keeps_slot`). Its `Entry.tag` keeps the modules and private kwargs of two
     entries of the same site apart."""
     return dataclasses.replace(
         adapter, blocks=dataclasses.replace(adapter.blocks, attention_layers=tuple(layers)), rotation=None,
@@ -59,7 +59,7 @@ def rotation_module(model: nn.Module, adapter: Adapter, spec: Scheme, options: d
     from the scheme's rope_parameters, or the scheme's rotary module (another rotating fraction, a scheme no
     rope_parameters express, a rotation per layer type, whose entry rotates all its layers alike)."""
     config = compat.text_config(model.config)
-    if spec.native and options["partial"] == native_partial(facts) and not adapter.rotation.layer_types:
+    if spec.config_only and options["partial"] == native_partial(facts) and not adapter.rotation.layer_types:
         own = copy.deepcopy(config)
         own.rope_parameters = layer_parameters(spec, options, facts, compat.rope_parameters(config) or {})
         return type(model.base_model.get_submodule(adapter.rotation.module))(config=compat.with_head_dim(own))
@@ -85,8 +85,8 @@ def rotates_natively(entry: Entry, adapter: Adapter) -> bool:
     return adapter.rotation is not None and entry.spec.site == "qk"
 
 
-def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool,
-            keeps_slot: bool) -> str | None:
+def layer_refusal(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, covers_all: bool,
+                  keeps_slot: bool) -> str | None:
     """Why `spec` cannot go into some layers of this model (None if it can), beyond what the view's
     mechanisms say (`keeps_slot`: the entry leaves the position slot to the model's own positions)."""
     if spec.site == "input":
@@ -101,10 +101,10 @@ def why_not(model: nn.Module, adapter: Adapter, view_: Adapter, spec: Scheme, co
     if adapter.rotation and ROTATION_KWARG not in inspect.signature(attention.forward).parameters:
         return f"its attention takes no `{ROTATION_KWARG}` to switch its own rotation off in one layer"
     # a rotation on a rotating model goes where the whole-model patch's would (rotation_module)
-    return why_not_site(adapter if adapter.rotation and spec.site == "qk" else view_, spec, keeps_slot)
+    return site_refusal(adapter if adapter.rotation and spec.site == "qk" else view_, spec, keeps_slot)
 
 
-def why_not_map(specs: Sequence[Scheme]) -> str | None:
+def map_refusal(specs: Sequence[Scheme]) -> str | None:
     """Why the schemes of one map cannot share a model (None if they can): one runs in the attention function."""
     if len(biased := [s.name for s in specs if s.site in POSENC_ATTENTION]) > 1:
         return f"a layer map takes one scheme that runs in the attention function (score or attention site), got {biased}"

@@ -121,7 +121,7 @@ def layer_parameters(spec: Scheme, options: dict[str, Any], facts: ModelFacts, o
 def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) -> None:
     base, config, options = model.base_model, compat.text_config(model.config), entry.config.options
     adapter, spec, facts = entry.adapter, entry.spec, entry.facts
-    if adapter.rotation and spec.native and options["partial"] == native_partial(facts):
+    if adapter.rotation and spec.config_only and options["partial"] == native_partial(facts):
         # Natively rotating model: scaling is config; plain transformers reloads it.
         own = compat.rope_parameters(config) or {}
         if adapter.rotation.layer_types:

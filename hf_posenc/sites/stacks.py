@@ -18,8 +18,9 @@ from ..attention import PREFIX
 from ..config import STACKS
 from ..seq2seq import cross_attentions, self_attentions, stack_module
 from ..state import PatchState, RemoveHooks
+from ..view import Stack
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
-from .entry import Entry, Stack
+from .entry import Entry
 from .layers import assign_roles, site_for
 from .table import SITES
 
@@ -80,7 +81,7 @@ def install_entry(model: nn.Module, entry: Entry, state: PatchState, site: Calla
     loop = LayerLoop(spec.name, list(inspect.signature(owner.forward).parameters), facts.ids_offset,
                      slot is not None and not slot.hooked, adapter.embeddings.token_type_ids,
                      carry=adapter.from_loop(blocks.layers) if blocks.carry_kwargs else None)
-    if slot and slot.hooked and not entry.native_slot:  # a kept slot takes its own call
+    if slot and slot.hooked and not entry.keeps_slot:  # a kept slot takes its own call
         loop.contributions.append(HandSlotIds(adapter.from_loop(slot.path), facts.position_offset))
     state.undo.append(RemoveHooks(base, PatchHook))
     if entry.max_positions is not None:

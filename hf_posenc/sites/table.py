@@ -1,4 +1,6 @@
-"""The site modules by the names schemes give (`Scheme.site`), and the questions asked of them."""
+"""The site modules by the names schemes give (`Scheme.site`), and the questions asked of them: what a site needs
+of a model, and why it cannot act on one (`site_refusal`, over a view's stacks `stacks_refusal`; the public question
+is `catalog.why_not`)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ def needs(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> tuple[str
     return tuple(native + [m for m in SITES[spec.site].needs(adapter, spec) if not (keeps_slot and m == "slot")])
 
 
-def why_not(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> str | None:
-    """None if `spec` can be patched into the model `adapter` describes, else the reason: the first mechanism its
-    site needs that the adapter names as a gap."""
+def site_refusal(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> str | None:
+    """Why the site of `spec` cannot act on the model `adapter` describes (None if it can): a causal-only scheme on a
+    bidirectional model, or the first mechanism the site needs that the adapter names as a gap."""
     if spec.causal_only and not adapter.causal:
         return f"{spec.name!r} needs a causal model"
     wanted = needs(adapter, spec, keeps_slot)
@@ -35,24 +37,24 @@ def why_not(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> str | N
     return gap or ("qk_tap: no q/k projections to rotate" if "qk_tap" in wanted and adapter.qk is None else None)
 
 
-def why_not_stacks(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None = None) -> str | None:
-    """None if every stack of `view` in `names` (default: those that read text) takes `spec`, else the first
-    reason (an encoder-decoder's named by its stack); kept in the view, which is read once per config."""
+def stacks_refusal(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None = None) -> str | None:
+    """`site_refusal` over the stacks of `view` in `names` (default: those that read text): None if every one takes
+    `spec`, else the first reason (an encoder-decoder's named by its stack); kept in the view, read once per config."""
     key = (spec, names)
     if key not in view.answers:
-        view.answers[key] = _why_not_stacks(view, spec, names)
+        view.answers[key] = _stacks_refusal(view, spec, names)
     return view.answers[key]
 
 
-def _why_not_stacks(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None) -> str | None:
+def _stacks_refusal(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None) -> str | None:
     if not view.two_stacks:
-        return why_not(view.stacks[0].adapter, spec)
+        return site_refusal(view.stacks[0].adapter, spec)
     names = names or view.text
     if not names:
         return view.no_text
     for name in names:
         try:
-            reason = why_not(view.adapter(name), spec)
+            reason = site_refusal(view.adapter(name), spec)
         except PosEncError as exc:
             reason = str(exc)
         if reason is not None:
