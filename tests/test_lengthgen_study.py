@@ -50,8 +50,8 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     failed = [r for r in saved["runs"] if not r["gate"]]
     # the smoke budget fits learned (its table) on both tasks and not nope: the ranking reads counted runs only
     assert len(failed) < len(saved["runs"]), "no smoke run passed the gate: the ranking is not exercised"
-    assert "### MRR over the paper's five schemes" in table and "### MRR over every arm (repeat, copy)" in table
-    assert "| learned | 1.00 |" in table
+    assert "### MRR over the paper's five schemes" in table and "### MRR over every arm" in table
+    assert "| learned | 1.00 | 1.00 |" in table  # first tier over its seed, every arm over seed 0: both rank it first
     geometry = table.split("### Added positions")[1]  # only learned adds positions, and only its counted runs show
     assert "| learned | repeat |" in geometry and "| nope |" not in geometry  # the one arm with counted runs ranks first on both tasks
     assert all(f"{r['arm']} / {r['task']} / seed {r['seed']}" in table for r in failed)
@@ -64,6 +64,37 @@ def test_the_smoke_study_writes_gated_runs_tables_and_a_plot_and_resumes(tmp_pat
     assert (out / "runs" / "nope-copy-seed0.json").stat().st_mtime_ns == before
     again = json.loads((out / "results.json").read_text())["runs"]
     assert len(again) == 4 and {r["arm"] for r in again} == {"nope", "learned"}
+
+
+def _run(arm, task, seed, ood, gate=True):
+    return {"arm": arm, "task": task, "seed": seed, "gate": gate, "ood": {"exact_match": ood}}
+
+
+def test_the_ranking_has_a_column_per_task_and_seed_and_a_failed_gate_ranks_last(run):
+    """As their notebook ranks: one column per (task split, seed), not the mean over seeds; here a run that failed
+    the gate or did not run ranks last, and a column where no run counted is left out."""
+    import report
+
+    runs = [_run("x", "copy", 0, 0.9), _run("y", "copy", 0, 0.5),
+            _run("x", "copy", 1, 0.1), _run("y", "copy", 1, 0.8),
+            _run("x", "sort", 0, 1.0, gate=False), _run("y", "sort", 0, 0.2),
+            _run("x", "sort", 1, 0.7, gate=False), _run("y", "sort", 1, 0.6, gate=False)]
+    table = report.columns(runs, ["x", "y"], ["copy", "sort"], [0, 1])
+    assert table == {"copy/seed 0": {"x": 0.9, "y": 0.5}, "copy/seed 1": {"x": 0.1, "y": 0.8},
+                     "sort/seed 0": {"x": -1.0, "y": 0.2}}
+    ranked, cols = report.ranking_table(runs, ["x", "y"], ["copy", "sort"], [0, 1])
+    # x ranks 1, 2, 2 and y 2, 1, 1; the mean over seeds (x 0.5, y 0.65) would have given copy to y alone
+    assert ranked == pytest.approx({"y": (1 / 2 + 1 + 1) / 3, "x": (1 + 1 / 2 + 1 / 2) / 3}) and len(cols) == 3
+    assert report.ranking_table(runs, ["x", "y"], ["sort"], [1]) == ({}, [])
+
+
+def test_the_ranking_beside_the_paper_is_plotted(tmp_path, run):
+    import report
+
+    settings = {"arms": {"nope": {}, "alibi": {}, "learned": {}}, "tasks": ["copy"]}
+    runs = [_run("nope", "copy", 0, 0.9), _run("alibi", "copy", 0, 0.4), _run("learned", "copy", 0, 0.0)]
+    assert report.draw_ranking(runs, settings, tmp_path).stat().st_size > 1000
+    assert report.draw_ranking(runs[2:], settings, tmp_path / "none") is None  # no arm of theirs ran: no figure
 
 
 def test_a_run_file_of_the_full_budget_is_recognised_on_resume(run):

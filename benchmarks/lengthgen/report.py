@@ -39,14 +39,24 @@ def ood_score(mine: list[Run]) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def ranking_table(runs: list[Run], arms: list[str], tasks: list[str]) -> tuple[dict[str, float], list[str]]:
-    """MRR of these arms over the tasks (one split each) where at least one of them has a counted run, and those
-    tasks; an arm with no counted run on such a task ranks last there. ({}, []) when no task has one."""
+def columns(runs: list[Run], arms: list[str], tasks: list[str], seeds: list[int]) -> dict[str, dict[str, float]]:
+    """One ranking column per (task, seed), as their notebook makes one per task split and seed: each arm's
+    out-of-distribution exact match in that run, or -1 (last) where the run failed the gate or has not run. A column
+    where no arm's run counted ranks nothing and is left out."""
     table = {}
     for task in tasks:
-        scores = {arm: ood_score(counted(runs, arm, task)) for arm in arms}
-        if any(v is not None for v in scores.values()):
-            table[task] = {arm: -1.0 if v is None else v for arm, v in scores.items()}
+        for seed in seeds:
+            mine = {arm: [r for r in counted(runs, arm, task) if r["seed"] == seed] for arm in arms}
+            if any(mine.values()):
+                table[f"{task}/seed {seed}"] = {arm: got[0]["ood"]["exact_match"] if got else -1.0
+                                                for arm, got in mine.items()}
+    return table
+
+
+def ranking_table(runs: list[Run], arms: list[str], tasks: list[str],
+                  seeds: list[int]) -> tuple[dict[str, float], list[str]]:
+    """MRR of these arms over the (task, seed) columns (`columns`), and those columns; ({}, []) when none."""
+    table = columns(runs, arms, tasks, seeds)
     return (mrr(table), list(table)) if table else ({}, [])
 
 
@@ -106,8 +116,8 @@ def order(scores: dict[str, float]) -> str:
 def beside_paper(runs: list[Run], tasks: list[str]) -> list[str]:
     """Per task, each of their schemes' out-of-distribution exact match here (mean over counted seeds) and theirs
     (mean of their 3 seeds; sort: their rank, its accuracies are a figure), and the order each gives."""
-    lines = ["Per task, out-of-distribution exact match here / theirs (here: mean over the runs that passed the gate; "
-             "theirs: mean of 3 seeds, for sort their rank):", "",
+    lines = ["Per task, out-of-distribution exact match here / theirs (here: mean over the runs that passed the gate, "
+             "with how many did where some failed; theirs: mean of 3 seeds, for sort their rank):", "",
              "| task | " + " | ".join(f"{s} ({a})" for s, a in PAPER_ARMS.items()) + " | order here | order theirs |",
              "|---|" + "---|" * (len(PAPER_ARMS) + 2)]
     for task in tasks:
@@ -116,8 +126,10 @@ def beside_paper(runs: list[Run], tasks: list[str]) -> list[str]:
         sort_rank = PAPER["sort_rank"]["rank"] if task == "sort" else {}
         cells = []
         for scheme in PAPER_ARMS:
-            ran = any(r["arm"] == PAPER_ARMS[scheme] and r["task"] == task for r in runs)
-            mine = f"{here[scheme]:.2f}" if here[scheme] is not None else "gate failed" if ran else "not run"
+            ran = [r for r in runs if r["arm"] == PAPER_ARMS[scheme] and r["task"] == task]
+            kept = sum(r["gate"] for r in ran)
+            mine = "not run" if not ran else "gate failed" if here[scheme] is None else f"{here[scheme]:.2f}" + (
+                f" ({kept} of {len(ran)} runs)" if kept < len(ran) else "")
             other = f"{theirs[scheme]:.2f}" if theirs else (f"rank {sort_rank[scheme]}" if sort_rank else "–")
             cells.append(f"{mine} / {other}")
         ours = order({s: -1.0 if v is None else v for s, v in here.items()}) \
@@ -134,6 +146,24 @@ def ordered(runs: list[Run], settings: dict[str, Any]) -> tuple[list[str], list[
             [t for t in settings["tasks"] if any(r["task"] == t for r in runs)])
 
 
+def every_arm(runs: list[Run], arms: list[str], tasks: list[str], settings: dict[str, Any]) -> list[str]:
+    """Two rankings of the arms: the first tier over its seeds, and every arm over the seeds every arm ran (the
+    second tier runs fewer), each over its (task, seed) columns."""
+    first = [a for a in arms if settings["arms"][a]["tier"] == 1]
+    shared = sorted(set.intersection(*({r["seed"] for r in runs if r["arm"] == a} for a in arms)))
+    rankings = [(f"first tier, seeds {', '.join(map(str, sorted({r['seed'] for r in runs if r['arm'] in first})))}",
+                 *ranking_table(runs, first, tasks, sorted({r["seed"] for r in runs if r["arm"] in first}))),
+                (f"every arm, seed{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared)) or 'none shared'}",
+                 *ranking_table(runs, arms, tasks, shared))]
+    if not any(ranked for _, ranked, _ in rankings):
+        return ["no task has a counted run: no ranking"]
+    lines = ["| arm | " + " | ".join(f"MRR, {name} ({len(cols)} columns)" for name, _, cols in rankings) + " |",
+             "|---|" + "---|" * len(rankings)]
+    lines += [f"| {arm} | " + " | ".join(f"{ranked[arm]:.2f}" if arm in ranked else "–" for _, ranked, _ in rankings)
+              + " |" for arm in sorted(arms, key=lambda a: [-r.get(a, -1) for _, r, _ in rankings[::-1]])]
+    return lines
+
+
 def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     arms, tasks = ordered(runs, settings)
     lines = [f"Exact match of tiny decoders trained on input lengths {min(settings['train_lengths'])}–"
@@ -145,21 +175,20 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     lines += ["### Runs that failed the in-distribution gate", ""]
     lines += [f"- {r['arm']} / {r['task']} / seed {r['seed']}: {r['iid']['exact_match']:.3f} in distribution"
               for r in failed] or ["none"]
+    seeds = sorted({r["seed"] for r in runs})
     ours = [a for a in PAPER_ARMS.values() if a in arms]
-    ranked, splits = ranking_table(runs, ours, tasks)
+    ranked, splits = ranking_table(runs, ours, tasks, seeds)
     if not ranked:
         lines += ["", "### MRR over the paper's five schemes", "", "no counted run of theirs "
                   f"({', '.join(ours) or 'none of their arms ran'}): no ranking"]
     else:
-        lines += ["", f"### MRR over the paper's five schemes ({len(splits)} task splits with a counted run here: "
-                      f"{', '.join(splits)}; theirs: 17)", "",
+        lines += ["", f"### MRR over the paper's five schemes ({len(splits)} columns of task × seed with a counted "
+                      f"run here; theirs: 17 task splits × 3 seeds)", "",
                   "| scheme | arm | MRR here | MRR (Kazemnejad et al.) |", "|---|---|---|---|"]
         lines += [f"| {theirs} | {arm} | {ranked[arm]:.2f} | {PAPER['mrr_ood'][theirs]:.2f} |"
                   for theirs, arm in PAPER_ARMS.items() if arm in ranked]
         lines += ["", *beside_paper(runs, tasks)]
-    every, splits = ranking_table(runs, arms, tasks)
-    lines += ["", f"### MRR over every arm ({', '.join(splits) or 'no task has a counted run: no ranking'})", ""]
-    lines += ["| arm | MRR |", "|---|---|", *(f"| {arm} | {value:.2f} |" for arm, value in every.items())] if every else []
+    lines += ["", "### MRR over every arm", "", *every_arm(runs, arms, tasks, settings)]
     lines += ["", "### Added positions in models that learned: the token/position geometry and layer 0's four terms",
               "", *geometry_table(runs, arms, tasks)]
     lines += ["", f"The paper's numbers: {PAPER['source']}."]
@@ -187,3 +216,25 @@ def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
         axes[0][-1].legend(*next(ax for ax in axes[0][::-1] if ax.lines).get_legend_handles_labels(), fontsize=6,
                            ncol=2)
     plots.save(fig, out / "results.png")
+
+
+def draw_ranking(runs: list[Run], settings: dict[str, Any], out: Path) -> Path | None:
+    """ranking.png: the paper's five schemes' MRR here beside theirs (None: no counted run of theirs)."""
+    arms, tasks = ordered(runs, settings)
+    ranked, cols = ranking_table(runs, [a for a in PAPER_ARMS.values() if a in arms], tasks,
+                                 sorted({r["seed"] for r in runs}))
+    if not ranked:
+        return None
+    schemes = [s for s, a in PAPER_ARMS.items() if a in ranked]
+    plt = plots.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ys = range(len(schemes))
+    ax.barh([y + 0.2 for y in ys], [ranked[PAPER_ARMS[s]] for s in schemes], height=0.4,
+            label=f"here: tiny decoders, {len(cols)} task × seed columns")
+    ax.barh([y - 0.2 for y in ys], [PAPER["mrr_ood"][s] for s in schemes], height=0.4,
+            label="Kazemnejad et al. (2023): 17 splits × 3 seeds")
+    ax.set(yticks=list(ys), yticklabels=[f"{s} ({PAPER_ARMS[s]})" for s in schemes], xlim=(0, 1),
+           xlabel="mean reciprocal rank, out of distribution")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="lower right")
+    return plots.save(fig, out / "ranking.png")

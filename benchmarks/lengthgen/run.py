@@ -170,6 +170,7 @@ def write(out: Path, s: Settings, table: dict[str, Arm], plots_too: bool) -> lis
         (out / "results.md").write_text(report.summary(runs, settings))
         if plots_too:
             report.draw(runs, settings, out)
+            report.draw_ranking(runs, settings, out)
     return runs
 
 

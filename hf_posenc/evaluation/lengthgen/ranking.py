@@ -1,6 +1,8 @@
 """Mean reciprocal rank over task splits, as Kazemnejad et al. (2023, arXiv 2305.19466, Fig. 1 and Sec. 4) rank
-positional schemes: in each split the schemes are ranked by out-of-distribution exact match (best = 1; tied
-schemes share the best of their ranks), and a scheme's score is the mean of 1/rank over the splits. Torch-free.
+positional schemes: in each column (their notebook makes one per task split and seed) the schemes are ranked by
+out-of-distribution exact match, best = 1, and a scheme's score is the mean of 1/rank over the columns. Ties: their
+notebook ranks with pandas' `method="first"`, which orders tied schemes by their row; here tied schemes share the
+best of their ranks, since at this size many schemes tie at 0.00 and row order would decide. Torch-free.
 
 `PAPER` holds their published numbers, read from their repository (github.com/McGill-NLP/length-generalization,
 results at commit d06170ec): decoder-only models built from the t5-base configuration (~138M parameters), 40k
