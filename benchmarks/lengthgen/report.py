@@ -213,8 +213,8 @@ def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
             ax.text(0.5, 0.5, "no run passed the gate", ha="center", transform=ax.transAxes)
         ax.set(title=task, xlabel="input length (symbols)", ylabel="exact match", ylim=(-0.02, 1.02))
     if any(ax.lines for ax in axes[0]):
-        axes[0][-1].legend(*next(ax for ax in axes[0][::-1] if ax.lines).get_legend_handles_labels(), fontsize=6,
-                           ncol=2)
+        axes[0][-1].legend(*next(ax for ax in axes[0][::-1] if ax.lines).get_legend_handles_labels(), fontsize=7,
+                           loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the panels: inside, it hid curves
     plots.save(fig, out / "results.png")
 
 
@@ -227,7 +227,7 @@ def draw_ranking(runs: list[Run], settings: dict[str, Any], out: Path) -> Path |
         return None
     schemes = [s for s, a in PAPER_ARMS.items() if a in ranked]
     plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
     ys = range(len(schemes))
     ax.barh([y + 0.2 for y in ys], [ranked[PAPER_ARMS[s]] for s in schemes], height=0.4,
             label=f"here: tiny decoders, {len(cols)} task × seed columns")
@@ -236,5 +236,5 @@ def draw_ranking(runs: list[Run], settings: dict[str, Any], out: Path) -> Path |
     ax.set(yticks=list(ys), yticklabels=[f"{s} ({PAPER_ARMS[s]})" for s in schemes], xlim=(0, 1),
            xlabel="mean reciprocal rank, out of distribution")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     return plots.save(fig, out / "ranking.png")
