@@ -411,3 +411,19 @@ def test_subspace_geometry_makes_no_float64_on_the_tables_device():
         A.geometry.energy_share(tokens, basis)
         A.geometry.encoding_by_distance(positions)
     assert device.created == [] and basis.device.type == "cpu"
+
+
+def test_token_vectors_are_what_the_model_reads_not_the_raw_weight():
+    """concat projects the token embeddings on their way in (a hook) and leaves the weight free, which a tied output
+    head trains: the geometry must read the projected tokens, whose subspace holds none of the positions' energy."""
+    torch.manual_seed(0)
+    model = hp.patch(tiny_model("gpt2"), "concat", d_pos=16)
+    with torch.no_grad():  # as training moves the (tied) weight into the positions' dimensions
+        model.get_input_embeddings().weight.add_(torch.randn_like(model.get_input_embeddings().weight))
+    positions = A.position_vectors(model, 32)
+    read = A.subspace_geometry(A.token_vectors(model), positions)
+    raw = A.subspace_geometry(model.get_input_embeddings().weight.detach().float(), positions)
+    assert read["position_energy_in_token_subspace"] == pytest.approx(0.0, abs=1e-6)
+    assert raw["position_energy_in_token_subspace"] > 0.1
+    plain = tiny_model("gpt2")  # without a hook the two are the same matrix
+    assert torch.equal(A.token_vectors(plain), plain.get_input_embeddings().weight.detach().float())

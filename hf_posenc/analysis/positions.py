@@ -85,9 +85,13 @@ def dummy_ids(model: nn.Module, length: int) -> Tensor:
 
 
 
+@torch.no_grad()
 def token_vectors(model: nn.Module) -> Tensor:
-    """The input (word) embedding matrix, (vocab, d), fp32."""
-    return model.get_input_embeddings().weight.detach().float()
+    """The token embeddings the model reads, (vocab, d), fp32: the input embedding module's output for every id,
+    not its weight, so a scheme that projects them on the way in (concat's hook) is measured as the model uses them
+    (the weight also feeds a tied output head, which training may move into the positions' dimensions)."""
+    embed = model.get_input_embeddings()
+    return embed(torch.arange(embed.num_embeddings, device=embed.weight.device)).detach().float()
 
 
 @torch.no_grad()
