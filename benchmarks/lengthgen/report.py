@@ -150,9 +150,9 @@ def every_arm(runs: list[Run], arms: list[str], tasks: list[str], settings: dict
     """Two rankings of the arms: the first tier over its seeds, and every arm over the seeds every arm ran (the
     second tier runs fewer), each over its (task, seed) columns."""
     first = [a for a in arms if settings["arms"][a]["tier"] == 1]
+    first_seeds = sorted({r["seed"] for r in runs if r["arm"] in first})
     shared = sorted(set.intersection(*({r["seed"] for r in runs if r["arm"] == a} for a in arms)))
-    rankings = [(f"first tier, seeds {', '.join(map(str, sorted({r['seed'] for r in runs if r['arm'] in first})))}",
-                 *ranking_table(runs, first, tasks, sorted({r["seed"] for r in runs if r["arm"] in first}))),
+    rankings = [(f"first tier, seeds {', '.join(map(str, first_seeds))}", *ranking_table(runs, first, tasks, first_seeds)),
                 (f"every arm, seed{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared)) or 'none shared'}",
                  *ranking_table(runs, arms, tasks, shared))]
     if not any(ranked for _, ranked, _ in rankings):
