@@ -30,10 +30,12 @@ import json
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import transformers
 
 ENV = "HF_POSENC_SUITE_CELLS"
 RECORDS: list[dict[str, str]] = []  # what happened to each model of the running test
@@ -264,6 +266,10 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     RECORDS.clear()
     CURRENT["patch"] = item.stash.get(CELL, {}).get("patch")
+    # the same random draws for a test in every cell and worker, whatever ran before it: tolerance tests (fp16
+    # logits, padded against padding-free) compared stock against patched must not turn on the order xdist ran
+    # them in (bert p_rope failed one by 0.0084 against 0.0078 in a full run and passed alone)
+    transformers.set_seed(zlib.crc32(case_name(item).encode()))
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
