@@ -60,6 +60,12 @@ def ranking_table(runs: list[Run], arms: list[str], tasks: list[str],
     return (mrr(table), list(table)) if table else ({}, [])
 
 
+def paper_ranking(runs: list[Run], arms: list[str], tasks: list[str]) -> tuple[list[str], dict[str, float], list[str]]:
+    """Their five schemes' arms that ran, their MRR over every (task, seed) column, and those columns."""
+    ours = [a for a in PAPER_ARMS.values() if a in arms]
+    return (ours, *ranking_table(runs, ours, tasks, sorted({r["seed"] for r in runs})))
+
+
 def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
     lines = [f"### {task}", "", "| arm | runs counted / run | in-distribution (mean) | out of distribution (pooled, "
              "95% CI) | shortest test length | longest test length |", "|---|---|---|---|---|---|"]
@@ -175,16 +181,14 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     lines += ["### Runs that failed the in-distribution gate", ""]
     lines += [f"- {r['arm']} / {r['task']} / seed {r['seed']}: {r['iid']['exact_match']:.3f} in distribution"
               for r in failed] or ["none"]
-    seeds = sorted({r["seed"] for r in runs})
-    ours = [a for a in PAPER_ARMS.values() if a in arms]
-    ranked, splits = ranking_table(runs, ours, tasks, seeds)
+    ours, ranked, splits = paper_ranking(runs, arms, tasks)
     if not ranked:
         lines += ["", "### MRR over the paper's five schemes", "", "no counted run of theirs "
                   f"({', '.join(ours) or 'none of their arms ran'}): no ranking"]
     else:
         # where every run of theirs passed the gate, the ranking is of extrapolation alone (theirs all fit, ~100%)
         fitted = [t for t in tasks if all(r["gate"] for r in runs if r["task"] == t and r["arm"] in ours)]
-        alone, alone_cols = ranking_table(runs, ours, fitted, seeds)
+        _, alone, alone_cols = paper_ranking(runs, arms, fitted)
         lines += ["", f"### MRR over the paper's five schemes ({len(splits)} columns of task × seed with a counted "
                       f"run here; theirs: 17 task splits × 3 seeds)", "",
                   "| scheme | arm | MRR here | MRR here, on the tasks every run of their schemes fits "
@@ -225,9 +229,7 @@ def draw(runs: list[Run], settings: dict[str, Any], out: Path) -> None:
 
 def draw_ranking(runs: list[Run], settings: dict[str, Any], out: Path) -> Path | None:
     """ranking.png: the paper's five schemes' MRR here beside theirs (None: no counted run of theirs)."""
-    arms, tasks = ordered(runs, settings)
-    ranked, cols = ranking_table(runs, [a for a in PAPER_ARMS.values() if a in arms], tasks,
-                                 sorted({r["seed"] for r in runs}))
+    _, ranked, cols = paper_ranking(runs, *ordered(runs, settings))
     if not ranked:
         return None
     schemes = [s for s, a in PAPER_ARMS.items() if a in ranked]
