@@ -251,7 +251,7 @@ def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: An
         **kwargs: passed to `model_cls.from_pretrained` (dtype, attn_implementation, revision, ...);
             `output_loading_info=True` returns (model, its load report without the patch's own keys).
     """
-    kwargs.pop("trust_remote_code", None)
+    kwargs = compat.without_handoff_kwargs(kwargs)  # remote code calls this with what its Auto class added
     if str(path) in NAMED_MODELS:
         path = str(unpacked_folder(str(path)))
     config = kwargs.pop("config", None)

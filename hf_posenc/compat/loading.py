@@ -21,6 +21,16 @@ def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
 
 
 
+# What an Auto class adds to the kwargs it hands a remote-code class's `from_pretrained`: trust_remote_code, and
+# since 5.25 `_from_auto`, which the Auto class the remote code then calls adds again ("got multiple values").
+REMOTE_HANDOFF_KWARGS = ("trust_remote_code", "_from_auto")
+
+
+def without_handoff_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` without what an Auto class added when it handed the load to remote code."""
+    return {k: v for k, v in kwargs.items() if k not in REMOTE_HANDOFF_KWARGS}
+
+
 def checkpoint_key_renamer(model: torch.nn.Module, keys: Collection[str]) -> Callable[[str], str]:
     """A checkpoint file's key -> the model's own name among `keys`, as transformers 5's loading renames it: the
     model's renamings on save and load (Qwen2-Audio saves `language_model.model.*` for `model.language_model.*`),
