@@ -9,6 +9,7 @@ peaky and a wrong position changes logits by O(1), not 1e-4.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def _shrunk(default: transformers.PretrainedConfig, overrides: dict[str, Any]) -
     """Keyword arguments that build a tiny version of `default`'s config class."""
     values = default.to_dict()
     known = set(values) | set(getattr(default, "attribute_map", {}))
+    if dataclasses.is_dataclass(default):  # a value the config derives from its fields is left to derive (Falcon's
+        known &= {f.name for f in dataclasses.fields(default)} | set(getattr(default, "attribute_map", {}))  # kv heads)
     kwargs: dict[str, Any] = {k: v for k, v in SHRINK.items() if k in known}
     if "qk_rope_head_dim" in known:  # multi-head latent attention: head_dim is the rotary part, no GQA
         kwargs["head_dim"] = SHRINK["qk_rope_head_dim"]

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import hf_posenc as hp
 import zoo
 from hf_posenc.adapters.base import QKTap
+from hf_posenc.adapters.probes import source_has
 from hf_posenc.patching import describe_modules
 from hf_posenc.schemes.rotary import rotate
 from hf_posenc.sites.qk import RotateOutput
@@ -35,10 +36,10 @@ def one_thread():
 
 
 def falcon(alibi: bool, variant: str = "multi_query", attn: str | None = None) -> torch.nn.Module:
-    config = zoo.tiny_config("falcon")
-    config.alibi = alibi
-    for key, value in FALCON_VARIANTS[variant].items():
-        setattr(config, key, value)
+    tiny = zoo.tiny_config("falcon")
+    # built anew, as a config.json is read: from 5.25 the config derives its key-value heads from these fields
+    values = {k: v for k, v in tiny.to_dict().items() if k != "num_key_value_heads"}
+    config = type(tiny)(**{**values, "alibi": alibi, **FALCON_VARIANTS[variant]})
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, **({"attn_implementation": attn} if attn else {})).eval()
 
@@ -210,10 +211,20 @@ def test_gradient_checkpointing_recomputes_attention_with_its_private_kwargs(mod
     torch.testing.assert_close(results[0], results[1])
 
 
-def test_attention_site_schemes_are_refused_by_name():
-    """Self-Extend and xPos compute the logits themselves, which needs ALL_ATTENTION_FUNCTIONS."""
+def test_attention_site_schemes_are_refused_by_name_where_attention_is_the_models_own():
+    """Self-Extend and xPos compute the logits themselves, which needs ALL_ATTENTION_FUNCTIONS: BLOOM's attention is
+    its own; Falcon's is up to transformers 5.24 and goes through the interface from 5.25 on, where both take."""
     for model in (zoo.build("bloom"), falcon(True)):
+        interface = source_has(type(model.base_model.h[0].self_attention), ("ALL_ATTENTION_FUNCTIONS",))
         for scheme in ("xpos", "self_extend"):
+            if interface:
+                x = zoo.inputs(length=10)
+                stock = zoo.logits(model, x)
+                hp.patch(model, scheme)
+                assert not torch.allclose(zoo.logits(model, x), stock, atol=1e-3)
+                torch.testing.assert_close(cached_logits(model, x, 6), zoo.logits(model, x), atol=1e-4, rtol=1e-4)
+                hp.unpatch(model)
+                continue
             assert "does not call attention through" in hp.catalog.why_not(model, scheme)
             with pytest.raises(hp.PosEncError, match="cannot take scheme"):
                 hp.patch(model, scheme)

@@ -26,15 +26,14 @@ class QKTap:
     projections: tuple[str, ...]  # ("c_attn",) when packed, else (query, key)
     packed: bool = False  # one projection emitting [q | k | v]
     per_head: bool = False  # outputs are already (B, L, H, D), e.g. Qwen3's q_norm / k_norm
-    layout: str | None = None  # packed order of q, k, v: "grouped" [q | k | v], "per_head" [q_h k_h v_h]...
+    layout: str | None = None  # packed order of q, k, v: one of PACKED_LAYOUTS
+    groups: int = 1  # query heads per key-value head
 
 
-# How a packed projection the q/k tap can split unfolds: its last dim becomes these axes, "qkv" the one
-# that picks q, k or v (other layouts, or fewer key-value heads than query heads, are a qk_tap gap).
-PACKED_SPLITS: dict[str, tuple[str, str, str]] = {
-    "grouped": ("qkv", "heads", "head_dim"),  # [q | k | v]
-    "per_head": ("heads", "qkv", "head_dim"),  # [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (GPT-NeoX, BLOOM)
-}
+# The packed layouts the q/k tap splits (others are a qk_tap gap): "grouped" [q | k | v] and "kv_groups"
+# [q_1..q_g | k | v] per key-value group (Falcon's new decoder) with any number of key-value heads; "per_head"
+# [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (GPT-NeoX, BLOOM) with as many key-value as query heads.
+PACKED_LAYOUTS = ("grouped", "kv_groups", "per_head")
 
 
 # What a site installer does to a model, by name; an adapter's `gaps` name the ones it cannot do

@@ -19,11 +19,13 @@ from torch import nn
 
 from .. import compat
 from . import quirks
-from .base import PACKED_SPLITS, Blocks, Embeddings, FixedOffset, NativeBias, PositionSlot, QKTap, Rotation
+from .base import PACKED_LAYOUTS, Blocks, Embeddings, FixedOffset, NativeBias, PositionSlot, QKTap, Rotation
 from .found import Details, Found
 from .probes import (MASK_BUILDERS, causal, chain, find_rotaries, native_bias, native_bias_kind, passes_kwargs,
+                     rotation_off,
                      rebuild_problems, relays_kwargs, rotary_call, slot_call, source_has, takes_kwargs, unexplained)
-from .quirks import (ALIBI_HEAD_DIM_POWER, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, ROPE_SWITCHES, TRAINED_LENGTHS,
+from .quirks import (ALIBI_HEAD_DIM_POWER, MASK_ADDED_TO_LOGITS, NATIVE_BIAS_SWITCHES, ROPE_SWITCHES, ROTATION_OFF_FLAGS,
+                     TRAINED_LENGTHS,
                      packed_layout, positions_field)
 
 # Child names transformers uses for q/k, in the order they are tapped: norms first (RoPE comes
@@ -72,10 +74,13 @@ def discover(model: nn.Module, stack: str | None = None) -> Found:
                   and n.rsplit(".", 1)[-1] in BIAS_TABLES), None)
     owner_to_base = _relative(names[id(owner)], names[id(base)])
     rotation, rotary = _rotation(owner, rotaries, layers_path, text, layer_types, owner_to_base, head_dim)
+    if rotation_off(text, attention, ROTATION_OFF_FLAGS.get(model_type)):
+        rotation = None  # its rotary module is built but never applied
     position_slot, embeddings, slot_details = _embeddings(owner, slot, slot_module, owner_to_base,
                                                           positions_field(model_type, stack), model_type)
     argument = native_bias(blocks[0] if blocks else None)
-    kind = native_bias_kind(text, argument)
+    switch = NATIVE_BIAS_SWITCHES.get(model_type)
+    kind = native_bias_kind(text, argument, switched=isinstance(getattr(base, switch or "", None), bool))
     loop_params = inspect.signature(type(owner).forward).parameters
     first_block = blocks[attention_layers[0]] if attention_layers else None
     links = chain(owner, layers_path, first_block, found[attention_layers[0]]) if attention is not None else []
@@ -246,8 +251,8 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
     children = dict(attention.named_children())
 
     def tap(names: tuple[str, ...], kind: str | None, problem: str | None, per_head: bool = False,
-            layout: str | None = None) -> tuple[QKTap | None, str | None, str | None]:
-        found = QKTap(names, packed=kind == "packed", per_head=per_head, layout=layout) \
+            layout: str | None = None, groups: int = 1) -> tuple[QKTap | None, str | None, str | None]:
+        found = QKTap(names, packed=kind == "packed", per_head=per_head, layout=layout, groups=groups) \
             if names and kind != "latent" else None
         return found, kind, problem
 
@@ -274,12 +279,13 @@ def _taps(attention: nn.Module, model_type: str, heads: int, kv_heads: int,
             if width != expected:
                 return tap((name,), "packed", f"{name} emits {width} features, not (heads + 2*kv_heads)*head_dim="
                            f"{expected} (multi-query or another packing)", layout=layout)
-            if layout in PACKED_SPLITS and heads == kv_heads:
-                return tap((name,), "packed", None, layout=layout)
+            if layout in PACKED_LAYOUTS and heads % kv_heads == 0 and (layout != "per_head" or heads == kv_heads):
+                return tap((name,), "packed", None, layout=layout, groups=heads // kv_heads)
             return tap((name,), "packed", f"{name} packs q, k and v in a {layout or 'unknown'} layout"
                        + ("" if layout else " (add a packed-layout data entry)")
-                       + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits only "
-                       f"{' or '.join(PACKED_SPLITS)} layouts with as many key-value as query heads", layout=layout)
+                       + f" with {heads} query / {kv_heads} key-value heads; the q/k tap splits "
+                       f"{' or '.join(PACKED_LAYOUTS)} layouts, per_head only with as many key-value as query heads",
+                       layout=layout)
     return tap((), None, f"no q/k projections in {type(attention).__name__} (children: {', '.join(children)})")
 
 

@@ -120,16 +120,23 @@ def native_bias(block: nn.Module | None) -> str | None:
     return next((p for p in ("alibi", "position_bias") if p in params), None)
 
 
-def native_bias_kind(text: Any, argument: str | None) -> str | None:
+def native_bias_kind(text: Any, argument: str | None, switched: bool = False) -> str | None:
     """Falcon and MPT say in their config whether they use ALiBi; BLOOM always does; other block
-    biases (CPM-Ant's `position_bias`) are learned relative buckets."""
-    if argument is None:
+    biases (CPM-Ant's `position_bias`) are learned relative buckets. `switched`: the base model has a switch
+    for a bias that no block argument carries (Falcon from transformers 5.25 on)."""
+    if argument is None and not switched:
         return None
     flags = [getattr(text, "alibi", None), getattr(getattr(text, "attn_config", None), "alibi", None)]
     flag = next((f for f in flags if f is not None), None)
     if flag is not None:
         return "alibi" if flag else None
     return "alibi" if argument == "alibi" else "relative"
+
+
+def rotation_off(text: Any, attention: nn.Module | None, flag: str | None) -> bool:
+    """The attention's own code skips its rotation when the config's `flag` is on, and it is on."""
+    return bool(flag and getattr(text, flag, False) and attention is not None
+                and source_has(type(attention).forward, (f"config.{flag}",)))
 
 
 def causal(text: Any, owner: nn.Module) -> bool:

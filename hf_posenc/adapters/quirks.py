@@ -75,8 +75,13 @@ POSITIONS_FIELDS: dict[str, dict[str, str]] = {
 # branches): the score site puts the scheme's bias into that mask.
 MASK_ADDED_TO_LOGITS = frozenset({"bloom", "falcon"})
 # A base-model attribute that switches the native bias on, where a zero bias argument would not reach it:
-# Falcon folds ALiBi into the mask before the blocks, and its attention rotates only when `alibi` is None.
+# Falcon folds ALiBi into the mask before the blocks (up to transformers 5.24 it also hands it to each block as
+# `alibi`, from 5.25 on only the mask carries it).
 NATIVE_BIAS_SWITCHES = {"falcon": "use_alibi"}
+# A config flag that turns the attention's rotation off where the attention's own code reads it: from 5.25 on an
+# ALiBi Falcon never rotates (`if not self.config.alibi`), so its rotary module is inert and RoPE schemes rotate
+# q and k at the projection; up to 5.24 it rotated whenever its `alibi` argument was None (the switch above off).
+ROTATION_OFF_FLAGS = {"falcon": "alibi"}
 # Native ALiBi slopes are the standard ones times head_dim**power: Falcon divides its bias by sqrt(head_dim).
 ALIBI_HEAD_DIM_POWER = {"falcon": -0.5}
 # Configs that carry default rope_parameters but rotate only when this field has this value.

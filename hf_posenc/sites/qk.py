@@ -9,13 +9,13 @@ to forward hooks on the q/k projections.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from .. import compat
-from ..adapters.base import PACKED_SPLITS, QKTap
+from ..adapters.base import QKTap
 from ..attention import Positions
 from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
@@ -71,12 +71,26 @@ class RotateOutput(PatchHook):
         (cos, sin), self.rotation = self.rotation, None
         if not self.tap.packed:
             return self.rotate(output, cos, sin)
-        # unfold the packed layout (adapters.base.PACKED_SPLITS) into (..., heads, head_dim) for q, k and v
-        axes = PACKED_SPLITS[self.tap.layout or "grouped"]
-        sizes = {"qkv": 3, "heads": -1, "head_dim": self.head_dim}
-        axis = axes.index("qkv") - len(axes)
-        q, k, v = output.unflatten(-1, tuple(sizes[a] for a in axes)).unbind(axis)
-        return torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), axis).flatten(-len(axes))
+        return rotate_packed(output, self.tap.layout or "grouped", self.head_dim, self.tap.groups,
+                             lambda heads: rotate(heads, cos, sin))
+
+
+def rotate_packed(x: torch.Tensor, layout: str, head_dim: int, groups: int,
+                  turn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A packed projection's output (adapters.base.PACKED_LAYOUTS) with q and k, each unfolded to (..., heads,
+    head_dim), put through `turn`, and v as it was; `groups` query heads per key-value head."""
+    if layout == "per_head":  # [q_h k_h v_h] per head
+        q, k, v = x.unflatten(-1, (-1, 3, head_dim)).unbind(-2)
+        return torch.stack((turn(q), turn(k), v), -2).flatten(-3)
+    if layout == "kv_groups":  # [q_1..q_g | k | v] per key-value group
+        grouped = x.unflatten(-1, (-1, groups + 2, head_dim))
+        q = turn(grouped[..., :groups, :].flatten(-3, -2)).unflatten(-2, (-1, groups))
+        k = turn(grouped[..., groups, :]).unsqueeze(-2)
+        return torch.cat((q, k, grouped[..., groups + 1:, :]), -2).flatten(-3)
+    kv_width = x.shape[-1] // (groups + 2)  # [q | k | v]
+    q, k, v = x.split((groups * kv_width, kv_width, kv_width), -1)
+    return torch.cat((turn(q.unflatten(-1, (-1, head_dim))).flatten(-2),
+                      turn(k.unflatten(-1, (-1, head_dim))).flatten(-2), v), -1)
 
 
 class QKRotation(PatchHook):
