@@ -22,6 +22,7 @@ import datasets
 import numpy as np
 
 from .errors import PosEncError
+from .paths import cache_root
 from .progress import bar
 
 __all__ = [
@@ -48,7 +49,7 @@ SPLIT_FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
 def cache_dir() -> Path:
     """Where built datasets and downloaded sources live (`$HF_POSENC_CACHE`, else ~/.cache/hf_posenc)."""
-    path = Path(os.environ.get("HF_POSENC_CACHE", Path.home() / ".cache" / "hf_posenc"))
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

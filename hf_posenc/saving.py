@@ -35,7 +35,7 @@ from . import folders
 from .errors import PosEncError
 from .state import STATE_ATTR
 
-__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "LEGACY_MODEL_TYPE", "MODEL_TYPE", "STOCK_MODEL_TYPE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
+__all__ = ["ARCHITECTURE_PREFIX", "AUTO_CLASSES", "LEGACY_MODEL_TYPE", "MODEL_TYPE", "STOCK_MODEL_TYPE", "LEGACY_REMOTE_CODE", "REMOTE_CLASSES", "REMOTE_CODE", "auto_map", "built_by",
            "mark_folder", "own_architecture", "save_pretrained", "stock_architectures", "stock_model_type"]
 
 MODEL_TYPE = "hf_posenc"
@@ -43,6 +43,10 @@ MODEL_TYPE = "hf_posenc"
 ARCHITECTURE_PREFIX = "PosEnc"
 REMOTE_CODE = "modeling_posenc.py"
 REMOTE_CONFIG = "PosEncAutoConfig"
+# The remote code as folders written by earlier hf-posenc versions carry it, byte for byte (package data): a
+# release must load those too (`hf_posenc.self_check` loads a folder with each). v1: before 2026-11-25, imports
+# `from hf_posenc.saving import from_pretrained, load_config`.
+LEGACY_REMOTE_CODE = ("modeling_posenc_v1.py",)
 # Where a folder of a patch that is not config-only keeps its stock model_type. Not `posenc.model_type`: transformers' config reader takes
 # a nested dict whose `model_type` is the class's own as the config itself (how it reads composite configs), so
 # `LlamaConfig.from_pretrained(folder)` would read the posenc dict and build a default 7B Llama.
@@ -69,9 +73,9 @@ HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_on
 PUSH_KWARGS = ("repo_id", "commit_message", "commit_description", "private", "token", "revision", "create_pr", "tags")
 
 
-def remote_code() -> str:
-    """The text of the remote-code file written into every patched folder."""
-    return (resources.files("hf_posenc") / "model_cards" / REMOTE_CODE).read_text(encoding="utf-8")
+def remote_code(name: str = REMOTE_CODE) -> str:
+    """The text of the remote-code file written into every patched folder (or of a `LEGACY_REMOTE_CODE` one)."""
+    return (resources.files("hf_posenc") / "model_cards" / name).read_text(encoding="utf-8")
 
 
 def built_by(auto_class: str) -> dict[str, str | tuple[str, ...]]:

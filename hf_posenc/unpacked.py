@@ -27,17 +27,13 @@ from . import compat
 from .errors import PosEncError
 from .models import NAMED_MODELS, model_source
 from .progress import waiting
+from .paths import cache_root
 from .version import __version__
 
 __all__ = ["MANIFEST", "cache_root", "cached_folder", "key", "unpacked_folder"]
 
 MANIFEST = "hf-posenc-unpacked.json"  # written last into the folder: the key and every file's size
 VERSIONED = ("transformers", "torch", "gguf")  # the packages whose versions decide what the unpacking gives
-
-
-def cache_root() -> Path:
-    """Where unpacked models live: $HF_POSENC_CACHE, else ~/.cache/hf_posenc."""
-    return Path(os.environ.get("HF_POSENC_CACHE") or Path.home() / ".cache" / "hf_posenc").expanduser()
 
 
 def key(gguf: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +18,13 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from hf_posenc.self_check import verdicts
 from hf_posenc.tiny import build
+
+# Self-check verdicts of this run stay in this run: a test that simulates a broken release must not leave a kept
+# FAIL for the next run (or the user's own cache) to find. Each test of test_self_check.py has a folder of its own.
+SESSION_VERDICTS = Path(tempfile.mkdtemp(prefix="hf-posenc-verdicts-"))
+verdicts.directory = lambda: SESSION_VERDICTS
 
 TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
 

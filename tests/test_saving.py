@@ -214,13 +214,13 @@ def test_auto_map_names_every_auto_class_that_builds_the_architecture():
         assert f"class {name}(" in text and f'auto_class = "{auto_class}"' in text or name == "PosEncModel"
 
 
-OLD_REMOTE_CODE = Path(__file__).parent / "old_remote_code" / "modeling_posenc.py"
+OLD_REMOTE_CODE = Path(saving.__file__).parent / "model_cards" / saving.LEGACY_REMOTE_CODE[0]
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "kerple"])
 def test_a_folder_written_before_the_reader_moved_still_loads(tmp_path, scheme):
     """Folders saved before `loading` held every read carry a modeling_posenc.py that imports
-    `from hf_posenc.saving import from_pretrained, load_config` (tests/old_remote_code, the file as it shipped)."""
+    `from hf_posenc.saving import from_pretrained, load_config` (shipped as the file it was, for the self-check's load paths)."""
     assert "from hf_posenc.saving import from_pretrained, load_config" in OLD_REMOTE_CODE.read_text()
     model = patched("llama", "causal", scheme, {})
     ids = torch.randint(1, 128, (1, LONG))

@@ -7,25 +7,34 @@ cache holds (here transformers' own DynamicCache reports an empty cache, so ever
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 from transformers.cache_utils import DynamicCache
 
 import hf_posenc as hp
 from hf_posenc import cli, compat, self_check
+from hf_posenc.compat import loading as compat_loading
 from hf_posenc.patching import release_check
 from hf_posenc.catalog import list_architectures
+from hf_posenc.self_check import verdicts
+from hf_posenc.tiny import tiny_config
 
 from conftest import tiny_model
 
 
 @pytest.fixture(autouse=True)
-def fresh_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a new process would: no class checked yet."""
+def fresh_reports(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Each test starts as a new machine would: no class checked yet, in this process or on disk."""
     monkeypatch.setattr(self_check, "_REPORTS", {})
+    monkeypatch.setattr(verdicts, "directory", lambda: tmp_path / "verdicts")
 
 
 @pytest.fixture
@@ -188,10 +197,132 @@ def test_a_peft_wrapped_model_is_checked_by_its_transformers_class(monkeypatch):
     assert [k[0] for k in self_check._REPORTS] == [transformers.LlamaForCausalLM]
 
 
-def test_a_class_the_check_cannot_build_is_refused_as_such(untested_release):
-    """A model whose class builds no tiny copy (here its config names no known model type) is not waved through."""
+def test_a_class_the_check_cannot_build_is_patched_and_says_it_was_not_checked(untested_release, caplog):
+    """No tiny copy of the class can be built (its config names no known model type): the check cannot run, which
+    says nothing against the patch -- it goes ahead, and the log says it was not checked."""
     model = tiny_model("gpt2")
     model.config.model_type = "my_own_gpt2"
-    with pytest.raises(hp.PosEncError, match="could not run its self-check of 'alibi' on a tiny GPT2LMHeadModel"):
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
         hp.patch(model, "alibi")
-    assert hp.describe(model) is None
+    assert hp.describe(model).scheme == "alibi"
+    (line,) = [r.getMessage() for r in caplog.records if "self-check" in r.getMessage()]
+    assert "self-check of GPT2LMHeadModel with 'alibi' could not run" in line and "patching unchecked" in line
+
+
+# Every kind of model hf-posenc patches: bare models, each head the adapters list, encoder-decoders (with a pooled
+# head too), heads whose tiny config has no pad token (Llama's sequence classifier), with the scheme of each site.
+KINDS = [("llama", "AutoModel"), ("qwen2", "AutoModel"), ("gpt2", "AutoModel"), ("bert", "AutoModel"),
+         ("llama", "AutoModelForCausalLM"), ("llama", "AutoModelForSequenceClassification"),
+         ("gpt2", "AutoModelForSequenceClassification"), ("bert", "AutoModelForMaskedLM"),
+         ("bert", "AutoModelForSequenceClassification"), ("bert", "AutoModelForTokenClassification"),
+         ("bert", "AutoModelForQuestionAnswering"), ("bert", "AutoModelForMultipleChoice"),
+         ("t5", "AutoModelForSeq2SeqLM"), ("bart", "AutoModelForSeq2SeqLM"), ("bart", "AutoModelForSequenceClassification")]
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "rope", "nope"])
+@pytest.mark.parametrize("model_type,auto", KINDS, ids=[f"{t}-{a}" for t, a in KINDS])
+def test_every_kind_of_model_passes_the_forced_check(monkeypatch, model_type, auto, scheme):
+    monkeypatch.setenv(self_check.ENV, "always")
+    model_class = getattr(transformers, auto)._model_mapping[type(tiny_config(model_type))]
+    report = release_check(model_class, model_type, self_check.check_config(scheme))
+    assert report.status in ("pass", "skipped"), (report.status, report.failures(), report.unchecked)
+    if report.status == "pass":
+        names = {c.name for c in report.checks}
+        assert {"own == stock", "padded == alone", "unpatch exact"} <= names
+        assert ("saved, reloaded" in names) == (auto != "AutoModelForMultipleChoice")  # no remote class for it
+
+
+def test_a_peft_wrapped_bare_model_without_a_pad_token_patches_under_the_forced_check(monkeypatch):
+    import peft
+
+    monkeypatch.setenv(self_check.ENV, "always")
+    config = tiny_config("llama")
+    assert config.pad_token_id is None
+    model = peft.get_peft_model(transformers.LlamaForSequenceClassification(config), peft.LoraConfig(
+        target_modules=["q_proj"], task_type="SEQ_CLS"))
+    hp.patch(model, "alibi")
+    assert hp.describe(model).scheme == "alibi"
+    assert self_check._REPORTS[(transformers.LlamaForSequenceClassification, "alibi")].passed
+
+
+def test_the_check_leaves_every_random_state_as_it_was(monkeypatch):
+    """A seeded script draws the same numbers after a checked patch as after an unchecked one."""
+    import random
+
+    import numpy as np
+
+    def draws(check: str) -> tuple[list[float], float, float]:
+        monkeypatch.setenv(self_check.ENV, check)
+        monkeypatch.setattr(self_check, "_REPORTS", {})
+        model = tiny_model("llama")
+        torch.manual_seed(0), np.random.seed(0), random.seed(0)
+        hp.patch(model, "alibi")
+        return torch.rand(3).tolist(), float(np.random.rand()), random.random()
+
+    checked = draws("always")
+    assert self_check._REPORTS  # the check ran
+    assert checked == draws("never")
+
+
+def test_a_verdict_is_kept_on_disk_and_the_next_process_does_not_check_again(monkeypatch):
+    monkeypatch.setenv(self_check.ENV, "always")
+    hp.patch(tiny_model("gpt2"), "alibi")
+    (kept,) = verdicts.directory().glob("*.json")
+    monkeypatch.setattr(self_check, "_REPORTS", {})  # a new process
+    monkeypatch.setattr(self_check, "run", lambda *a, **k: pytest.fail("checked again"))
+    hp.patch(tiny_model("gpt2"), "alibi")
+    assert self_check._REPORTS[(transformers.GPT2LMHeadModel, "alibi")].passed
+    assert verdicts.load(verdicts.key(transformers.GPT2LMHeadModel, "alibi"), self_check.Report.from_dict).passed
+    assert verdicts.key(transformers.GPT2LMHeadModel, "alibi")["hf_posenc"].startswith(hp.__version__ + "+")
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not json", "another key", "a failure of another stack"])
+def test_a_damaged_verdict_is_ignored_and_checked_again(monkeypatch, damage):
+    monkeypatch.setenv(self_check.ENV, "always")
+    key = verdicts.key(transformers.GPT2LMHeadModel, "alibi")
+    path = verdicts.path_for(key)
+    path.parent.mkdir(parents=True)
+    failed = {"model_class": "GPT2LMHeadModel", "scheme": "alibi", "seconds": 0.1,
+              "checks": [{"name": "cached == uncached", "passed": False, "detail": "9 apart"}]}
+    path.write_text({"cut short": '{"format": 1, "key": {"transformers": ',
+                     "not json": "\x00\x01",
+                     "another key": json.dumps({"format": 1, "key": {**key, "scheme": "rope"}, "report": failed}),
+                     "a failure of another stack": json.dumps({"format": 1, "key": {**key, "torch": "0.1"},
+                                                               "report": failed})}[damage])
+    runs = []
+    real_run = self_check.run
+    monkeypatch.setattr(self_check, "run", lambda *a, **k: runs.append(1) or real_run(*a, **k))
+    hp.patch(tiny_model("gpt2"), "alibi")  # not refused by what the damaged file says
+    assert runs == [1]
+    assert json.loads(path.read_text())["report"]["checks"][0]["passed"]  # replaced by the new verdict
+
+
+def test_the_second_cli_run_on_an_untested_release_does_not_pay_the_check_again(tmp_path):
+    """Two `hf-posenc patch` processes on a transformers past TESTED_THROUGH (forced here): the first runs and keeps
+    the check, the second finds it and says nothing."""
+    model = tiny_model("gpt2")
+    model.save_pretrained(tmp_path / "tiny")
+    env = {**os.environ, self_check.ENV: "always", "HF_POSENC_CACHE": str(tmp_path / "cache")}
+    logs = []
+    for out in ("a", "b"):
+        proc = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "patch", str(tmp_path / "tiny"), "alibi", "--out",
+                               str(tmp_path / out)], capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        logs.append(proc.stderr)
+    assert "self-check of GPT2LMHeadModel with 'alibi' passed" in logs[0]
+    assert "self-check" not in logs[1], logs[1]
+    assert len(list((tmp_path / "cache" / verdicts.SUBDIR).glob("*.json"))) >= 1
+
+
+@pytest.mark.skipif(Version(transformers.__version__) < Version("5.25.0"),
+                    reason="the Auto classes hand remote code `_from_auto` from 5.25 on")
+def test_the_check_catches_a_load_path_break_the_forward_pass_cannot_see(untested_release, monkeypatch):
+    """5.25's Auto classes hand remote code a `_from_auto` that the Auto class it calls adds again. Without the
+    loader's fix that was the only break: every forward-pass check passed and doctor said OK. The reload checks
+    refuse it by name."""
+    monkeypatch.setattr(compat_loading, "REMOTE_HANDOFF_KWARGS", ("trust_remote_code",))
+    with pytest.raises(hp.PosEncError, match="saved, reloaded: TypeError: .*multiple values for keyword argument "
+                                             "'_from_auto'"):
+        hp.patch(tiny_model("llama"), "alibi")
+    monkeypatch.setattr(self_check, "_REPORTS", {})
+    assert cli.main(["doctor", "--model-types", "llama", "--schemes", "nope"]) == 1

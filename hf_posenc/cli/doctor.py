@@ -16,7 +16,9 @@ from typing import Any
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run the release self-check (own == stock, takes effect, cached == uncached, padded == alone, "
-                          "unpatch exact) on a tiny model of every family, with the installed libraries.")
+                          "saved and reloaded by plain transformers with today's and earlier versions' remote code, "
+                          "unpatch exact) on a tiny model of every family, with the installed libraries. Each verdict "
+                          "is kept, so a later patch of that class and scheme on this machine is not checked again.")
     parser.epilog = ("examples:\n  hf-posenc doctor\n  hf-posenc doctor --model-types llama gpt2 --schemes alibi yarn\n"
                      "  hf-posenc doctor --json > doctor.json")
     parser.add_argument("--model-types", nargs="+", metavar="TYPE",
@@ -83,7 +85,7 @@ def rows(model_types: list[str], schemes: list[str] | None) -> list[dict[str, An
         if not error:
             report = release_check(model_class, model_type, self_check.check_config(name))
             row.update(status=report.status, checks={c.name: c.detail or "pass" for c in report.checks},
-                       seconds=round(report.seconds, 2), why=report.skipped or report.failures())
+                       seconds=round(report.seconds, 2), why=report.skipped or report.unchecked or report.failures())
         out.append(row)
     return out
 
@@ -104,8 +106,10 @@ def verdict(found: dict[str, dict[str, Any]], checked: list[dict[str, Any]]) -> 
     """The one line a reader of dozens of rows needs: whether this stack is fine, and if not, what to do."""
     failed = [f"{row['model_type']}/{row['scheme'] or '-'}" for row in checked if row["status"] == "FAIL"]
     skipped = sum(row["status"] == "skipped" for row in checked)
+    unchecked = sum(row["status"] == "unchecked" for row in checked)
     outside = [name for name, row in found.items() if "tested" in row and not row["within"]]
-    counts = f"{len(checked) - len(failed) - skipped} of {len(checked)} rows passed, {skipped} skipped (not applicable)"
+    counts = (f"{len(checked) - len(failed) - skipped - unchecked} of {len(checked)} rows passed, {skipped} skipped "
+              f"(not applicable)" + (f", {unchecked} could not run (no tiny model: see why)" if unchecked else ""))
     range_note = (f"; {', '.join(outside)} outside the tested range (the rows above are what counts)" if outside
                   else "; every library within the tested range")
     if failed:

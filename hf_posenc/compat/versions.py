@@ -11,11 +11,11 @@ from packaging.version import Version
 MIN_TRANSFORMERS = "5.0.0"
 # The newest transformers the whole suite passed on (what `make test`'s main venv resolved; tests/test_version.py
 # keeps it equal to the installed version there). Past it, patch() runs hf_posenc.self_check first.
-TESTED_THROUGH = "5.24.0"
+TESTED_THROUGH = "5.25.0"
 # The other libraries a patched model meets, as (lowest declared in pyproject, newest the suite passed on);
 # `hf-posenc doctor` reports the installed versions against them.
 TESTED_RANGES = {"transformers": (MIN_TRANSFORMERS, TESTED_THROUGH), "peft": ("0.13", "0.21.2"),
-                 "accelerate": ("1.0", "1.15.0")}
+                 "accelerate": ("1.0", "1.16.0")}
 
 
 def within(version: str, low: str, high: str) -> bool:

@@ -10,7 +10,15 @@ generic shrink of `hf_posenc.tiny`, attention made peaky so a wrong position mov
   reaching the attention would pass every other check);
 - cached == uncached: prefill then one token at a time == one forward (causal stacks);
 - padded == alone: a left-padded row of a batch == the same prompt alone;
+- saved, reloaded: the patched model saved and loaded back by plain transformers with `trust_remote_code=True`
+  (through hf-posenc's loader), with today's remote code and with earlier versions' (folders users already have);
 - unpatch exact: unpatching gives the stock logits bit for bit.
+
+Every kind of model hf-posenc patches is fed what it takes and read for what it gives (`heads`). A check that
+cannot run (no tiny model of the class can be built, or the stock tiny model does not run) is reported as such and
+does not refuse the patch. The check leaves the caller's random states as they were (`random_state`), and its
+verdict is kept on disk per (transformers, torch, hf-posenc, model class, scheme) (`verdicts`): a machine runs each
+check once, not in every new process.
 
 `HF_POSENC_SELF_CHECK=auto|always|never` (auto: only past TESTED_THROUGH). `hf-posenc doctor` runs the same
 checks for every family on demand. Patching is passed in (`Patcher`), so this module sits below patching.
@@ -22,38 +30,31 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 import transformers
 from packaging.version import Version
 from torch import nn
 
-from . import compat, sites
-from .catalog import get_scheme, list_architectures, supports, why_not
-from .config import PosEncConfig, required_options
-from .errors import PosEncError
-from .registry import ADAPTERS
-from .tiny import tiny_config, tiny_ids
-from .view import read
+from .. import compat, sites
+from ..catalog import list_architectures, supports, why_not
+from ..config import PosEncConfig
+from ..errors import PosEncError
+from ..registry import ADAPTERS
+from ..tiny import tiny_config
+from ..view import read
+from . import verdicts
+from .heads import head_of
+from .probe import Check, Patcher, Probe, check_config, native_options
+from .random_state import untouched
+
+__all__ = ["ENV", "MODES", "Check", "Patcher", "Report", "check_config", "default_schemes", "ensure", "families",
+           "mode", "model_class_for", "native_options", "run", "untested", "wanted"]
 
 ENV = "HF_POSENC_SELF_CHECK"
 MODES = ("auto", "always", "never")
-# values for the options a scheme requires, fit for the tiny model (width 64, head_dim 16)
-REQUIRED_VALUES = {"factor": 2.0, "d_pos": 16}
-TOLERANCE = 1e-4  # relative to the stock logits' scale; a wrong position costs O(1) with peaky weights
 log = logging.getLogger("hf_posenc")
-
-
-class Patcher(Protocol):
-    def __call__(self, model: nn.Module, config: PosEncConfig) -> nn.Module: ...
-
-
-@dataclasses.dataclass
-class Check:
-    name: str
-    passed: bool
-    detail: str = ""
 
 
 @dataclasses.dataclass
@@ -62,8 +63,13 @@ class Report:
     scheme: str
     checks: list[Check]
     seconds: float
-    error: str = ""  # the tiny model could not be built or run: nothing was checked
+    error: str = ""  # a patch of the tiny model raised: refused
     skipped: str = ""  # the class does not take the scheme (the patch itself then says why)
+    unchecked: str = ""  # no tiny model of the class could be built or run: nothing was checked, nothing refused
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Report:
+        return cls(**{**fields, "checks": [Check(**c) for c in fields["checks"]]})
 
     @property
     def passed(self) -> bool:
@@ -71,7 +77,8 @@ class Report:
 
     @property
     def status(self) -> str:
-        return "skipped" if self.skipped else "pass" if self.passed else "FAIL"
+        return ("skipped" if self.skipped else "unchecked" if self.unchecked else "pass" if self.passed
+                else "FAIL")
 
     def failures(self) -> str:
         return self.error or "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
@@ -90,6 +97,7 @@ def untested(version: str | None = None) -> bool:
 
 
 _REPORTS: dict[tuple[type, str], Report] = {}  # one run per model class and scheme per process
+_RUNNING: set[tuple[type, str]] = set()  # a check's own reload patches the same class: not checked again inside
 
 
 def wanted() -> bool:
@@ -100,19 +108,19 @@ def wanted() -> bool:
 
 def ensure(model: nn.Module, config: PosEncConfig, patch: Patcher, unpatch: Callable[[nn.Module], Any]) -> None:
     """Before `patch(model, config)` touches `model`: the checks on a tiny model of its class, once per class
-    and scheme; PosEncError naming the version, the failed check and the fix if one fails. `patch` must not
-    check again (it is called on the tiny model)."""
+    and scheme on a machine; PosEncError naming the version, the failed check and the fix if one fails. `patch` must
+    not check again (it is called on the tiny model)."""
     model_class = type(model.get_base_model() if hasattr(model, "get_base_model") else model)  # under peft
     key = (model_class, config.scheme)
+    if key in _RUNNING:
+        return
     if key not in _REPORTS:
-        _REPORTS[key] = run(model_class, model.config.model_type, config, patch, unpatch)
-        if _REPORTS[key].status == "pass":
-            why = (f"transformers {transformers.__version__} is newer than {compat.TESTED_THROUGH}, the newest "
-                   "hf-posenc was tested on; " if untested() else "")
-            log.warning("hf-posenc: %sthe self-check of %s with %r passed (%.1f s)", why, model_class.__name__,
-                        config.scheme, _REPORTS[key].seconds)
+        _REPORTS[key] = _verdict(model_class, model.config.model_type, config, patch, unpatch)
+        if _REPORTS[key].unchecked:
+            log.warning("hf-posenc: %sthe self-check of %s with %r could not run (%s); patching unchecked",
+                        _why_checked(), model_class.__name__, config.scheme, _REPORTS[key].unchecked)
     report = _REPORTS[key]
-    if report.passed:
+    if report.unchecked or report.passed:
         return
     found = (f"hf-posenc could not run its self-check of {config.scheme!r} on a tiny {report.model_class} under "
              f"transformers {transformers.__version__} ({report.error})" if report.error else
@@ -123,141 +131,72 @@ def ensure(model: nn.Module, config: PosEncConfig, patch: Patcher, unpatch: Call
                       "The model was not changed.")
 
 
+def _why_checked() -> str:
+    return (f"transformers {transformers.__version__} is newer than {compat.TESTED_THROUGH}, the newest hf-posenc "
+            "was tested on; " if untested() else "")
+
+
+def _verdict(model_class: type, model_type: str, config: PosEncConfig, patch: Patcher,
+             unpatch: Callable[[nn.Module], Any]) -> Report:
+    """The verdict kept on disk for this stack, class and scheme, else a new run (which keeps its own)."""
+    report = verdicts.load(verdicts.key(model_class, config.scheme), Report.from_dict)
+    if report is None:
+        report = run(model_class, model_type, config, patch, unpatch)
+        if report.status == "pass":
+            log.warning("hf-posenc: %sthe self-check of %s with %r passed (%.1f s; kept for this machine)",
+                        _why_checked(), model_class.__name__, config.scheme, report.seconds)
+    return report
+
+
 def run(model_class: type, model_type: str, config: PosEncConfig, patch: Patcher,
         unpatch: Callable[[nn.Module], Any]) -> Report:
-    """Every check of `config` on a tiny `model_class` of `model_type` (what `ensure` and `doctor` run)."""
+    """Every check of `config` on a tiny `model_class` of `model_type` (what `ensure` and `doctor` run), its verdict
+    kept on disk for the next process; the caller's random states are left as they were."""
     start = time.perf_counter()
+    key = (model_class, config.scheme)
+    _RUNNING.add(key)
     try:
-        model = _tiny(model_class, model_type)
+        with untouched():
+            report = _run(model_class, model_type, config, patch, unpatch, start)
+    finally:
+        _RUNNING.discard(key)
+    if not report.error:  # a raise may be this machine's (memory, a killed thread): run it again next time
+        verdicts.store(verdicts.key(model_class, config.scheme), report)
+    return report
+
+
+def _run(model_class: type, model_type: str, config: PosEncConfig, patch: Patcher,
+         unpatch: Callable[[nn.Module], Any], start: float) -> Report:
+    def report(checks: list[Check], **why: str) -> Report:
+        return Report(model_class.__name__, config.scheme, checks, time.perf_counter() - start, **why)
+
+    try:
+        model, head = _tiny(model_class, model_type)
         if (reason := why_not(model, config.scheme)) is not None:
-            return Report(model_class.__name__, config.scheme, [], time.perf_counter() - start, skipped=reason)
-        checks = Probe(model).checks(config, patch, unpatch)
+            return report([], skipped=reason)
+        probe = Probe(model, head)
+    except Exception as exc:  # noqa: BLE001 - the stock tiny model does not build or run: nothing to check
+        return report([], unchecked=_first_line(exc))
+    try:
+        return report(probe.checks(config, patch, unpatch))
     except Exception as exc:  # noqa: BLE001 - whatever a new release raises is the finding
-        return Report(model_class.__name__, config.scheme, [], time.perf_counter() - start,
-                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
-    return Report(model_class.__name__, config.scheme, checks, time.perf_counter() - start)
+        return report([], error=_first_line(exc))
 
 
-def _tiny(model_class: type, model_type: str) -> nn.Module:
-    """A tiny `model_class`; BERT-style configs read as encoders unless the class is a causal LM."""
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def _tiny(model_class: type, model_type: str) -> tuple[nn.Module, Any]:
+    """A tiny `model_class` and its kind; BERT-style configs read as encoders unless the class is a causal LM."""
     config = tiny_config(model_type)
-    if model_class not in transformers.AutoModelForCausalLM._model_mapping.values():
+    head = head_of(model_class, config)
+    if head.auto != "AutoModelForCausalLM":
         config.is_decoder = False
     torch.manual_seed(0)
     build = getattr(model_class, "from_config", None) or model_class._from_config
     with torch.device("cpu"):
-        return build(config).float().eval()
-
-
-def check_config(scheme: str, stacks: Any = None) -> PosEncConfig:
-    """`scheme` with its defaults, and the options it requires set for the tiny model."""
-    return PosEncConfig(scheme, stacks=stacks, **{k: REQUIRED_VALUES[k] for k in required_options(scheme)})
-
-
-def native_options(scheme: str, config: Any) -> dict[str, Any]:
-    """Options restating a model's own scheme: a RoPE scaling needs its factor and friends from the config."""
-    params = compat.rope_parameters(compat.text_config(config)) or {}
-    fields = {f.name for f in dataclasses.fields(get_scheme(scheme).Options)}
-    if params.get("rope_type", "default") == "default" or "factor" not in fields:
-        return {}
-    return {**{k: v for k, v in params.items() if k in fields}, "theta": params["rope_theta"]}
-
-
-class Probe:
-    """One tiny model, its inputs and stock logits; each check patches it and unpatches it again."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        view = read(model)
-        self.two_stacks = view.two_stacks
-        self.adapter = view.adapter(view.text[-1]) if self.two_stacks else view.only()
-        self.inputs = self._inputs(tiny_ids(batch=2, length=10))
-        self.stock = self.logits(**self.inputs)
-
-    def _inputs(self, ids: torch.Tensor, **extra: Any) -> dict[str, Any]:
-        """`ids` as the input (an encoder-decoder's decoder reads the first 6 ids of the unpadded batch)."""
-        if not self.two_stacks:
-            return {"input_ids": ids, **extra}
-        return {"input_ids": ids, "decoder_input_ids": tiny_ids(batch=2, length=10)[: ids.shape[0], :6], **extra}
-
-    def logits(self, **inputs: Any) -> torch.Tensor:
-        """The head's logits, or the last hidden states of a bare base model."""
-        with torch.no_grad():
-            out = self.model(**inputs)
-        return (out.logits if getattr(out, "logits", None) is not None else out[0]).float()
-
-    def close(self, got: torch.Tensor, want: torch.Tensor) -> str:
-        """'' if equal within TOLERANCE of the logits' scale, else how far apart."""
-        gap = float((got - want).abs().max())
-        return "" if gap <= TOLERANCE * max(1.0, float(want.abs().max())) else f"{gap:.3g} apart"
-
-    def checks(self, config: PosEncConfig, patch: Patcher, unpatch: Callable[[nn.Module], Any]) -> list[Check]:
-        out: list[Check] = []
-        native = self.adapter.native
-        if why_not(self.model, native) is None:
-            patch(self.model, PosEncConfig(native, **native_options(native, self.model.config)))
-            out.append(self._check("own == stock", lambda: self.close(self.logits(**self.inputs), self.stock)))
-            out.append(self._unpatch_exact(unpatch))
-        probe_name, probe_options = sites.probe(get_scheme(config.scheme))
-        if (probe_name, probe_options) != (native, {}) and why_not(self.model, probe_name) is None:
-            patch(self.model, PosEncConfig(probe_name, **probe_options))
-            out.append(self._check("takes effect", lambda: "" if self.close(self.logits(**self.inputs), self.stock)
-                                   else f"{probe_name!r} left the logits as they were"))
-            unpatch(self.model)
-        self._patch_requested(config, patch)
-        if self.adapter.causal:
-            out.append(self._check("cached == uncached", self._cached_vs_uncached))
-        out.append(self._check("padded == alone", self._padded_vs_alone))
-        out.append(self._unpatch_exact(unpatch))
-        return out
-
-    def _patch_requested(self, config: PosEncConfig, patch: Patcher) -> None:
-        """The user's options where the tiny model takes them, else without those sized for the real model
-        (LongRoPE's lists of head_dim/2), else the check's own (a refused patch changes nothing)."""
-        scalars = {k: v for k, v in config.options.items() if not isinstance(v, (list, tuple))}
-        for options in (config.options, scalars):
-            try:
-                patch(self.model, PosEncConfig(config.scheme, stacks=config.stacks, **options))
-                return
-            except PosEncError:
-                continue
-        patch(self.model, check_config(config.scheme, config.stacks))
-
-    @staticmethod
-    def _check(name: str, compare: Callable[[], str]) -> Check:
-        try:
-            detail = compare()
-        except Exception as exc:  # noqa: BLE001 - a release that makes the check raise fails it
-            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-        return Check(name, not detail, detail)
-
-    def _unpatch_exact(self, unpatch: Callable[[nn.Module], Any]) -> Check:
-        unpatch(self.model)
-        return self._check("unpatch exact", lambda: "" if torch.equal(self.logits(**self.inputs), self.stock)
-                           else f"{self.close(self.logits(**self.inputs), self.stock) or 'not bit-identical'}")
-
-    def _cached_vs_uncached(self) -> str:
-        name = "decoder_input_ids" if self.two_stacks else "input_ids"
-        ids, split = self.inputs[name], self.inputs[name].shape[1] - 3
-        fixed = {k: v for k, v in self.inputs.items() if k != name}
-        steps, cache, cache_name = [], None, compat.cache_kwarg(self.model)
-        for start, stop in ((0, split), *((t, t + 1) for t in range(split, ids.shape[1]))):
-            with torch.no_grad():
-                out = self.model(**fixed, **{name: ids[:, start:stop], cache_name: cache}, use_cache=True)
-            steps.append(out.logits.float())
-            cache = compat.cache_out(out)
-        return self.close(torch.cat(steps, dim=1), self.logits(**self.inputs))
-
-    def _padded_vs_alone(self) -> str:
-        pad = 3
-        alone_ids = self.inputs["input_ids"][:1, :7]
-        batch_ids = torch.cat((torch.cat((torch.zeros(1, pad, dtype=torch.long), alone_ids), dim=1),
-                               self.inputs["input_ids"][1:]))
-        mask = torch.ones_like(batch_ids)
-        mask[0, :pad] = 0
-        alone = self.logits(**self._inputs(alone_ids, attention_mask=torch.ones_like(alone_ids)))
-        batch = self.logits(**self._inputs(batch_ids, attention_mask=mask))
-        return self.close(batch[:1] if self.two_stacks else batch[:1, pad:], alone)
+        return build(config).float().eval(), head
 
 
 # The families `hf-posenc doctor` checks by default: every hand-written adapter's model types and one model type
