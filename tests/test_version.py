@@ -4,6 +4,7 @@ package, the Makefile's second venv that CI runs the fast matrix in) and an olde
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,16 +41,30 @@ def test_no_upper_bound_on_transformers():
     assert requirement == f">={compat.MIN_TRANSFORMERS}"
 
 
-@pytest.mark.skipif(Version(transformers.__version__) == Version(compat.MIN_TRANSFORMERS),
-                    reason="the minimum's venv (make test-min) runs the oldest transformers, not the newest")
+def pinned() -> dict[str, str]:
+    """constraints.txt: the versions `make demo` and `make test` install into .venv."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return {name.lower().replace("_", "-"): version for name, version in
+            (line.split("==") for line in lines if line and not line.startswith("#"))}
+
+
 @pytest.mark.parametrize("library", sorted(compat.TESTED_RANGES))
-def test_tested_through_is_what_this_suite_runs_on(library):
-    """`make test`'s main venv resolves the newest releases: when one appears, this fails until the whole suite has
-    passed on it and TESTED_THROUGH (and the catalogs) say so."""
+def test_tested_through_is_what_the_constraints_pin(library):
+    """The newest version hf-posenc says it was tested on is the one its own installs pin: raising one without the
+    other (a release-check passed but not pinned, or pinned without the whole suite) fails here."""
+    assert Version(pinned()[library]) == Version(compat.TESTED_RANGES[library][1])
+
+
+def test_the_constraints_pin_every_package_the_main_venv_holds_but_torch():
     from importlib import metadata
 
-    high = compat.TESTED_RANGES[library][1]
-    assert Version(metadata.version(library)) == Version(high), f"{library} {metadata.version(library)} is not {high}"
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip("only .venv is built from constraints.txt (make install); this is another venv")
+    installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
+    unpinned = sorted(set(installed) - set(pinned()) - {"torch", "hf-posenc", "pip", "setuptools", "wheel"})
+    assert not unpinned, f"installed but not in constraints.txt: {unpinned} (make constraints)"
+    differ = {name: (installed[name], version) for name, version in pinned().items() if installed.get(name) != version}
+    assert not differ, f"installed != pinned: {differ}"
 
 
 @pytest.mark.parametrize("library", sorted(compat.TESTED_RANGES))
