@@ -23,7 +23,10 @@ from hf_posenc.tiny import build
 
 # Self-check verdicts of this run stay in this run: a test that simulates a broken release must not leave a kept
 # FAIL for the next run (or the user's own cache) to find. Each test of test_self_check.py has a folder of its own.
-SESSION_VERDICTS = Path(tempfile.mkdtemp(prefix="hf-posenc-verdicts-"))
+# The workers of one xdist run share one folder (a check one worker ran is not run again by the other).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+SESSION_VERDICTS = (Path(tempfile.gettempdir()) / f"hf-posenc-verdicts-{_RUN}" if _RUN else
+                    Path(tempfile.mkdtemp(prefix="hf-posenc-verdicts-")))
 verdicts.directory = lambda: SESSION_VERDICTS
 
 TINY = dict(hidden=64, heads=4, layers=2, vocab=128, positions=64)
@@ -92,6 +95,13 @@ def tiny_model(model_type: str, attn: str = "sdpa", seed: int = 0, head: str | N
     cls = {"causal": transformers.AutoModelForCausalLM, "masked": transformers.AutoModelForMaskedLM,
            "base": transformers.AutoModel, "cls": transformers.AutoModelForSequenceClassification}[head]
     return build(config, cls, seed, attn, dtype)
+
+
+@pytest.fixture
+def self_check_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release self-check forced on (HF_POSENC_SELF_CHECK=always): the invariant and contract matrices run it on
+    the tested release too, so it is exercised on every kind of model they patch before a release day needs it."""
+    monkeypatch.setenv("HF_POSENC_SELF_CHECK", "always")
 
 
 @pytest.fixture

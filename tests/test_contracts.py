@@ -19,6 +19,8 @@ from hf_posenc.schemes.concat import embedding_split
 from conftest import TINY, TINY_CONFIGS, tiny_model
 from matrix import ATOL, CELLS, SCHEMES, focus, ids, patched, row, scheme_of, scope, site_of
 
+pytestmark = pytest.mark.usefixtures("self_check_forced")
+
 POSITIONED_ATTENTION = ("score", "attention")  # sites whose term runs in the posenc attention function
 
 

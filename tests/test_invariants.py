@@ -17,6 +17,8 @@ from hf_posenc.schemes.alibi import AlibiBias
 from hf_posenc import recording
 from matrix import ATOL, CELLS, FROM_WEIGHTS, SCHEMES, TABLES, ids, patched, row, sample, scheme_of, scope
 
+pytestmark = pytest.mark.usefixtures("self_check_forced")
+
 
 @row(CELLS)
 def test_unpatch_restores_original_logits_exactly(arch, label):
