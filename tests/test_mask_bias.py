@@ -86,6 +86,20 @@ def test_falcon_alibi_takes_other_schemes_with_its_alibi_off(variant):
     assert model.base_model.use_alibi is True
 
 
+@pytest.mark.parametrize("variant", FALCON_VARIANTS)
+def test_rope_on_an_alibi_falcon_is_falcons_own_rope(variant):
+    """The reference is transformers' own: an ALiBi Falcon patched with `rope` at the theta a RoPE Falcon uses equals
+    that RoPE Falcon with the same weights, in every packing (from 5.25 the rotation is hf-posenc's, at the packed
+    projection, with fewer key-value than query heads in the multi-query and kv_groups layouts)."""
+    rope_model, x = falcon(False, variant), zoo.inputs(length=10)
+    model = falcon(True, variant)
+    model.load_state_dict(rope_model.state_dict())
+    theta = rope_model.config.rope_parameters["rope_theta"]
+    hp.patch(model, "rope", theta=theta)
+    torch.testing.assert_close(zoo.logits(model, x), zoo.logits(rope_model, x), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(cached_logits(model, x, 6), zoo.logits(rope_model, x), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("alibi", [True, False])
 @pytest.mark.parametrize("scheme", SCORE_SCHEMES)
 def test_falcon_score_schemes_cache_and_left_padding(alibi, scheme):

@@ -176,7 +176,6 @@ def test_models_whose_positions_cannot_be_placed_are_refused_by_name(model_type,
     ("lfm3", "nope", {}, "reads `rotary_emb.layer_types`"),  # data: quirks.KNOWN_GAPS
     ("laguna", "alibi", {}, "num_attention_heads_per_layer"),
     ("roformer", "learned", {}, "not a code added to the token embeddings"),  # its table feeds a rotation
-    ("gpt_bigcode", "rope", {}, "multi-query or another packing"),
     # transformers 5.24's model-level rotary tables build without reading rope_parameters: a rebuild would
     # silently keep the stock rotation
     ("gptj", "yarn", {"factor": 2.0}, "GPTJRotaryEmbedding(config) ignores rope_parameters"),

@@ -151,7 +151,8 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = place(spec.rotary(options, facts, facts.max_positions + facts.ids_offset), facts)
         if adapter.rotation:
-            state.replace(base, adapter.rotation.module, rotary)
+            state.replace(base, adapter.rotation.module,
+                          compat.in_place_of(rotary, base.get_submodule(adapter.rotation.module)))
             loop.slot = loop.slot or not spec.shift_invariant
         else:
             name, kwarg = ROTARY_MODULE + entry.tag, ROTARY_KWARG + entry.tag
