@@ -232,6 +232,15 @@ def test_every_kind_of_model_passes_the_forced_check(monkeypatch, model_type, au
         assert ("saved, reloaded" in names) == (auto != "AutoModelForMultipleChoice")  # no remote class for it
 
 
+def test_a_class_no_auto_class_builds_is_checked_without_a_reload(monkeypatch):
+    """GPT-2's double-heads model: no Auto class builds it, so a folder of it reloads as another class; the forward
+    checks run, the reload ones do not (and do not refuse a correct patch)."""
+    monkeypatch.setenv(self_check.ENV, "always")
+    report = release_check(transformers.GPT2DoubleHeadsModel, "gpt2", self_check.check_config("alibi"))
+    assert report.passed and {"cached == uncached", "padded == alone"} <= {c.name for c in report.checks}
+    assert not any(c.name.startswith("saved, reloaded") for c in report.checks)
+
+
 def test_a_peft_wrapped_bare_model_without_a_pad_token_patches_under_the_forced_check(monkeypatch):
     import peft
 

@@ -26,6 +26,13 @@ def dense_gguf_kwargs(gguf_file: str) -> dict[str, Any]:
 REMOTE_HANDOFF_KWARGS = ("trust_remote_code", "_from_auto")
 
 
+def saves_here() -> bool:
+    """Whether `save_pretrained` writes files in this process: from 5.25 on, only rank 0 of an initialised process
+    group does (the other ranks' folders stay empty)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return not distributed or torch.distributed.get_rank() == 0
+
+
 def without_handoff_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` without what an Auto class added when it handed the load to remote code."""
     return {k: v for k, v in kwargs.items() if k not in REMOTE_HANDOFF_KWARGS}

@@ -41,14 +41,6 @@ ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor
 ROTARY_ATTRIBUTES = ("rope_type",)
 
 
-def in_place_of(new: torch.nn.Module, old: torch.nn.Module) -> torch.nn.Module:
-    """`new`, a rotary module of hf-posenc's, with what model code reads off `old`, the model's own it replaces."""
-    for name in ROTARY_ATTRIBUTES:
-        if hasattr(old, name) and not hasattr(new, name):
-            setattr(new, name, getattr(old, name))
-    return new
-
-
 def text_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config holding the text decoder's settings: a sub-config in multimodal wrappers (Fuyu, GOT-OCR2)."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -29,6 +29,14 @@ def rotate_heads(x: torch.Tensor, rotary: nn.Module, positions: torch.Tensor) ->
     return rotate(x.transpose(1, 2).float(), cos, sin).transpose(1, 2)
 
 
+def carry_attributes(module: nn.Module, replaces: nn.Module) -> None:
+    """What model code reads off a model's own rotary module besides calling it (`compat.ROTARY_ATTRIBUTES`), set on
+    `module`, which takes its place."""
+    for name in compat.ROTARY_ATTRIBUTES:
+        if hasattr(replaces, name):
+            setattr(module, name, getattr(replaces, name))
+
+
 class Rotary(nn.Module):
     """`forward(x, position_ids) -> (cos, sin)` over the full head dim, like transformers' rotary modules.
 
@@ -36,9 +44,14 @@ class Rotary(nn.Module):
     RoPE type (linear, dynamic, yarn, llama3, longrope) works on any model.
     """
 
-    def __init__(self, head_dim: int, rope_parameters: dict[str, Any], partial: float, max_positions: int) -> None:
+    def __init__(self, head_dim: int, rope_parameters: dict[str, Any], partial: float, max_positions: int,
+                 replaces: nn.Module | None = None) -> None:
+        """`replaces`: the model's own rotary module this one takes the place of; what model code reads off it besides
+        calling it (`compat.ROTARY_ATTRIBUTES`) is kept."""
         super().__init__()
         self.head_dim = head_dim
+        if replaces is not None:
+            carry_attributes(self, replaces)
         self.rotated_pairs = int(head_dim * partial) // 2
         self.inner = None
         if self.rotated_pairs:

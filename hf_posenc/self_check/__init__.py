@@ -42,6 +42,7 @@ from ..catalog import list_architectures, supports, why_not
 from ..config import PosEncConfig
 from ..errors import PosEncError
 from ..registry import ADAPTERS
+from ..state import STATE_ATTR
 from ..tiny import tiny_config
 from ..view import read
 from . import verdicts
@@ -63,9 +64,11 @@ class Report:
     scheme: str
     checks: list[Check]
     seconds: float
-    error: str = ""  # a patch of the tiny model raised: refused
     skipped: str = ""  # the class does not take the scheme (the patch itself then says why)
     unchecked: str = ""  # no tiny model of the class could be built or run: nothing was checked, nothing refused
+    # patching the tiny model raised: a finding for `doctor`; a patch goes ahead and raises the same itself (restoring
+    # the model), or it does not, and either way says more than the tiny model's error would
+    error: str = ""
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> Report:
@@ -116,19 +119,17 @@ def ensure(model: nn.Module, config: PosEncConfig, patch: Patcher, unpatch: Call
         return
     if key not in _REPORTS:
         _REPORTS[key] = _verdict(model_class, model.config.model_type, config, patch, unpatch)
-        if _REPORTS[key].unchecked:
+        if _REPORTS[key].unchecked or _REPORTS[key].error:
             log.warning("hf-posenc: %sthe self-check of %s with %r could not run (%s); patching unchecked",
-                        _why_checked(), model_class.__name__, config.scheme, _REPORTS[key].unchecked)
+                        _why_checked(), model_class.__name__, config.scheme,
+                        _REPORTS[key].unchecked or _REPORTS[key].error)
     report = _REPORTS[key]
-    if report.unchecked or report.passed:
+    if report.unchecked or report.error or report.passed:
         return
-    found = (f"hf-posenc could not run its self-check of {config.scheme!r} on a tiny {report.model_class} under "
-             f"transformers {transformers.__version__} ({report.error})" if report.error else
-             f"transformers {transformers.__version__} breaks hf-posenc's {config.scheme!r} patch of "
-             f"{report.model_class} (self-check: {report.failures()})")
-    raise PosEncError(f"{found}; the newest transformers tested is {compat.TESTED_THROUGH}: pip install "
-                      f"'transformers=={compat.TESTED_THROUGH}' (or set {ENV}=never to patch anyway, unchecked). "
-                      "The model was not changed.")
+    raise PosEncError(f"transformers {transformers.__version__} breaks hf-posenc's {config.scheme!r} patch of "
+                      f"{report.model_class} (self-check: {report.failures()}); the newest transformers tested is "
+                      f"{compat.TESTED_THROUGH}: pip install 'transformers=={compat.TESTED_THROUGH}' (or set {ENV}=never "
+                      "to patch anyway, unchecked). The model was not changed.")
 
 
 def _why_checked() -> str:
@@ -160,8 +161,7 @@ def run(model_class: type, model_type: str, config: PosEncConfig, patch: Patcher
             report = _run(model_class, model_type, config, patch, unpatch, start)
     finally:
         _RUNNING.discard(key)
-    if not report.error:  # a raise may be this machine's (memory, a killed thread): run it again next time
-        verdicts.store(verdicts.key(model_class, config.scheme), report)
+    verdicts.store(verdicts.key(model_class, config.scheme), report)
     return report
 
 
@@ -172,6 +172,8 @@ def _run(model_class: type, model_type: str, config: PosEncConfig, patch: Patche
 
     try:
         model, head = _tiny(model_class, model_type)
+        if getattr(model, STATE_ATTR, None) is not None:
+            unpatch(model)  # a class that patches itself as it is built: the stock model is what is compared
         if (reason := why_not(model, config.scheme)) is not None:
             return report([], skipped=reason)
         probe = Probe(model, head)
@@ -179,8 +181,8 @@ def _run(model_class: type, model_type: str, config: PosEncConfig, patch: Patche
         return report([], unchecked=_first_line(exc))
     try:
         return report(probe.checks(config, patch, unpatch))
-    except Exception as exc:  # noqa: BLE001 - whatever a new release raises is the finding
-        return report([], error=_first_line(exc))
+    except Exception as exc:  # noqa: BLE001 - a patch that raises on the tiny model: the user's patch speaks
+        return report([], error=f"patching the tiny model raised {_first_line(exc)}")
 
 
 def _first_line(exc: BaseException) -> str:

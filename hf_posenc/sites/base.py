@@ -335,8 +335,8 @@ def native_off(model: nn.Module, entry: Entry, state: PatchState, keep_slot: boo
     if adapter.slot and not keep_slot and not entry.keeps_slot:
         found.append((adapter.slot.path, ZeroPositions(facts.dtype).to(facts.device)))
     if rotation and not keep_rotary:
-        found.append((rotation.module, compat.in_place_of(Rotary(rotation.dim or facts.head_dim, {}, 0.0,
-                                                                 facts.max_positions), base.get_submodule(rotation.module))))
+        found.append((rotation.module, Rotary(rotation.dim or facts.head_dim, {}, 0.0, facts.max_positions,
+                                              replaces=base.get_submodule(rotation.module))))
     return found
 
 

@@ -21,7 +21,7 @@ from ..errors import PosEncError
 from ..schemes.base import ModelFacts, Scheme
 from ..schemes.building import place
 from ..schemes.rope import native_partial, native_theta
-from ..schemes.rotary import rotate
+from ..schemes.rotary import carry_attributes, rotate
 from .base import LayerLoop, PatchHook, remove_hooks, remove_native_positions
 from .entry import Entry, slot_needs
 
@@ -151,8 +151,8 @@ def install(model: nn.Module, entry: Entry, state: PatchState, loop: LayerLoop) 
         # as long as the model (rows before position 0 included; BLOOM's config names none: its trained length)
         rotary = place(spec.rotary(options, facts, facts.max_positions + facts.ids_offset), facts)
         if adapter.rotation:
-            state.replace(base, adapter.rotation.module,
-                          compat.in_place_of(rotary, base.get_submodule(adapter.rotation.module)))
+            carry_attributes(rotary, base.get_submodule(adapter.rotation.module))
+            state.replace(base, adapter.rotation.module, rotary)
             loop.slot = loop.slot or not spec.shift_invariant
         else:
             name, kwarg = ROTARY_MODULE + entry.tag, ROTARY_KWARG + entry.tag
