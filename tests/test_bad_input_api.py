@@ -27,6 +27,9 @@ from hf_posenc.patching import describe_modules, validate
 from hf_posenc.registry import SCHEMES
 from hf_posenc.schemes.base import BiasScheme, ModelFacts
 
+# the mistakes matrix with the release self-check forced on: a check that cries wolf would change what it raises
+pytestmark = pytest.mark.usefixtures("self_check_forced")
+
 IDS = torch.tensor([[5, 17, 3, 99, 42, 8, 61, 23, 7, 88, 14, 30]])
 
 # previous patches a failed call must leave in place: (model type, scheme, options); trained a step first

@@ -12,6 +12,9 @@ import hf_posenc as hp
 from conftest import TINY_CONFIGS, tiny_model
 from matrix import SCHEMES, patched, scheme_of, supported
 
+# the release self-check forced on: a check that cries wolf would change what these raise or build
+pytestmark = pytest.mark.usefixtures("self_check_forced")
+
 ARCHS = ("llama", "gpt2", "bert")
 # concat's `scale` option is resolved off the stand-ins of a meta model (1, not the model's RMS) and recorded in its
 # config, so its learned code is drawn at another scale there: a reads-weights limit, not the module's init
