@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,9 @@ def test_the_constraints_pin_every_package_the_main_venv_holds_but_torch():
 
     if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
         pytest.skip("only .venv is built from constraints.txt (make install); this is another venv")
-    installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
+    # what is installed in the venv's site-packages (not what a package vendors and puts on sys.path: setuptools)
+    site = sysconfig.get_paths()["purelib"]
+    installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions(path=[site])}
     unpinned = sorted(set(installed) - set(pinned()) - {"torch", "hf-posenc", "pip", "setuptools", "wheel"})
     assert not unpinned, f"installed but not in constraints.txt: {unpinned} (make constraints)"
     differ = {name: (installed[name], version) for name, version in pinned().items() if installed.get(name) != version}
