@@ -105,3 +105,18 @@ def test_from_pretrained_without_a_checkpoint_gives_the_model_back(arch, label):
     partial = cls.from_pretrained(None, config=config, state_dict={k: v for k, v in state.items() if k not in own})
     for name, p in partial.named_parameters():
         assert p.isfinite().all(), name
+
+
+@pytest.mark.parametrize("model_type", ["gemma", "phi3", "olmo2"])
+def test_a_model_read_while_transformers_builds_on_meta_is_read_as_on_the_cpu(model_type):
+    """transformers builds a model to load on the meta device (`from_pretrained(None, state_dict=...)`, a patch in
+    `post_init`): discovery's rebuild probe of the rotary class runs on the CPU all the same (it compared meta
+    tensors and raised, so transformers' own test_from_pretrained_no_checkpoint failed on these families)."""
+    import zoo
+    from transformers import AutoModelForCausalLM
+
+    config = zoo.tiny_config(model_type)
+    with torch.device("meta"):
+        on_meta = hp.catalog.supported_schemes(AutoModelForCausalLM.from_config(config))
+    assert on_meta == hp.catalog.supported_schemes(AutoModelForCausalLM.from_config(zoo.tiny_config(model_type)))
+    assert "fire" in on_meta and "yarn" in on_meta

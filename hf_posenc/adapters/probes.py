@@ -88,7 +88,9 @@ def rebuild_problems(rotary: nn.Module, text: Any) -> dict[str, str]:
                                   "original_max_position_embeddings": length, **extra(pairs),
                                   **{k: own[k] for k in ("partial_rotary_factor",) if k in own}}
         try:
-            outputs[rope_type] = type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
+            # on the CPU, whatever device the model is being built on (transformers builds loads on meta)
+            with torch.device("cpu"):
+                outputs[rope_type] = type(rotary)(config=config)(torch.zeros(1, 3, 1), torch.arange(3)[None])
         except Exception as exc:  # noqa: BLE001 - reported as a gap of this rope type's rebuild
             problems[rope_type] = (f"{type(rotary).__name__}(config) fails with a {rope_type} rope_parameters "
                                    f"({type(exc).__name__}: {exc})")
