@@ -31,6 +31,11 @@ class Head:
         """The module whose output the checks compare."""
         return model.base_model if self.pooled else model
 
+    def builds(self, model_class: type, config: transformers.PretrainedConfig) -> bool:
+        """This head's Auto class builds `model_class` for `config`."""
+        mapping = getattr(transformers, self.auto)._model_mapping
+        return mapping.get(type(config), None) is model_class
+
 
 # most specific first; the first Auto class that maps the model's config to its class names its kind
 HEADS = (
@@ -48,11 +53,7 @@ BASE = Head("AutoModel")
 
 def head_of(model_class: type, config: transformers.PretrainedConfig) -> Head:
     """The kind of `model_class`, read from the Auto class that builds it for `config`."""
-    for head in HEADS:
-        mapping = getattr(transformers, head.auto)._model_mapping
-        if type(config) in mapping and mapping[type(config)] is model_class:
-            return head
-    return BASE
+    return next((head for head in HEADS if head.builds(model_class, config)), BASE)
 
 
 def primary(output: Any) -> torch.Tensor:

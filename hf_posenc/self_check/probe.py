@@ -175,10 +175,9 @@ class Probe:
     def _reloads(self) -> list[Check]:
         """The patched model saved, then loaded by plain transformers (`trust_remote_code=True`, the folder's
         remote code calling hf-posenc's loader), with today's remote code and each earlier version's."""
-        auto = getattr(transformers, self.head.auto)
-        mapping = auto._model_mapping
-        if self.head.auto not in AUTO_CLASSES or mapping.get(type(self.model.config), None) is not type(self.model):
+        if self.head.auto not in AUTO_CLASSES or not self.head.builds(type(self.model), self.model.config):
             return []  # its folders name no remote class for this head, or no Auto class builds this class
+        auto = getattr(transformers, self.head.auto)
         if not compat.saves_here():
             return []  # a process of several that is not rank 0: transformers saves nothing here (rank 0 checks)
         want = self.outputs(**self.inputs)
