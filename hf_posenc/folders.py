@@ -22,12 +22,13 @@ Imports neither torch nor transformers: these checks run before any model loads.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from .errors import PosEncError
 from .version import __version__
 
 __all__ = ["GGUF_MARK", "KINDS", "MARKER", "check_out", "check_replace", "check_separate", "clear_out", "finished",
-           "gguf_mark", "incomplete", "is_marked", "kind_of", "mark", "read_marker", "replaceable"]
+           "gguf_mark", "incomplete", "is_marked", "kind_of", "mark", "read_marker", "replaceable", "writing"]
 
 MARKER = ".hf-posenc.json"
 GGUF_MARK = "hf_posenc.posenc"  # the key of a GGUF file hf-posenc wrote: what it keeps, as JSON
@@ -209,6 +210,41 @@ def clear_out(path: str | os.PathLike, command: str, sources: Iterable[str] = ()
     out.mkdir(parents=True, exist_ok=True)
     mark(out, command, sources, complete=not until_finished)
     return out
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, command: str, sources: Iterable[str] = ()) -> Iterator[Path]:
+    """Write a (checked) output folder under a temporary name and give it its own name only when the block ends
+    without error: the yielded path (not created yet) sits in a hidden staging folder beside `path` and has
+    `path`'s name, so what is written there (a model card's title) reads the same. At the end it is marked
+    complete and takes `path`'s place, replacing an earlier folder `check_out` allowed; a failure or an
+    interrupt removes it, so `path` is as it was: nothing half-written ever carries a complete marker."""
+    out = Path(path)
+    staging = out.parent / f".hf-posenc-{os.getpid()}-{out.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging / out.name
+        written = staging / out.name
+        written.mkdir(exist_ok=True)
+        mark(written, command, sources)
+        old = staging / ".replaced"
+        if out.is_dir() and any(out.iterdir()):
+            if not is_marked(out):  # check_out ran earlier; this guards a folder that changed since
+                raise PosEncError(f"{out} has no {MARKER} marker; refusing to replace it: {ASK}")
+            if not incomplete(out, command):
+                check_replace(out, command, "folder")
+            os.replace(out, old)
+        elif out.is_dir():
+            out.rmdir()
+        try:
+            os.replace(written, out)
+        except OSError:
+            if old.exists():
+                os.replace(old, out)  # the earlier folder goes back where it was
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def gguf_mark(path: str | os.PathLike) -> dict[str, Any] | None:

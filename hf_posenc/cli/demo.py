@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import results
 from ..errors import PosEncError
-from ..folders import check_out, clear_out
+from ..folders import check_out, clear_out, finished
 from ..progress import importing, status, waiting
 from ..train.shipped import recipe_path
 from .arguments import int_list
@@ -96,7 +96,7 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
     from ..loading import load
     from ..models import display_name
 
-    out = clear_out(args.out, "demo", [args.model])
+    out = clear_out(args.out, "demo", [args.model], until_finished=True)  # complete once every step below is
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),
                 "trials": PASSKEY_TRIALS,
@@ -157,6 +157,7 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
     print(f"\n{table}\n")
     for what, path in where.items():
         print(f"{what:<62} {path}")
+    finished(out)
     print(f"done in {time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} CPU-s")
     return 0
 

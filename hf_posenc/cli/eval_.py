@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PosEncError
-from ..folders import MARKER, check_out, clear_out, finished, incomplete, read_marker
+from ..folders import MARKER, check_out, clear_out, finished, incomplete, read_marker, writing
 from ..models import display_name
 from ..progress import waiting
 from .arguments import int_list, layer_list, parse_options, scheme_config
@@ -137,8 +137,9 @@ def main(args: argparse.Namespace) -> int:
     from ..evaluation import compare
 
     if args.compare:
-        print(compare(args.compare, clear_out(args.out, "eval --compare", args.compare), records=args.records,
-                      mixed=args.mixed))
+        with writing(args.out, "eval --compare", args.compare) as out:
+            table = compare(args.compare, out, records=args.records, mixed=args.mixed)
+        print(table)
         return 0
     if args.accelerate_config is not None:  # checked here, run in each launched process
         clear_out(args.out, "eval", [args.model], until_finished=True)

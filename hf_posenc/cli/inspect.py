@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import PosEncError
 from ..models import NAMED_MODELS, display_name
-from ..folders import check_out, clear_out
+from ..folders import check_out, writing
 from .checks import at_least, check_model_takes, model_folder
 
 DEFAULT_TEXT = (
@@ -57,9 +57,9 @@ def main(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     name = display_name(args.model)
     input_ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    out = clear_out(args.out, "inspect", [args.model])
-    result = inspect_model(model, input_ids, out, name=name, top_k=args.top_k, pos_dim=args.pos_dim,
-                           seeds=args.seeds)
+    with writing(args.out, "inspect", [args.model]) as out:
+        result = inspect_model(model, input_ids, out, name=name, top_k=args.top_k, pos_dim=args.pos_dim,
+                               seeds=args.seeds)
     print(f"{name} ({result['model_type']}, {result['positions']} positions), text of {result['num_tokens']} tokens")
     print(result["summary"])
     print(f"wrote {Path(args.out) / 'inspect.json'} and {', '.join(result['plots']) or 'no plots'}")

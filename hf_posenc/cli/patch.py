@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..folders import check_out, clear_out
+from ..folders import check_out, writing
 from ..models import display_name
 from ..progress import status, waiting
 from .arguments import layer_list, parse_options, scheme_config
@@ -48,13 +48,13 @@ def main(args: argparse.Namespace) -> int:
     with waiting(f"loading {display_name(args.model)}"):  # the class it was saved as: a BertModel stays one
         model, tokenizer = load(args.model, task="saved", dtype=torch.float32)
     patch(model, args.config)
-    out = clear_out(args.out, "patch", [args.model])
-    status(f"saving the patched model to {out}")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     from ..hub import model_card
     from ..models import origin
 
-    (out / "README.md").write_text(str(model_card(out, origin(args.model)[0])), encoding="utf-8")
-    print(f"saved {describe(model)} and its model card to {out}")
+    status(f"saving the patched model to {args.out}")
+    with writing(args.out, "patch", [args.model]) as out:  # a failure below leaves no folder
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        (out / "README.md").write_text(str(model_card(out, origin(args.model)[0])), encoding="utf-8")
+    print(f"saved {describe(model)} and its model card to {args.out}")
     return 0

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import PosEncError
-from ..folders import check_out, mark
+from ..folders import check_out, writing
 from .checks import model_folder, repo_id
 
 
@@ -61,10 +61,9 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         # hard links where the file system allows (517 MB of SmolLM2 weights copied otherwise); the files export
         # writes (card, config, remote code) are new files, never written through a link
-        out = export(args.dir, args.dry_run, base_model=args.base_model, repo_id=args.repo_id, link=True,
-                     gguf=args.gguf)
-        mark(out, "push --dry-run", [args.dir])  # not part of what is uploaded: export leaves markers out
-        print(f"staged {args.repo_id} in {out}; nothing uploaded (the weights are hard links to {args.dir}'s "
+        with writing(args.dry_run, "push --dry-run", [args.dir]) as out:  # marked: not part of what is uploaded
+            export(args.dir, out, base_model=args.base_model, repo_id=args.repo_id, link=True, gguf=args.gguf)
+        print(f"staged {args.repo_id} in {args.dry_run}; nothing uploaded (the weights are hard links to {args.dir}'s "
               "where the file system allows: replace a staged file rather than edit it in place)")
         return 0
     url = push(args.dir, args.repo_id, token=args.token, private=args.private, commit_message=args.message,

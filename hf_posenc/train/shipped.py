@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..errors import PosEncError
-from ..folders import mark
+from ..folders import writing
 
 SHIPPED = Path(__file__).resolve().parents[1] / "recipes"
 PREFIX = "config_"
@@ -84,11 +84,10 @@ def copy_recipe(name: str, folder: Path) -> Path:
     recipe = find(name)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise PosEncError(f"{folder} already exists and is not an empty folder; give a new folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / recipe.path.name
-    shutil.copyfile(recipe.path, target)
-    readme = recipe.path.parents[1] / "README.md"
-    if readme.is_file():
-        shutil.copyfile(readme, folder / "README.md")
-    mark(folder, "recipes copy", [str(recipe.path)])
-    return target
+    with writing(folder, "recipes copy", [str(recipe.path)]) as staged:
+        staged.mkdir()
+        shutil.copyfile(recipe.path, staged / recipe.path.name)
+        readme = recipe.path.parents[1] / "README.md"
+        if readme.is_file():
+            shutil.copyfile(readme, staged / "README.md")
+    return folder / recipe.path.name
