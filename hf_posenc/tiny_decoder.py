@@ -23,15 +23,16 @@ SHAPE = dict(n_embd=64, n_layer=2, n_head=4, activation_function="gelu", resid_p
              attn_pdrop=0.0)
 
 
-def tiny_model(longest: int, seed: int = 0, *, positions: int | None = None,
+def tiny_model(longest: int, seed: int = 0, *, positions: int | None = None, tokenizer: Any = None,
                **shape: Any) -> transformers.GPT2LMHeadModel:
     """A randomly initialised tiny GPT-2 whose learned table holds a task sequence of `longest` symbols (`n`
-    symbols, `>`, `n` symbols, `.`), as the study sizes it, or `positions` rows; `shape` overrides `SHAPE`'s GPT-2
-    config fields (the study's `--layers`-style settings)."""
+    symbols, `>`, `n` symbols, `.`), as the study sizes it, or `positions` rows; its vocabulary `tokenizer`'s
+    (default: the tasks' own); `shape` overrides `SHAPE`'s GPT-2 config fields (the study's `--layers`-style
+    settings)."""
     unknown = set(shape) - set(SHAPE)
     if unknown:
         raise PosEncError(f"unknown tiny decoder field(s) {sorted(unknown)}; allowed: {sorted(SHAPE)}")
-    tokenizer = build_tokenizer()
+    tokenizer = tokenizer or build_tokenizer()
     config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=positions or 2 * longest + 2,
                                      **{**SHAPE, **shape}, bos_token_id=tokenizer.eos_token_id,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

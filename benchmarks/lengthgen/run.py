@@ -28,8 +28,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import paper_tasks  # noqa: E402
 from arms import Arm, arms  # noqa: E402
-from settings import FULL, SMOKE, Settings  # noqa: E402
+from settings import FULL, PAPER, PAPER_SMOKE, SMOKE, Settings  # noqa: E402
 
 from hf_posenc import folders  # noqa: E402
 from hf_posenc.errors import PosEncError  # noqa: E402
@@ -50,6 +51,8 @@ def ints(text: str) -> tuple[int, ...]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="the smoke budget (settings.SMOKE): < 1 min")
+    p.add_argument("--paper", action="store_true", help="at the paper's conditions (settings.PAPER: their task "
+                   "splits at their lengths, heads of 64); with --smoke, its smoke budget")
     p.add_argument("--arms", help="comma-separated arms (default: every arm)")
     p.add_argument("--tasks", help="comma-separated tasks (default: the settings')")
     p.add_argument("--seeds", help="seeds of every arm given (default: 3 for the first tier, 1 for the second)")
@@ -61,12 +64,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="examples per step (default: the settings')")
     p.add_argument("--positions", type=int, help="rows of the learned table (default: the longest test sequence)")
     p.add_argument("--workers", type=int, default=1, help="runs at once, one thread each (2 on 2 cores)")
-    p.add_argument("--out", default=str(HERE / "results"), help="results and runs/ (new, empty, or this study's)")
+    p.add_argument("--out", help="results and runs/ (new, empty, or this study's; default: results/, or paper/ "
+                   "with --paper)")
     return p.parse_args(argv)
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    s = SMOKE if args.smoke else FULL
+    s = {(False, False): FULL, (True, False): SMOKE, (False, True): PAPER, (True, True): PAPER_SMOKE}[
+        (args.smoke, args.paper)]
     changes: dict[str, Any] = {}
     if args.tasks:
         changes["tasks"] = tuple(args.tasks.split(","))
@@ -87,12 +92,15 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 def plan(args: argparse.Namespace, s: Settings, table: dict[str, Arm]) -> list[tuple[str, str, int]]:
     """Every (arm, task, seed) to run, after every check: nothing is written or trained on bad input."""
-    names = args.arms.split(",") if args.arms else list(table)
+    names = args.arms.split(",") if args.arms else [n for n in table if not (s.paper and table[n].table)]
     if unknown := [n for n in names if n not in table]:
         raise PosEncError(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(table)}")
     for task in s.tasks:
-        task_of(task)
-    check_lengths(s.train_lengths, s.test_lengths)
+        paper_tasks.task_of(task) if s.paper else task_of(task)
+        check_lengths(*s.lengths_of(task))
+    if s.paper and (tabled := [n for n in names if table[n].table]):
+        raise PosEncError(f"--arms {','.join(tabled)}: a learned table is not an arm of the paper's study (their "
+                          "lengths differ by task); allowed: every other arm")
     if args.workers < 1:
         raise PosEncError(f"--workers must be at least 1, got {args.workers}")
     if s.positions < 0 or (s.positions and s.positions < 2):
@@ -140,12 +148,11 @@ def job(name: str, arm: Arm, task: str, seed: int, s: Settings, out: str) -> str
     """One run in a worker (one thread), saved to its own file (written whole, then renamed)."""
     import torch
 
-    from hf_posenc.evaluation.lengthgen.vocab import build_tokenizer
-    from train import one_run
+    from train import one_run, tokenizer_of
 
     torch.set_num_threads(1)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    run = one_run(name, arm, task, seed, s, build_tokenizer(), Path(out) / "work" / f"{name}-{task}-seed{seed}")
+    run = one_run(name, arm, task, seed, s, tokenizer_of(s), Path(out) / "work" / f"{name}-{task}-seed{seed}")
     run.update(wall_seconds=round(time.perf_counter() - t0, 1), cpu_seconds=round(time.process_time() - cpu0, 1))
     path = run_file(Path(out), name, task, seed)
     tmp = path.with_suffix(".tmp")
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     s = settings_of(args)
     table = arms(s.width)
     todo = plan(args, s, table)
-    out = Path(args.out)
+    out = Path(args.out or HERE / ("paper" if args.paper else "results"))
     check_out(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     folders.mark(out, COMMAND)

@@ -1,5 +1,7 @@
 """The study's budget: one tiny decoder, data, optimiser and step count for every arm and task (set by the pilot,
-see README.md: `pilot.json`), and the smoke budget the test runs."""
+see README.md: `pilot.json`), and the smoke budget the test runs. `PAPER`: the study at the paper's conditions
+(issue 57: their task splits, `paper_tasks.py`, each with its own lengths; heads of 64 dimensions, so that 25%
+rotary is their 8 frequency pairs), its model and budget set by `pilot.py --paper`."""
 
 from __future__ import annotations
 
@@ -29,10 +31,25 @@ class Settings:
     gate: float = 0.95  # a run counts only at >= 95% exact match in distribution
     seeds: tuple[int, ...] = (0, 1, 2)
     seeds_tier2: tuple[int, ...] = (0,)
+    paper: bool = False  # the paper's splits (paper_tasks.py), each at its own lengths unless these are given
+    arm_lr: tuple[tuple[str, float], ...] = ()  # per arm, the learning rate its sweep chose (default: lr)
 
     def steps_of(self, task: str) -> int:
         """The optimizer steps every arm trains on `task`."""
         return dict(self.task_steps).get(task, self.steps)
+
+    def lr_of(self, arm: str) -> float:
+        """The peak learning rate of `arm`'s runs."""
+        return dict(self.arm_lr).get(arm, self.lr)
+
+    def lengths_of(self, task: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(train, test) input lengths of `task`: the paper's split's own, or the settings' for the digit tasks."""
+        if self.paper and not (self.train_lengths or self.test_lengths):
+            from paper_tasks import task_of
+
+            found = task_of(task)
+            return found.train_lengths, found.test_lengths
+        return self.train_lengths, self.test_lengths
 
     def longest(self, lengths: tuple[int, ...]) -> int:
         """Tokens of the longest sequence at these lengths: n symbols, `>`, n symbols, `.`."""
@@ -45,6 +62,15 @@ class Settings:
 
 
 FULL = Settings()
+# at the paper's conditions: lengths from each split, a decoder with heads of 64 (chosen by the pilot, README.md)
+PAPER = Settings(tasks=("rsc", "rdc", "cmc", "mc", "mcrv", "addition", "sum", "parity", "sort_single", "poly",
+                        "lego"),
+                 train_lengths=(), test_lengths=(), paper=True, layers=2, width=128, heads=2, steps=2000,
+                 task_steps=(), positions=256, train_examples=20_000, iid_per_length=10, test_per_length=25)
+PAPER_SMOKE = Settings(tasks=("cmc", "sum"), train_lengths=(2, 3, 4), test_lengths=(5, 6), paper=True, layers=1,
+                       width=64, heads=1, steps=60, task_steps=(), lr=1e-2, batch_size=16, warmup=3,
+                       train_examples=300, iid_per_length=4, test_per_length=4, positions=64, seeds=(0,),
+                       seeds_tier2=())
 SMOKE = Settings(tasks=("repeat", "copy"), train_lengths=(1, 2, 3, 4), test_lengths=(5, 6), layers=1, width=32,
                  heads=2, steps=150, task_steps=(), lr=1e-2, batch_size=16, warmup=3, train_examples=400, iid_per_length=4, test_per_length=4,
                  seeds=(0,), seeds_tier2=())

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import paper_tasks
 import torch
 import transformers
 from arms import Arm
@@ -18,16 +19,31 @@ import hf_posenc as hp
 from hf_posenc import analysis
 from hf_posenc.evaluation.lengthgen import scoring, tasks
 from hf_posenc.evaluation.lengthgen.tasks import Example
+from hf_posenc.evaluation.lengthgen.vocab import build_tokenizer
 from hf_posenc.tiny_decoder import tiny_model
 
 IGNORE = -100  # labels transformers' loss skips: the prompt's tokens
 
 
+def tokenizer_of(s: Settings) -> Any:
+    """The word-level tokenizer of the settings' tasks: the digit tasks' or the paper's splits'."""
+    return build_tokenizer(paper_tasks.WORDS) if s.paper else build_tokenizer()
+
+
+def splits_of(task: str, s: Settings, seed: int) -> dict[str, list[Example]]:
+    """A run's train, in-distribution (the gate) and out-of-distribution examples."""
+    if s.paper:
+        return paper_tasks.split(task, train=s.train_examples, iid=s.iid_per_length, test=s.test_per_length,
+                                 seed=seed, lengths=s.lengths_of(task) if s.train_lengths else None)
+    return tasks.split(task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
+                       test=s.test_per_length, seed=seed)
+
+
 def init_model(arm: Arm, s: Settings, seed: int) -> transformers.PreTrainedModel:
     """The study's decoder (`hf_posenc.tiny_decoder`, in the settings' shape) with the arm's positions patched in;
     the same weights draw for every arm of a seed up to what the scheme adds."""
-    model = tiny_model(max(s.test_lengths), seed, positions=s.table, n_embd=s.width, n_layer=s.layers,
-                       n_head=s.heads, activation_function=s.activation)
+    model = tiny_model(max(s.test_lengths or (1,)), seed, positions=s.table, tokenizer=tokenizer_of(s),
+                       n_embd=s.width, n_layer=s.layers, n_head=s.heads, activation_function=s.activation)
     if arm.scheme is not None:
         hp.patch(model, arm.scheme, **arm.options)
     return model
@@ -44,11 +60,11 @@ def encoded(examples: list[Example], tokenizer: Any) -> datasets.Dataset:
 
 
 def train(model: transformers.PreTrainedModel, examples: list[Example], s: Settings, tokenizer: Any, seed: int,
-          work: Path, steps: int, callbacks: tuple[transformers.TrainerCallback, ...] = ()) -> float:
-    """`steps` AdamW steps of `s.batch_size` examples (linear warm-up, cosine decay); returns the last logged loss.
-    `callbacks`: the pilot's probe of the in-distribution exact match while it trains."""
+          work: Path, steps: int, lr: float, callbacks: tuple[transformers.TrainerCallback, ...] = ()) -> float:
+    """`steps` AdamW steps of `s.batch_size` examples at peak `lr` (linear warm-up, cosine decay); returns the last
+    logged loss. `callbacks`: the pilot's probe of the in-distribution exact match while it trains."""
     args = transformers.TrainingArguments(
-        output_dir=str(work), max_steps=steps, per_device_train_batch_size=s.batch_size, learning_rate=s.lr,
+        output_dir=str(work), max_steps=steps, per_device_train_batch_size=s.batch_size, learning_rate=lr,
         warmup_steps=s.warmup, weight_decay=s.weight_decay, lr_scheduler_type="cosine", seed=seed,
         data_seed=seed, save_strategy="no", report_to=[], logging_steps=max(1, steps // 10), disable_tqdm=True,
         use_cpu=True, dataloader_num_workers=0)
@@ -73,11 +89,10 @@ def score(model: Any, tokenizer: Any, examples: list[Example], table: int | None
 
 def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: Any, work: Path) -> dict[str, Any]:
     """Train and score one (arm, task, seed): the run's record for results.json."""
-    splits = tasks.split(task, s.train_lengths, s.test_lengths, train=s.train_examples, iid=s.iid_per_length,
-                         test=s.test_per_length, seed=seed)
+    splits = splits_of(task, s, seed)
     model = init_model(arm, s, seed)
     t0 = time.perf_counter()
-    loss = train(model, splits["train"], s, tokenizer, seed, work, s.steps_of(task))
+    loss = train(model, splits["train"], s, tokenizer, seed, work, s.steps_of(task), s.lr_of(name))
     seconds = time.perf_counter() - t0
     model.eval()
     table = s.table if arm.table else None
@@ -91,6 +106,6 @@ def one_run(name: str, arm: Arm, task: str, seed: int, s: Settings, tokenizer: A
     geometry = analysis.added_positions(model, ids, len(ids)) if arm.added else None
     return {"arm": name, "seed": seed, "task": task, "iid": iid, "iid_by_length": iid_cells,
             "ood": scoring.pooled(scored) if scored else None, "ood_by_length": ood_cells,
-            "gate": iid["exact_match"] >= s.gate, "steps": s.steps_of(task), "train_loss": loss, "train_seconds": round(seconds, 1),
+            "gate": iid["exact_match"] >= s.gate, "steps": s.steps_of(task), "lr": s.lr_of(name), "train_loss": loss, "train_seconds": round(seconds, 1),
             "score_seconds": round(time.perf_counter() - t0 - seconds, 1),
             "params": sum(p.numel() for p in model.parameters()), "geometry": geometry}

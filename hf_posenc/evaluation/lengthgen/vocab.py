@@ -4,6 +4,7 @@ the check that any tokenizer spells the task's words (a pretrained one prompted 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -16,10 +17,10 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 WORDS = (*SYMBOLS, SEPARATOR, END)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level over `WORDS`, split on whitespace, decoded with spaces between words (so a decoded answer
-    reads as the target does); padding on the right, no special token added around the text."""
-    vocab = {word: i for i, word in enumerate((PAD, EOS, UNK, *WORDS))}
+def build_tokenizer(words: Sequence[str] = WORDS) -> PreTrainedTokenizerFast:
+    """Word-level over `words` (the tasks' own by default), split on whitespace, decoded with spaces between words
+    (so a decoded answer reads as the target does); padding on the right, no special token added around the text."""
+    vocab = {word: i for i, word in enumerate((PAD, EOS, UNK, *words))}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
