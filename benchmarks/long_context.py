@@ -187,12 +187,11 @@ def markdown(results: list[dict[str, Any]], machine: str) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.ticker
-    import matplotlib.pyplot as plt
 
+    from hf_posenc import plots
+
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = dict(zip(SCHEMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, (key, label) in zip(axes, [("memory_ratio", "peak RSS / stock"), ("time_ratio", "time / stock")]):
@@ -206,9 +205,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel=label, title=f"tiny Llama, one forward: {label}")
         ax.set_xticks(LENGTHS["tiny-llama"], [f"{n // 1024}k" for n in LENGTHS["tiny-llama"]])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    axes[1].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    plots.legend_outside(fig, fontsize=7)
+    plots.save(fig, path)
 
 
 def main() -> None:

@@ -214,15 +214,14 @@ def plot(found: dict[str, Any], path: Path) -> None:
                     ms=3, label=f"{arm['name']} ({arm['steps']} steps)")
     curves.set(title="Recovery curve: SmolLM2-135M-Instruct after the swap", xlabel="training CPU seconds",
                ylabel="held-out KJV perplexity (training-length blocks)", yscale="log")
-    curves.legend(fontsize=7)
     rows = {**found["baselines"], **{name: arm["final"] for name, arm in found["arms"].items()}}
     streams, width = list(found["baselines"]["original (rope)"]), 0.8 / len(rows)
     for i, (label, final) in enumerate(rows.items()):
         bars.bar(np.arange(len(streams)) + i * width, [final[s]["128"] for s in streams], width, label=label,
                  color=plt.cm.tab20(i % 20))  # 12+ rows: the default 10-colour cycle would repeat
     bars.set_xticks(np.arange(len(streams)) + 0.4 - width / 2, [f"{s} @ 128" for s in streams])
-    bars.set(title="After training: same-target perplexity (64 tokens x 4 places)", yscale="log", ylabel="perplexity")
-    bars.legend(fontsize=7)
+    bars.set(title="After training: same-target perplexity\n(64 tokens x 4 places)", yscale="log", ylabel="perplexity")
+    plots.legend_outside(fig, fontsize=7)
     plots.save(fig, path)
 
 

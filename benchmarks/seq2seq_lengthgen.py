@@ -128,11 +128,9 @@ def figure(arms: list[dict[str, Any]], lengths: list[int], path: Path, task: str
             ax.axvline(lengths[0], color="grey", linestyle=":", linewidth=1)
         top.set(title=f"tiny {model_type}: {task}", ylim=(-0.05, 1.05))
         bottom.set(xlabel="digits (grey: longest trained)", xticks=lengths)
-        top.legend(fontsize=8)
-        bottom.legend(fontsize=7)
     axes[0, 0].set_ylabel("exact match (95% Wilson)")
     axes[1, 0].set_ylabel("mean answer length (digits)")
-    fig.tight_layout()
+    plots.legend_outside(fig, fontsize=8)
     plots.save(fig, path)
 
 

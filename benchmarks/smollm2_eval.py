@@ -114,9 +114,9 @@ def _plot(report: dict, path: Path) -> None:
         ax.axvline(trained, color="grey", linestyle=":", label=f"trained context ({trained})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
-        ax.legend(fontsize=8)
     left.set(yscale="log", ylabel="perplexity (KJV)", title="SmolLM2-135M-Instruct perplexity by length")
     right.set(ylabel="passkey accuracy", ylim=(-0.05, 1.05), title="Passkey retrieval")
+    plots.legend_outside(fig, fontsize=8)
     plots.save(fig, path)
 
 

@@ -1,7 +1,8 @@
-"""mkdocs hooks: the tables the registry knows are generated, never pasted, and written into the pages.
+"""mkdocs hooks: the tables the registry knows and the benchmarks write are generated, never pasted, and written
+into the pages.
 
 Each table sits in its page between `<!-- posenc:KIND [ARG] -->` and `<!-- /posenc -->`, so the Markdown files read
-right as files too (on GitHub, in an editor); `python docs/hooks.py` rewrites them from the registry,
+right as files too (on GitHub, in an editor); `python docs/hooks.py` rewrites them from their sources,
 tests/test_doc_files.py fails when one is stale, and the site build fills them afresh all the same:
 
 - `<!-- posenc:support-matrix -->`: the support matrix, schemes with identical columns grouped, from
@@ -10,16 +11,20 @@ tests/test_doc_files.py fails when one is stale, and the site build fills them a
 - `<!-- posenc:schemes -->`: every scheme with its site and source (`hf-posenc list --wide`);
 - `<!-- posenc:scheme-options NAME -->`: the options of NAME (`hf-posenc list --scheme NAME`);
 - `<!-- posenc:model-types -->`: the causal-LM model types (`hf-posenc list --model-types`);
-- `<!-- posenc:eval-options -->`: every `hf-posenc eval` option, its default and help, from its parser.
+- `<!-- posenc:eval-options -->`: every `hf-posenc eval` option, its default and help, from its parser;
+- `<!-- posenc:include PATH -->`: the file PATH of the repository as it is (a table a benchmark wrote).
 
-Everything comes from running the package's own command line, so the pages say what `hf-posenc list`
-says. Images and plots outside docs/ (benchmarks/) are served under `assets/<path in the repository>`.
+Everything comes from running the package's own command line or from the files the benchmarks write, so the
+pages say what `hf-posenc list` and the benchmarks say. Images outside docs/ (the plots in benchmarks/) are
+linked by their path relative to the page, as GitHub shows them; the site serves them under
+`assets/<path in the repository>` and the build rewrites those links to it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import re
 import subprocess
 import sys
@@ -28,9 +33,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 REPO = Path(__file__).resolve().parents[1]
-# plots the pages show, by their path in the repository (served as assets/<path>)
-ASSET_GLOBS = ("benchmarks/results/*.png", "benchmarks/results/*/*.png", "benchmarks/study/*.png",
-               "benchmarks/lengthgen/results/*.png")
+DOCS = REPO / "docs"
 
 
 @functools.cache
@@ -110,14 +113,24 @@ def eval_options() -> str:
     return "\n".join(lines) + "\n"
 
 
+def include(path: str) -> str:
+    """A file of the repository as it is, ending in one newline (the end marker goes on a line of its own)."""
+    return (REPO / path).read_text(encoding="utf-8").rstrip("\n") + "\n"
+
+
 GENERATED = {"support-matrix": grouped_matrix, "support-matrix-full": full_matrix, "schemes": scheme_table,
              "model-types": model_types, "eval-options": eval_options}
+# kinds that take an argument: a scheme's name, a file's path in the repository
+WITH_ARG = {"scheme-options": scheme_options, "include": include}
 
 
 END = "<!-- /posenc -->"
 # an opening marker, then the table written earlier up to its end marker (none yet: the marker alone)
-BLOCK = re.compile(r"^<!-- posenc:([\w-]+)(?: (\w+))? -->\n(?:(?:(?!^<!-- posenc:).)*?^<!-- /posenc -->$)?",
+BLOCK = re.compile(r"^<!-- posenc:([\w-]+)(?: ([\w./-]+))? -->\n(?:(?:(?!^<!-- posenc:).)*?^<!-- /posenc -->$)?",
                    flags=re.M | re.S)
+MARKER = re.compile(r"^<!-- (?:posenc:[\w-]+(?: [\w./-]+)?|/posenc) -->$", flags=re.M)
+# an image's link target: ![alt](TARGET)
+IMAGE = re.compile(r"(!\[[^\]]*\]\()([^()\s#]+)")
 PAGES = ("*.md", "*/*.md")
 
 
@@ -125,26 +138,47 @@ def fill(markdown: str) -> str:
     """The page with every generated table (re)written between its markers."""
     def replace(match: re.Match) -> str:
         kind, arg = match.group(1), match.group(2)
-        table = scheme_options(arg) if kind == "scheme-options" else GENERATED[kind]()
+        table = WITH_ARG[kind](arg) if kind in WITH_ARG else GENERATED[kind]()
         return f"<!-- posenc:{kind}{f' {arg}' if arg else ''} -->\n{table}{END}"
 
     return BLOCK.sub(replace, markdown)
 
 
 def pages() -> list[Path]:
-    return sorted({path for pattern in PAGES for path in (REPO / "docs").glob(pattern) if BLOCK.search(path.read_text())})
+    return sorted({path for pattern in PAGES for path in DOCS.glob(pattern) if BLOCK.search(path.read_text())})
+
+
+def outside(page: Path, target: str) -> Path | None:
+    """The repository file outside docs/ that an image link of `page` points at (None: a file in docs/, or a URL)."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
+        return None
+    path = (page.parent / target).resolve()
+    return path if path.is_relative_to(REPO) and not path.is_relative_to(DOCS) and path.is_file() else None
+
+
+def served(path: Path) -> str:
+    """Where the site serves a repository file outside docs/ (mkdocs only knows the files under docs_dir)."""
+    return f"assets/{path.relative_to(REPO).as_posix()}"
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    """The page with fresh tables and without their markers (blank lines instead, so each table is a block)."""
-    return re.sub(r"^<!-- (?:posenc:[\w-]+(?: \w+)?|/posenc) -->$", "", fill(markdown), flags=re.M)
+    """The page with fresh tables and without their markers (blank lines instead, so each table is a block), its
+    images outside docs/ linked where the site serves them."""
+    source, folder = Path(page.file.abs_src_path), posixpath.dirname(page.file.src_uri) or "."
+
+    def serve(match: re.Match) -> str:
+        path = outside(source, match.group(2))
+        return match.group(0) if path is None else match.group(1) + posixpath.relpath(served(path), folder)
+
+    return IMAGE.sub(serve, MARKER.sub("", fill(markdown)))
 
 
 def on_files(files, config):
-    for pattern in ASSET_GLOBS:
-        for path in sorted(REPO.glob(pattern)):
-            rel = path.relative_to(REPO).as_posix()
-            files.append(File.generated(config, f"assets/{rel}", abs_src_path=str(path)))
+    """The site with every image a page links outside docs/, under assets/."""
+    shown = {path for page in DOCS.rglob("*.md") for match in IMAGE.finditer(page.read_text(encoding="utf-8"))
+             if (path := outside(page, match.group(2))) is not None}
+    for path in sorted(shown):
+        files.append(File.generated(config, served(path), abs_src_path=str(path)))
     return files
 
 

@@ -17,9 +17,9 @@ from torch import Tensor
 
 from .results import METRICS, Plot, Run, tables
 
-__all__ = ["DRAWERS", "alibi_bias", "depth_heatmap", "encoding", "four_terms", "heatmap", "lines", "loss_curve",
-           "position_energy", "pyplot", "recovery_curve", "results_by_length", "rotary", "save", "series",
-           "shift_fit", "subspace"]
+__all__ = ["DRAWERS", "alibi_bias", "depth_heatmap", "encoding", "four_terms", "heatmap", "legend_outside", "lines",
+           "loss_curve", "position_energy", "pyplot", "recovery_curve", "results_by_length", "rotary", "save",
+           "series", "shift_fit", "subspace"]
 
 
 def pyplot() -> Any:
@@ -32,11 +32,26 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, path: str | Path, dpi: int = 120, **kwargs: Any) -> Path:
-    if "bbox_inches" not in kwargs:
+    if "bbox_inches" not in kwargs and fig.get_layout_engine() is None:  # a figure with a layout keeps it
         fig.tight_layout()
     fig.savefig(path, dpi=dpi, **kwargs)
     pyplot().close(fig)
     return Path(path)
+
+
+def legend_outside(fig: Any, *axes: Any, **kwargs: Any) -> Any:
+    """One legend right of every panel, with the entries of `axes` (default: all of the figure's), each label once.
+    Inside a panel a legend hid curves and the y-axis label; the figure's constrained layout makes room for it.
+
+    Args:
+        kwargs: passed on to `Figure.legend` (`fontsize`, `ncol`).
+    """
+    entries: dict[str, Any] = {}
+    for ax in axes or fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.set_layout_engine("constrained")
+    return fig.legend(list(entries.values()), list(entries), loc="outside right center", **kwargs)
 
 
 def series(run: Run, metric: str, field: str) -> tuple[list[int], list[float]]:
@@ -109,7 +124,7 @@ def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> 
         ax.set_ylim(-0.05, 1.05)
     if plot.log_x:
         ax.set_xscale("log", base=2)
-    ax.legend(fontsize=8)
+    legend_outside(fig, fontsize=8)
     return save(fig, path)
 
 
@@ -180,7 +195,7 @@ def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: 
     for (label, step, loss), marker in zip(points, "os^"):
         ax.plot([step], [loss], marker, label=f"{label}: {loss:.3f}")
     ax.set(xlabel="optimizer step", ylabel="loss")
-    ax.legend()
+    legend_outside(fig)
     return save(fig, path)
 
 
@@ -211,7 +226,7 @@ def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, referen
         ax.annotate(f"{curve[-1]['cpu_s']:.3g} training CPU-s", (curve[-1]["step"], curve[-1]["perplexity"][lengths[0]]),
                     textcoords="offset points", xytext=(4, 6), fontsize=7)
     ax.set(xlabel="optimizer step", yscale="log", ylabel="held-out perplexity")
-    ax.legend(fontsize=7)
+    legend_outside(fig, fontsize=7)
     fig.suptitle(f"Recovery curve on {held_out}\nevery token of each window scored; the eval and demo tables score fixed "
                  "target\ntokens after a growing context: other tokens, so other numbers", fontsize=8)
     return save(fig, path)
@@ -231,13 +246,12 @@ def subspace(geo: dict[str, Any], path: str | Path, title: str) -> Path:
     ax.plot(idx, geo["angles_deg"], "o-", color="C3", label="token subspace")
     ax.set(xlabel=f"principal angle index (position subspace: top {geo['pos_dim']} directions)",
            ylabel="angle (degrees)", ylim=(0, 90), title="principal angles: position vs token subspace")
-    ax.legend(loc="lower right")
     rand = geo["random"]["position_energy_in_token_subspace"]
     bx.bar([0, 1], [geo["position_energy_in_token_subspace"], rand["mean"]], yerr=[0, rand["std"]],
            color=["C3", "0.6"], tick_label=["token\nsubspace", "random\nsubspace"])
     bx.axhline(rand["expected"], ls="--", color="0.3", lw=1, label=f"k/d = {rand['expected']:.2f}")
     bx.set(ylim=(0, 1), title="position energy inside", ylabel="share of squared norm")
-    bx.legend(loc="upper right")
+    legend_outside(fig)
     fig.suptitle(f"{title}: token top-{geo['top_k']} of d={geo['d']} vs positions 0..{geo['num_positions'] - 1}")
     return save(fig, path, dpi=110)
 
@@ -270,7 +284,7 @@ def encoding(positions: Tensor, components: Tensor, by_distance: dict[str, list[
              title: str) -> Path:
     """Raw dimensions, then the same vectors in their own principal basis (`components`), where a learned
     table's smooth low-frequency structure shows up, then similarity by distance."""
-    fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.2), layout="constrained")  # legend_outside: set before colorbars
     for ax, values, xlabel, name in ((axes[0], positions, "dimension", "position vectors"),
                                      (axes[1], components, "principal direction (by energy)", "in their principal basis")):
         lim = float(values.abs().quantile(0.99))
@@ -284,7 +298,7 @@ def encoding(positions: Tensor, components: Tensor, by_distance: dict[str, list[
     tx = bx.twinx()
     tx.plot(by_distance["distance"], by_distance["dot"], color="C1", alpha=0.7, label="dot product")
     tx.set_ylabel("mean dot product")
-    bx.legend(handles=bx.get_lines()[:1] + tx.get_lines(), loc="upper right")
+    legend_outside(fig, bx, tx)
     fig.suptitle(title)
     return save(fig, path, dpi=110)
 
@@ -295,13 +309,13 @@ def alibi_bias(slopes: Sequence[float], max_distance: int, path: str | Path, tit
     for h, slope in enumerate(slopes):
         ax.plot(distance, -slope * distance, lw=1, label=f"head {h}: m = {slope:.3g}")
     ax.set(xlabel="distance |query - key|", ylabel="bias added to the logit", title=f"{title}: ALiBi bias by distance")
-    ax.legend(fontsize=7, ncol=2)
+    legend_outside(fig, fontsize=7, ncol=2)
     return save(fig, path, dpi=110)
 
 
 def rotary(profile: dict[str, Any], cos: Tensor, path: str | Path, title: str) -> Path:
     """The rotation cos(m theta_j), and the layer-0 and last-layer logit by distance (`rotary_profile`)."""
-    fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.2), layout="constrained")  # legend_outside: set before colorbars
     im = axes[0].imshow(cos, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     axes[0].set(xlabel="frequency index j (fast -> slow)", ylabel="position m", title="cos(m theta_j): the rotation")
     fig.colorbar(im, ax=axes[0])
@@ -315,7 +329,7 @@ def rotary(profile: dict[str, Any], cos: Tensor, path: str | Path, title: str) -
     ref = axes[1].twinx()
     ref.plot(d, profile["reference_ones"], "k--", lw=1)
     ref.set_ylabel("q = k = ones (RoFormer decay), dashed")
-    axes[2].legend(fontsize=7, ncol=2)
+    legend_outside(fig, axes[2], fontsize=7, ncol=2)
     fig.suptitle(title)
     return save(fig, path, dpi=110)
 
@@ -327,10 +341,10 @@ def shift_fit(fit: dict[str, Any], path: str | Path, title: str) -> Path:
     ax.axhline(1.0, color="C2", ls="--", lw=1, label="sinusoidal code (a rotation: exactly 1)")
     ax.plot(fit["offsets"], fit["r2"], "o-", color="C3", label="this model's positions")
     ax.plot(fit["offsets"], fit["random_r2"], "s-", color="0.6", label="random table, same shape (chance)")
-    ax.set(xscale="log", xlabel="offset k (positions)", ylabel="R^2 of the least-squares M_k",
-           title=f"{title}: is a shift a linear map? (rank {fit['rank']})")
+    ax.set(xscale="log", xlabel="offset k (positions)", ylabel="R^2 of the least-squares M_k")
     ax.set_ylim(min(0.0, *fit["r2"], *fit["random_r2"]), 1.05)
-    ax.legend(loc="lower left", fontsize=8)
+    legend_outside(fig, fontsize=8)
+    fig.suptitle(f"{title}: is a shift a linear map? (rank {fit['rank']})")  # a panel title ran into the legend
     return save(fig, path, dpi=110)
 
 
@@ -347,12 +361,11 @@ def position_energy(energy: dict[str, Any], reference: dict[str, Any], path: str
     d = len(energy["per_dimension"]["variation"])
     ax.axhline(1 / d, color="0.5", lw=0.8, ls="--", label="uniform 1/d")
     ax.set(xlabel="embedding dimension", ylabel="share of position variation", title="per dimension")
-    ax.legend(fontsize=8)
     tokens = torch.tensor(energy["per_token_direction"]["token_energy"]).cumsum(0)
     bx.plot(tokens, color="C0", lw=1, label="token embedding's own energy")
     bx.plot([0, len(tokens) - 1], [1 / len(tokens), 1], color="0.5", lw=0.8, ls="--", label="uniform")
     bx.set(xlabel="token singular direction (largest token energy first)", ylabel="cumulative share",
            title="along the token embedding's directions")
-    bx.legend(fontsize=7)
+    legend_outside(fig, fontsize=7)
     fig.suptitle(f"{title}: where the position vectors put their energy")
     return save(fig, path, dpi=110)

@@ -1,10 +1,10 @@
 """The docs site builds offline with `mkdocs build --strict`, shows what the registry and the benchmarks
 say, and keeps every page of its navigation.
 
-The support matrix, the scheme list and the option tables are generated at build time from `hf-posenc list`
-(docs/hooks.py); the benchmark tables the scripts write are included from their files (pymdownx.snippets), so
-these tests check that the built pages hold them, not copies. The code blocks of the pages run in
-tests/test_readme.py.
+The support matrix, the scheme list and the option tables are generated from `hf-posenc list`, and the benchmark
+tables the scripts write are copied from their files, by docs/hooks.py (into the pages, and afresh at build time),
+so these tests check that the built pages hold them. tests/test_docs_raw.py checks the pages as files. The code
+blocks of the pages run in tests/test_readme.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ KEY_PAGES = {
     "benchmarks/study.md": "What we found", "benchmarks/recovery.md": "Recovery", "extending.md": "Extending",
     "layout.md": "laid out", "api.md": "API reference",
 }
-# benchmark outputs the pages include as they are written (page -> files)
+# benchmark outputs the pages include as they are written, between `<!-- posenc:include FILE -->` markers (page -> files)
 INCLUDED = {
     "benchmarks/recovery.md": ["benchmarks/results/recovery/recovery.md", "benchmarks/results/recovery/demo_variants.md"],
     "benchmarks/study.md": ["benchmarks/study/results.md"],
@@ -109,7 +109,7 @@ def test_the_support_matrix_is_the_registry(site):
 
 def test_the_benchmark_tables_are_the_files_the_benchmarks_write(site):
     for source, files in INCLUDED.items():
-        assert all(f'--8<-- "{f}"' in (DOCS / source).read_text() for f in files), source
+        assert all(f"<!-- posenc:include {f} -->" in (DOCS / source).read_text() for f in files), source
         built = text_of(page_html(site, source))
         for f in files:
             rows = [line for line in (REPO / f).read_text().splitlines() if line.startswith("|")]

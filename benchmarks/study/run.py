@@ -214,9 +214,8 @@ def draw_geometry(runs: list[dict[str, Any]], out: Path, name: str = "geometry.p
     ax.set(xlabel="training step", ylabel="share of layer-0 logit variation",
            title="four terms of layer-0 attention (c·p and p·c: the rest)")
     bx.set(xscale="log", xlabel="offset k", ylabel="R²", ylim=(-0.05, 1.05),
-           title="PE(p+k) ≈ M_k PE(p): fit by least squares (dotted: random table)")
-    ax.legend(fontsize=6, ncol=2)
-    bx.legend(fontsize=7)
+           title="PE(p+k) ≈ M_k PE(p): fit by least squares\n(dotted: random table)")
+    plots.legend_outside(fig, fontsize=7)
     plots.save(fig, out / name)
 
 
@@ -237,8 +236,7 @@ def draw(runs: list[dict[str, Any]], out: Path, name: str = "study.png") -> None
     ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="perplexity (same targets)",
            title="held-out perplexity by length")
     bx.set(xlabel="training step", ylabel="share", title="position energy in the token subspace (dotted: random)")
-    ax.legend(fontsize=7)
-    bx.legend(fontsize=7)
+    plots.legend_outside(fig, fontsize=7)
     plots.save(fig, out / name)
 
 
