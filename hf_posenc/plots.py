@@ -8,6 +8,7 @@ plotting works on machines without a display.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -39,9 +40,14 @@ def save(fig: Any, path: str | Path, dpi: int = 120, **kwargs: Any) -> Path:
     return Path(path)
 
 
+LEGEND_WIDTH = 32  # characters a legend line holds: a long row name ("p1 (its own weights, rope positions) =
+# smollm2 (original model)") on one line left the panels no width at all
+
+
 def legend_outside(fig: Any, *axes: Any, **kwargs: Any) -> Any:
-    """One legend right of every panel, with the entries of `axes` (default: all of the figure's), each label once.
-    Inside a panel a legend hid curves and the y-axis label; the figure's constrained layout makes room for it.
+    """One legend right of every panel, with the entries of `axes` (default: all of the figure's), each label once,
+    wrapped at `LEGEND_WIDTH`. Inside a panel a legend hid curves and the y-axis label; the figure's constrained
+    layout makes room for it.
 
     Args:
         kwargs: passed on to `Figure.legend` (`fontsize`, `ncol`).
@@ -49,7 +55,7 @@ def legend_outside(fig: Any, *axes: Any, **kwargs: Any) -> Any:
     entries: dict[str, Any] = {}
     for ax in axes or fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
-            entries.setdefault(label, handle)
+            entries.setdefault(textwrap.fill(label, LEGEND_WIDTH), handle)
     fig.set_layout_engine("constrained")
     return fig.legend(list(entries.values()), list(entries), loc="outside right center", **kwargs)
 

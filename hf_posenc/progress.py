@@ -14,8 +14,23 @@ from typing import Any
 from tqdm.auto import tqdm
 
 
+_ROW: list[str] = []  # the row (model) whose work the bars belong to: `for_row`
+
+
+@contextlib.contextmanager
+def for_row(label: str) -> Iterator[None]:
+    """Name every bar made inside the block after `label` ("smollm2 (unpatched): perplexity @ 2048"): an eval
+    scores the same cells for several models, and three bars called "perplexity @ 2048" say nothing of which."""
+    _ROW.append(label)
+    try:
+        yield
+    finally:
+        _ROW.pop()
+
+
 def bar(iterable: Any = None, *, show: bool = True, **kwargs: Any) -> tqdm:
-    """A tqdm bar that shows (where `show`) only when stderr is a terminal, with an estimate.
+    """A tqdm bar that shows (where `show`) only when stderr is a terminal, with an estimate; named after the
+    row `for_row` sets, if any.
 
     A pseudo-terminal can report 0 columns (`script`, some CI runners and IDE consoles); tqdm then draws
     nothing (no rows) or empty lines (no columns), so the size falls back to $COLUMNS/$LINES or 80 x 24 there.
@@ -31,7 +46,28 @@ def bar(iterable: Any = None, *, show: bool = True, **kwargs: Any) -> tqdm:
         kwargs.setdefault("nrows", size.lines)
     else:
         kwargs.setdefault("dynamic_ncols", True)
+    if _ROW and kwargs.get("desc"):
+        kwargs["desc"] = _named(_ROW[-1], kwargs["desc"], columns or shutil.get_terminal_size().columns)
     return tqdm(iterable, **kwargs)
+
+
+METER = 40  # columns a bar's meter needs besides its name: percentage, a short bar, counts, times and rate
+
+
+def _named(row: str, desc: str, columns: int) -> str:
+    """'row: desc', the row's name shortened where the line would not fit: tqdm cuts an overlong line at the
+    terminal's edge, losing the cell and the estimate."""
+    room = columns - METER - len(desc) - 2
+    if len(row) > room:
+        row = row[:max(room - 1, 8)] + "…"
+    return f"{row}: {desc}"
+
+
+def logged(message: str) -> None:
+    """One line on stderr where the bars do not show (a log, a pipe): the only sign of progress there, so a
+    piped command is not silent until its table."""
+    if not sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
 
 
 def status(message: str) -> None:

@@ -202,6 +202,24 @@ def run_label(model: str, scheme: str | None, options: dict[str, Any]) -> str:
     return (f"{name} {scheme}({opts})" if opts else f"{name} {scheme}") if scheme else f"{name} (as loaded)"
 
 
+def baseline_label(model: str, scheme: str | None, native: str) -> str:
+    """The row of a patched model's baseline: the model unpatched (patched here by `scheme`), or a patched
+    folder's own weights with its `native` positions put back."""
+    name = Path(model).name or model
+    return f"{name} (unpatched)" if scheme else f"{name} (its own weights, {native} positions)"
+
+
+def original_label(original: str) -> str:
+    """The row of the model a trained or patched folder came from."""
+    return f"{Path(original).name or original} (original model)"
+
+
+def same_rows(first: str, second: str) -> str:
+    """One row standing for two that are the same weights, scored once: 'p1 (its own weights, ...) = smollm2
+    (original model)'."""
+    return f"{first} = {second}"
+
+
 def versions() -> dict[str, str]:
     """Installed versions of what a result depends on."""
     found = {"python": platform.python_version()}
@@ -239,6 +257,14 @@ def tables(runs: list[Run]) -> list[tuple[str, Metric]]:
     """The metric tables the runs hold, registered ones in the registry's order, then any others."""
     held = {name: cells for run in runs for name, cells in run.metrics.items()}
     return [(name, metric(name, held[name])) for name in sorted(held, key=[*METRICS, *held].index)]
+
+
+def cell_text(table: str, key: int | str, cell: dict[str, Any]) -> str:
+    """One finished cell in a line, as a progress log prints it: 'perplexity @ 2048 tokens: 11.38'."""
+    spec = metric(table, {str(key): cell})
+    unit = f" {spec.key}" if str(key).isdigit() and spec.key else ""
+    values = ", ".join(f"{field_name(table, f)} {_value(cell, f, spec.rate)}" for f in spec.fields) or "done"
+    return f"{table} @ {key}{unit}: {values}"
 
 
 def markdown(runs: list[Run]) -> str:

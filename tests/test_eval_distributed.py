@@ -154,7 +154,7 @@ def test_the_original_model_row_over_two_processes_equals_one_process(tmp_path, 
                            "cpu_2proc"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = results.load(tmp_path / "one" / "results.json"), results.load(tmp_path / "two" / "results.json")
-    labels = ["llama-alibi (as loaded)", "llama-alibi (its own weights, rope positions)", "llama (original model)"]
+    labels = ["llama-alibi (as loaded)", "llama-alibi (its own weights, rope positions) = llama (original model)"]
     assert [run.label for run in one.runs] == [run.label for run in two.runs] == labels
     for run1, run2 in zip(one.runs, two.runs):
         for length, cell in run1.metrics["perplexity"].items():

@@ -29,21 +29,19 @@ def test_the_baseline_of_a_patched_folder_is_named_for_what_it_is_and_the_origin
                      "--out", str(tmp_path / "eval")]) == 0
     printed = capsys.readouterr()
     record = results.load(tmp_path / "eval" / "results.json")
-    # the patch's marker names its source: that model is loaded and scored as a row of its own
-    assert [run.label for run in record.runs] == [
-        "tiny-alibi (as loaded)", "tiny-alibi (its own weights, rope positions)", "model (original model)"]
-    own, original = record.runs[1], record.runs[2]
-    # a patch changes no weight: the original model is the folder's own weights with RoPE back, cell for cell
-    assert original.metrics == own.metrics and _ppl(original, 32) != _ppl(record.runs[0], 32)
+    # the patch's marker names its source: that model is loaded, and since a patch changes no weight it is the
+    # folder's own weights with RoPE back: one row named for both, scored once (issue 61)
+    both = "tiny-alibi (its own weights, rope positions) = model (original model)"
+    assert [run.label for run in record.runs] == ["tiny-alibi (as loaded)", both]
+    assert _ppl(record.runs[1], 32) != _ppl(record.runs[0], 32)
     assert "not scoring the original" not in printed.err
-    assert "| model (original model) |" in printed.out.replace("| tiny-alibi (its own weights, rope positions) ", "")
+    assert f"| {both} |" in printed.out
     assert set(record.details["peak_memory_mb"]) == {run.label for run in record.runs}
     # the scored places beside the table: same_target's places depend on the set of lengths
     assert "perplexity scored the same last 8 tokens of 1 windows of kjv" in printed.out
     assert "depends on the set of lengths (16, 32)" in printed.out
     # the model card names every row, the original among them
-    assert "| tiny-alibi (its own weights, rope positions) | model (original model) |" in hub.model_card(
-        tmp_path / "eval").text
+    assert f"| tiny-alibi (as loaded) | {both} |" in hub.model_card(tmp_path / "eval").text
     assert {path.name for path in (tmp_path / "eval").glob("*.png")} == {"perplexity.png"}
 
 

@@ -47,7 +47,7 @@ def test_a_long_length_is_announced_and_an_interrupted_run_is_replaced_by_its_re
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     # announced before the model loaded: the estimate and how to stop
-    assert "eval: --lengths 4000 is 62.5x the model's trained range (64 positions)" in err
+    assert "eval: 4000 tokens (perplexity, passkey) is 62.5x the model's trained range (64 positions)" in err
     assert "the compute of the other lengths together" in err and "Ctrl-C stops it" in err
     assert "interrupted" in err and "the same command run again replaces" in err
     assert json.loads((out / folders.MARKER).read_text())["complete"] is False
@@ -57,10 +57,10 @@ def test_a_long_length_is_announced_and_an_interrupted_run_is_replaced_by_its_re
                  str(out), cwd=tmp_path)
     assert typo.returncode == 2 and "--max-windows" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
 
-    # the rerun takes its own incomplete folder back without --overwrite; a short run is not announced
+    # the rerun takes its own incomplete folder back without --overwrite; a short run is not warned about
     rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--out", str(out), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert "eval: --lengths" not in rerun.stderr
+    assert "trained range" not in rerun.stderr and "Ctrl-C stops it" not in rerun.stderr
     assert json.loads((out / folders.MARKER).read_text())["complete"] is True
     assert json.loads((out / "results.json").read_text())["complete"] is True
 
@@ -171,6 +171,7 @@ def test_the_estimate_counts_every_row_the_eval_will_score(tiny, tmp_path, capsy
         args, _ = cli.build_parser(argv).parse_known_args(argv)
         capsys.readouterr()
         eval_.check(args)  # the checks and the announcement, before any model loads
-        counted[name] = int(capsys.readouterr().err.split(" sequences per length")[0].rsplit(" ", 1)[1])
-    # a patched folder scores three rows (as loaded, its own weights, the original it was patched from)
-    assert counted == {"plain": 2, "patched": 6, "alone": 2}
+        counted[name] = int(capsys.readouterr().err.split("eval: ", 1)[1].split(" row(s)")[0])
+    # an untrained patched folder scores two rows (as loaded; its own weights unpatched, which are the original
+    # it was patched from: one row); --no-baseline one
+    assert counted == {"plain": 1, "patched": 2, "alone": 1}

@@ -6,11 +6,13 @@ models for `inspect`), kept as `plots.save` writes it, and measured with the Agg
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -144,3 +146,20 @@ def test_the_check_finds_a_legend_inside_a_panel(drawn: list[Any], tmp_path: Pat
     ax.legend(loc="center left", bbox_to_anchor=(-0.3, 0.5))  # over the y-axis label and the data area
     plots.save(fig, tmp_path / "inside.png")
     assert covered(drawn[0]) == ["the data area of 'a label'", "the y label of 'a label'"]
+
+
+def test_long_row_names_leave_the_panel_its_width(drawn: list[Any], tmp_path: Path) -> None:
+    """An eval of an untrained patched folder names a row 'p1 (its own weights, rope positions) = smollm2
+    (original model)': on one legend line it left the panel no width (matplotlib: 'axes sizes collapsed to zero')."""
+    runs = [run for name in ("yarn", "alibi") for run in results.load(RESULTS / "smollm2_16k" / f"{name}.json").runs]
+    long = ["p1 (as loaded)", "p1 (its own weights, rope positions) = smollm2 (original model)"]
+    relabelled = [dataclasses.replace(run, label=label) for run, label in zip(runs, long)]
+    assert len(relabelled) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.results_by_length(relabelled, tmp_path)
+    for fig in drawn:
+        fig.canvas.draw()
+        panel = fig.axes[0].get_window_extent()
+        assert panel.width > 0.4 * fig.bbox.width, (fig.axes[0].get_title(), panel.width, fig.bbox.width)
+        assert not covered(fig)

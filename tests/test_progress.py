@@ -78,5 +78,5 @@ def test_the_demo_shows_every_long_piece_of_work(tmp_path):
     code, out = in_terminal([str(BIN / "hf-posenc"), "demo", "--model", str(assets["model"]), "--steps", "3",
                              "--lengths", "128", "--out", "demo"], tmp_path)
     assert code == 0, out[-2000:]
-    assert {"train", "held-out: after training", "perplexity @ 128"} <= bars(out), out[-3000:]
+    assert {"train", "held-out: after training", "model alibi: perplexity @ 128"} <= bars(out), out[-3000:]
     assert not WARNED.search(out), out[-3000:]

@@ -1,11 +1,13 @@
-"""The cost of an evaluation, estimated before it starts: a length far beyond the rest is announced.
+"""An evaluation's plan, said before the model loads: its rows, suites and cells, and a time estimate.
 
-`--lengths 128,99999` (a typo for 9999: 12x SmolLM2's trained range) once ran 11 minutes in silence before it
-was interrupted. A forward pass over L tokens costs about 2 N L (the weights, N parameters) + 2 n d L^2
+A new user's 13-minute eval said nothing up front: not that a third of it would score the same weights a second
+time, nor how long it would take; and `--lengths 128,99999` (a typo for 9999: 12x SmolLM2's trained range) once ran
+11 minutes in silence. A forward pass over L tokens costs about 2 N L (the weights, N parameters) + 2 n d L^2
 (attention scores and their weighted sum over the causal half, n layers of width d) floating-point operations
-(Kaplan et al. 2020, table 1); each length scores a number of sequences the flags fix. A length past the model's
-trained range, or one costing far more than all the others together, gets one line on stderr before the model
-loads: the estimate, and how to stop.
+(Kaplan et al. 2020, table 1); each suite says how many sequences of how many tokens each of its cells scores
+(`Suite.cell_sizes`). A sequence past the model's trained range, or a length costing far more than all the others
+together, gets a warning line too, naming the suites that read it (a suite that never reads `--lengths` is not
+warned about them).
 """
 
 from __future__ import annotations
@@ -14,13 +16,31 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from .. import results
 
 # fp32 matmul rate of 2 CPU cores, for the time estimate: 13 GFLOP/s measured (1024^2 matmuls, 2 threads) on the
 # project's 2-core machine at load average 5.7; idle cores give a few times more, a GPU hundreds of times
 CPU_FLOPS = 2e10
 DOMINATES = 10.0  # a length costing this many times all the others together is announced
+
+
+@dataclasses.dataclass(frozen=True)
+class Cells:
+    """One suite's cells for one row: (sequences, tokens in each) per cell; empty when it cannot tell."""
+
+    suite: str
+    sizes: list[tuple[int, int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What an eval will score: its rows (models) and, for each row, every suite's cells."""
+
+    rows: list[str]
+    suites: list[Cells]
 
 
 def model_size(config: Any) -> tuple[float, int, int]:
@@ -34,55 +54,92 @@ def model_size(config: Any) -> tuple[float, int, int]:
     return layers * (4 * width * width + 3 * width * ffn) + vocab * width, layers, width
 
 
-def sequences_per_length(args: argparse.Namespace, config: Any) -> int:
-    """The sequences each length scores, as each suite counts them (`Suite.sequences`: perplexity windows,
-    passkey prompts, RULER prompts), from the checked flag values (`args.values`), once for each model run: the
-    model, its baseline (patched here, or loaded patched) and the original it came from (`args.original`)."""
+def rows(args: argparse.Namespace, config: Any) -> list[str]:
+    """The runs `run_suites` will score, labelled as it labels them: the model, its baseline when it is patched
+    (here, or a patched folder), the original it came from; an untrained patched folder's baseline is its
+    original (`args.same_as_original`), one row with both names."""
+    posenc = getattr(config, "posenc", None)
+    labels = [results.run_label(args.model, args.scheme, args.options)]
+    original = results.original_label(args.original) if args.original else None
+    if not args.no_baseline and (args.scheme is not None or posenc is not None):
+        baseline = results.baseline_label(args.model, args.scheme, (posenc or {}).get("from") or "native")
+        if original is not None and args.same_as_original:
+            baseline, original = results.same_rows(baseline, original), None
+        labels.append(baseline)
+    return labels + ([original] if original else [])
+
+
+def plan(args: argparse.Namespace, config: Any) -> Plan:
+    """The checked flags' plan (`args.values`: every suite setting)."""
     from ..evaluation.suite import suite_of
 
-    count = 0
+    suites = []
     for name in args.suites:
         suite, argument = suite_of(name)
         own = suite.Settings(**{f.name: args.values[f.name] for f in dataclasses.fields(suite.Settings)}) \
             if suite.Settings else None
-        count += suite.sequences(own, argument)
-    patched = args.scheme is not None or getattr(config, "posenc", None) is not None
-    return count * (1 + (not args.no_baseline and patched) + (getattr(args, "original", None) is not None))
+        suites.append(Cells(name, suite.cell_sizes(own, argument, args.lengths)))
+    return Plan(rows(args, config), suites)
 
 
-def announcement(args: argparse.Namespace, config: Any) -> str | None:
-    """The line announcing an evaluation whose longest length is past the trained range or costs more than
-    `DOMINATES` times the other lengths together; None for any other."""
-    sequences = sequences_per_length(args, config)
-    if not sequences:
-        return None
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 \
+        else f"{seconds / 3600:.1f} h"
+
+
+def announcement(args: argparse.Namespace, config: Any) -> str:
+    """The plan in a few lines: rows, each suite's cells and lengths, the estimate; then a warning where a length
+    is past the trained range or costs more than `DOMINATES` times the other lengths together."""
+    p = plan(args, config)
     params, layers, width = model_size(config)
+
+    def flops(tokens: int) -> float:
+        return 2 * params * tokens + 2 * layers * width * tokens * tokens
+
+    parts = []
+    for cells in p.suites:
+        lengths = ", ".join(str(t) for t in dict.fromkeys(t for _, t in cells.sizes))
+        parts.append(f"{cells.suite}: {len(cells.sizes)} cells at ~{lengths} tokens" if cells.sizes
+                     else f"{cells.suite}: cells and time not estimated")
+    total = len(p.rows) * sum(n * flops(t) for cells in p.suites for n, t in cells.sizes)
+    n_cells = sum(len(cells.sizes) for cells in p.suites)
+    estimate = (f"about {_duration(total / CPU_FLOPS)} on 2 CPU cores (~{total:.1e} floating-point operations at "
+                f"{CPU_FLOPS / 1e9:.0f} GFLOP/s; a GPU is far faster)") if total else "time not estimated"
+    lines = [f"eval: {len(p.rows)} row(s) x {n_cells} cell(s) ({'; '.join(parts)}), {estimate}:",
+             *(f"  {label}" for label in p.rows)]
+    if (warning := _warning(p, config, flops)) is not None:
+        lines.append(warning)
+    return "\n".join(lines)
+
+
+def _warning(p: Plan, config: Any, flops: Callable[[int], float]) -> str | None:
+    """One line where the longest sequences are past the trained range or dominate the cost; None otherwise."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     trained = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-
-    def flops(length: int) -> float:
-        return 2 * params * length + 2 * layers * width * length * length
-
-    longest = max(args.lengths)
-    rest = sum(flops(length) for length in args.lengths if length != longest)
+    by_length: dict[int, float] = {}
+    for cells in p.suites:
+        for n, tokens in cells.sizes:
+            by_length[tokens] = by_length.get(tokens, 0.0) + n * flops(tokens)
+    if not by_length:
+        return None
+    longest = max(by_length)
+    rest = sum(cost for tokens, cost in by_length.items() if tokens != longest)
     past = trained is not None and longest > trained
-    if not past and not (rest and flops(longest) > DOMINATES * rest):
+    if not past and not (rest and by_length[longest] > DOMINATES * rest):
         return None
     reasons = []
     if past:
         reasons.append(f"{longest / trained:.1f}x the model's trained range ({trained} positions)")
     if rest:
+        params, layers, width = model_size(config)
         quadratic = " (attention grows with the square of the length)" if layers * width * longest > params else ""
-        reasons.append(f"~{flops(longest) / rest:,.0f}x the compute of the other lengths together{quadratic}")
-    total = sequences * sum(flops(length) for length in args.lengths)
-    hours = total / CPU_FLOPS / 3600
-    return (f"eval: --lengths {longest} is {' and '.join(reasons)}: ~{total:.1e} floating-point operations over "
-            f"{sequences} sequences per length, about {hours:,.1f} h on 2 CPU cores at {CPU_FLOPS / 1e9:.0f} GFLOP/s "
-            f"(a GPU is far faster). Ctrl-C stops it; a rerun with the same --out replaces what it leaves.")
+        reasons.append(f"~{by_length[longest] / rest:,.0f}x the compute of the other lengths together{quadratic}")
+    readers = ", ".join(c.suite for c in p.suites if any(t == longest for _, t in c.sizes))
+    return (f"eval: {longest} tokens ({readers}) is {' and '.join(reasons)}. Ctrl-C stops it; a rerun with the "
+            f"same --out replaces what it leaves.")
 
 
 def announce(args: argparse.Namespace, config: Any) -> None:
-    """Print `announcement` to stderr, if any (once: not again in each process `--accelerate-config` starts)."""
-    line = announcement(args, config) if "WORLD_SIZE" not in os.environ else None
-    if line is not None:
-        print(line, file=sys.stderr, flush=True)
+    """Print `announcement` to stderr (once: not again in each process `--accelerate-config` starts)."""
+    if "WORLD_SIZE" not in os.environ:
+        print(announcement(args, config), file=sys.stderr, flush=True)

@@ -130,6 +130,9 @@ def check(args: argparse.Namespace) -> None:
     args.task = "seq2seq" if encoder_decoder else "causal_lm"  # the class `load` builds
     check_model_takes(args.model, args.config)
     args.original = None if args.no_baseline else reachable_original(args.model)
+    # an untrained patched folder unpatched is its original: the plan shows one row for both (scoring checks it)
+    args.same_as_original = args.original is not None and args.scheme is None and \
+        (read_marker(Path(args.model)) or {}).get("command") == "patch"
     announce(args, config)  # every check passed: a long run is announced before the model loads
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from .. import plots, results
 from ..errors import PosEncError
 from ..loading import inference_device_map, load
 from ..patching import describe, unpatch
-from ..progress import waiting
+from ..progress import for_row, logged, waiting
 from ..seq2seq import is_seq2seq
 from .processes import rank_and_world
 from .scoring import check_lengths
@@ -74,14 +75,19 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
     save()
     scoring = Scoring(model, tokenizer, s.lengths, s.batch_size, s.seed, s.distributed, progress=main)
     _measured(scoring, planned, record, run, save)
+    original = _load_original(scoring, s) if s.original else None
     if s.baseline and describe(model) is not None:
         native = (getattr(model.config, "posenc", None) or {}).get("from") or "native"
         unpatch(model)
         # patched here: unpatched is the original model; loaded patched (a trained folder): its own weights
-        label = "(unpatched)" if s.scheme else f"(its own weights, {native} positions)"
-        _measured(scoring, planned, record, results.Run(f"{Path(name).name or name} {label}"), save)
-    if s.original:
-        _original(scoring, planned, record, s, save)
+        label = results.baseline_label(name, s.scheme, native)
+        if original is not None and same_weights(model, original[0]):  # a patched, untrained folder: scored once
+            label, original = results.same_rows(label, results.original_label(s.original)), None
+        _measured(scoring, planned, record, results.Run(label), save)
+    if original is not None:
+        _measured(dataclasses.replace(scoring, model=original[0], tokenizer=original[1]), planned, record,
+                  results.Run(results.original_label(s.original)), save)
+        del original
     save(complete=True)
     if main:
         plots.results_by_length(record.runs, out)
@@ -98,24 +104,26 @@ def _measured(scoring: Scoring, planned: Planned, record: results.Results, run: 
     record.details.setdefault("peak_memory_mb", {})[run.label] = peak_memory_mb(scoring.model.device)
 
 
-def _original(scoring: Scoring, planned: Planned, record: results.Results, s: SuiteSettings,
-              save: Callable[[], None]) -> None:
-    """The model a trained or patched folder came from, loaded and scored with the same settings: the baseline
+def _load_original(scoring: Scoring, s: SuiteSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase] | None:
+    """The model a trained or patched folder came from, loaded to be scored with the same settings: the baseline
     a reader means by "original" (the folder's own weights with RoPE put back scored 16.09, the original 14.32).
     A model that cannot be loaded is said in one line and left out; the rows already scored stand."""
     model = scoring.model
     with waiting(f"loading the original model {s.original}", show=scoring.progress):
         try:
-            original, tokenizer = load(s.original, task="seq2seq" if is_seq2seq(model) else "causal_lm",
-                                       dtype=model.dtype,
-                                       device_map=inference_device_map(model.device if s.distributed else None))
+            return load(s.original, task="seq2seq" if is_seq2seq(model) else "causal_lm", dtype=model.dtype,
+                        device_map=inference_device_map(model.device if s.distributed else None))
         except PosEncError as err:
             print(f"eval: the original model {s.original} is not scored: {err}", file=sys.stderr, flush=True)
-            return
-    label = f"{Path(s.original).name or s.original} (original model)"
-    _measured(dataclasses.replace(scoring, model=original, tokenizer=tokenizer), planned, record,
-              results.Run(label), save)
-    del original
+            return None
+
+
+def same_weights(model: PreTrainedModel, other: PreTrainedModel) -> bool:
+    """Whether two models hold the same tensors under the same names: an untrained patched folder, unpatched, is
+    its original model, and scoring it twice costs a third of an eval for two identical rows."""
+    ours, theirs = model.state_dict(), other.state_dict()
+    return ours.keys() == theirs.keys() and all(
+        ours[k].shape == theirs[k].shape and torch.equal(ours[k], theirs[k].to(ours[k].device)) for k in ours)
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -135,8 +143,14 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def _score(scoring: Scoring, planned: Planned, run: results.Run, save: Callable[[], None]) -> None:
-    """One run's suites, in the order asked, saving the record after every cell."""
-    for suite, own, argument in planned:
-        for table, key, cell in suite.cells(scoring, own, argument):
-            run.put(table, key, cell)
-            save()
+    """One run's suites, in the order asked, saving the record after every cell; bars named by the run, and
+    one line a cell where bars do not show."""
+    t0 = time.perf_counter()
+    with for_row(run.label):
+        for suite, own, argument in planned:
+            for table, key, cell in suite.cells(scoring, own, argument):
+                run.put(table, key, cell)
+                save()
+                if scoring.progress:
+                    logged(f"eval: {run.label}: {results.cell_text(table, key, cell)} "
+                           f"({time.perf_counter() - t0:.0f} s)")

@@ -83,9 +83,10 @@ class Suite:
         """The Hub datasets it read, given a results file's settings (a card links them)."""
         return []
 
-    def sequences(self, settings: Any, argument: str) -> int:
-        """The sequences it scores at each context length, for `eval`'s cost estimate (0: none to count)."""
-        return 0
+    def cell_sizes(self, settings: Any, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        """(sequences, tokens in each) of every cell it will score, in order: `eval`'s plan counts the cells and
+        estimates their cost before the model loads ([]: it cannot tell)."""
+        return []
 
     def cells(self, scoring: Scoring, settings: Any, argument: str) -> Iterator[Cell]:
         """Score the model: yield (table, key, cell) as each cell finishes (run_suites saves after each)."""

@@ -59,8 +59,12 @@ class Lengthgen(Suite):
         if not settings.symbol_lengths or min(settings.symbol_lengths) < 1:
             raise PosEncError(f"--symbol-lengths must be positive integers, got {list(settings.symbol_lengths)}")
 
-    def sequences(self, settings: LengthgenSettings, argument: str) -> int:
-        return settings.per_length * len(settings.symbol_lengths) * len(argument.split(",") if argument else TASKS)
+    def cell_sizes(self, settings: LengthgenSettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        """Its own input lengths, not `--lengths`: an example of n symbols is about 2n + 2 words (prompt, answer,
+        separator and end) and each shot one more such example; two tokens a word bounds most tokenizers."""
+        tasks = argument.split(",") if argument else TASKS
+        return [(settings.per_length, 2 * (2 * n + 2) * (settings.shots + 1))
+                for _ in tasks for n in settings.symbol_lengths]
 
     def cells(self, scoring: Scoring, s: LengthgenSettings, argument: str) -> Iterator[Cell]:
         from ..lengthgen import scoring as lengthgen_scoring

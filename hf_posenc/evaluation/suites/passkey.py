@@ -43,8 +43,8 @@ class Passkey(Suite):
         if any(not 0 <= depth <= 1 for depth in settings.depths):
             raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {list(settings.depths)}")
 
-    def sequences(self, settings: PasskeySettings, argument: str) -> int:
-        return settings.trials * len(settings.depths)
+    def cell_sizes(self, settings: PasskeySettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        return [(settings.trials * len(settings.depths), length) for length in lengths]
 
     def cells(self, scoring: Scoring, s: PasskeySettings, argument: str) -> Iterator[Cell]:
         from ..long_context import passkey

@@ -71,8 +71,8 @@ class Perplexity(Suite):
         text = settings.get("text")
         return [text] if isinstance(text, str) and text not in OFFLINE_TEXTS else []
 
-    def sequences(self, settings: PerplexitySettings, argument: str) -> int:
-        return settings.max_windows or 1
+    def cell_sizes(self, settings: PerplexitySettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        return [(settings.max_windows or 1, length) for length in lengths]
 
     def cells(self, scoring: Scoring, s: PerplexitySettings, argument: str) -> Iterator[Cell]:
         from ... import data

@@ -56,8 +56,8 @@ class Ruler(Suite):
     def recorded(self, settings: RulerSettings, argument: str) -> dict[str, Any]:
         return {**super().recorded(settings, argument), "haystack": HAYSTACK}
 
-    def sequences(self, settings: RulerSettings, argument: str) -> int:
-        return settings.samples * len(parse_tasks(argument.split(",")))
+    def cell_sizes(self, settings: RulerSettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        return [(settings.samples, length) for _ in parse_tasks(argument.split(",")) for length in lengths]
 
     def cells(self, scoring: Scoring, s: RulerSettings, argument: str) -> Iterator[Cell]:
         from ..ruler import ruler_scores

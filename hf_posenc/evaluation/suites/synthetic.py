@@ -4,7 +4,7 @@ three-shot, exact match by task length (`tasks.length_generalization`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...domains import at_least, option
@@ -54,6 +54,10 @@ class Synthetic(Suite):
         self.help = f"{task}, three-shot, exact match by task length"
         self.metrics = {task: Metric(("exact_match",), "digits", "exact_match", task=("text-generation",
                                      "Length generalisation"), dataset=SyntheticData(task), plot=LENGTH_GENERALIZATION)}
+
+    def cell_sizes(self, settings: TaskSettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        """Its own task lengths: three shots and the prompt, each about twice its digits plus a few words."""
+        return [(settings.examples, 4 * (2 * length + 8)) for length in settings.task_lengths]
 
     def cells(self, scoring: Scoring, s: TaskSettings, argument: str) -> Iterator[Cell]:
         from ... import data
