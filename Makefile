@@ -134,11 +134,15 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_serving.py
 
 # llama.cpp runs hf-posenc's GGUF exports (issue 48): its prebuilt CPU build in xllamacpp, alone in a fourth venv
-# (no compiler step); tests/test_gguf.py (in .venv) exports and compares, tests/llamacpp_worker.py runs the engine.
+# (no compiler step); tests/test_gguf.py (in .venv) exports and compares, tests/llamacpp_worker.py runs the engine
+# (scripts/llamacpp_engine.py, which scripts/llamacpp-generate runs for users).
 LLAMACPP_VENV := .venv-llamacpp
 LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 XLLAMACPP := xllamacpp==2026.10.11549
-.PHONY: test-llamacpp
+.PHONY: test-llamacpp llamacpp
+
+# the venv alone, for running exports: .venv-llamacpp/bin/python scripts/llamacpp-generate OUT.gguf "prompt"
+llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): Makefile
 	$(PY) -m venv $(LLAMACPP_VENV)

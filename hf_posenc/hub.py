@@ -268,11 +268,14 @@ def _write_new(path: Path, text: str) -> None:
 
 
 def gguf_section(name: str, mark: dict[str, Any]) -> str:
-    """The model card's part on a GGUF that hf-posenc wrote: what llama.cpp computes, and the command with the
-    context the scheme was set for."""
+    """The model card's part on a GGUF that hf-posenc wrote: what llama.cpp computes, and the commands that run it
+    with the context the scheme was set for: hf-posenc's (the llama.cpp its set-up installs), then llama.cpp's own."""
     return (f"\n## llama.cpp\n\n`{name}` ({mark['dtype']}) is this model for llama.cpp, written by `hf-posenc export`. "
-            f"It keeps {mark['kept']}, as llama.cpp's `{mark['architecture']}` architecture computes it:\n\n"
-            f"```\nllama-cli -m {name} -c {mark['context']}\n```\n")
+            f"It keeps {mark['kept']}, as llama.cpp's `{mark['architecture']}` architecture computes it. In a clone "
+            "of hf-posenc, after `make llamacpp`, its script runs the file with the context it was written for and "
+            "prints a greedy completion; llama.cpp's own `llama-cli` runs it too:\n\n"
+            f"```\n.venv-llamacpp/bin/python scripts/llamacpp-generate {name} \"In the beginning\"\n"
+            f"llama-cli -m {name} -c {mark['context']}\n```\n")
 
 
 def gguf_of(gguf: str | os.PathLike, config: dict[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,11 @@ import importlib
 import importlib.metadata
 import json
 import re
+import socket
+import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from .errors import PosEncError
 
@@ -31,6 +34,7 @@ ORIGINS: dict[str, tuple[str, str]] = {
 }
 ORIGINS["minilm-l6"] = ORIGINS["minilm"]
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+HUB_WAIT_S = 1.0  # how long to wait for the Hub before saying it cannot be reached (refused within a second)
 
 
 def model_source(name: str) -> tuple[str, dict[str, Any]]:
@@ -50,6 +54,28 @@ def model_source(name: str) -> tuple[str, dict[str, Any]]:
     if missing:
         raise PosEncError(f"{path}/{missing[0]} is missing; reinstall with `{install}`")
     return str(path), dict(kwargs)
+
+
+def unanswered_hub(wait_s: float = HUB_WAIT_S) -> str | None:
+    """The Hub's host name when it does not answer within `wait_s` seconds, else None: what needs the Hub is refused
+    within a second instead of after half a minute of the Hub client's retries."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    address = (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80))
+    answered: list[bool] = []
+
+    def connect() -> None:  # in a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection(address, timeout=wait_s).close()
+            answered.append(True)
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    return None if answered else address[0]
 
 
 def source(name_or_path: str) -> tuple[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -32,6 +33,8 @@ LLAMACPP = ROOT / ".venv-llamacpp" / "bin" / "python"
 WORKER = Path(__file__).with_name("llamacpp_worker.py")
 needs_llamacpp = pytest.mark.skipif(not LLAMACPP.is_file(), reason="llama.cpp (xllamacpp) is not installed: the "
                                     "engine tests run with .venv-llamacpp (make test-llamacpp)")
+GUIDE = ROOT / "docs" / "guide" / "gguf.md"
+GENERATE = ".venv-llamacpp/bin/python scripts/llamacpp-generate"  # how the guide, `export --help` and cards run a file
 NEW_TOKENS = 32
 PROMPT_LENGTH = 40
 # top-5 logprobs, llama.cpp (ggml CPU kernels, f32 weights and KV cache) against transformers fp32 sdpa on the same
@@ -268,6 +271,60 @@ def test_push_stages_the_gguf_with_its_llama_cpp_command_only_when_asked(tmp_pat
     assert main(["push", str(tmp_path / "m"), "me/m", "--dry-run", str(tmp_path / "foreign"), "--gguf",
                  str(tmp_path / "m" / "config.json")]) == 1
     assert not (tmp_path / "wrong").exists() and not (tmp_path / "foreign").exists()
+
+
+def shown_commands(text: str) -> tuple[list[str], int, int]:
+    """The llamacpp-generate command a text shows (as argv; a trailing comment dropped), and the lines where it and
+    llama-cli stand."""
+    lines = [line.strip() for line in text.splitlines()]
+    found = [i for i, line in enumerate(lines) if line.startswith(GENERATE)]
+    assert len(found) == 1, f"{len(found)} llamacpp-generate commands in {text[:200]!r}..."
+    return shlex.split(lines[found[0]], comments=True), found[0], next(i for i, line in enumerate(lines)
+                                                                        if line.startswith("llama-cli -m "))
+
+
+def test_the_guide_help_and_card_show_the_same_run_command_before_llama_cli(capsys):
+    """The command that runs an export after the README's set-up is the one the guide shows (and the test below
+    runs), in `export --help` and the model card alike, each before llama.cpp's own llama-cli."""
+    from hf_posenc.cli import main
+    from hf_posenc.hub import gguf_section
+
+    guide, guide_at, guide_cli = shown_commands(GUIDE.read_text(encoding="utf-8"))
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    shown, help_at, help_cli = shown_commands(capsys.readouterr().out)
+    assert shown == guide and guide_at < guide_cli and help_at < help_cli
+    mark = {"dtype": "f32", "kept": "YaRN x2", "architecture": "llama", "context": 1024}
+    card, card_at, card_cli = shown_commands(gguf_section("m.gguf", mark))
+    assert card == [*guide[:2], "m.gguf", *guide[3:]] and card_at < card_cli
+    assert guide[2].endswith(".gguf") and len(guide) == 4  # python, script, file, prompt: nothing else to fill in
+
+
+@needs_llamacpp
+def test_llama_cpp_runs_the_guides_command_on_an_export_with_its_context_and_prints_the_greedy_completion(tmp_path):
+    """After `hf-posenc export`, the guide's command (run as written, on this file) prints what transformers +
+    hf-posenc generate greedily from its prompt, with the context the export was written for."""
+    from hf_posenc.cli import main
+    from hf_posenc.folders import gguf_mark
+
+    model, tokenizer = hp.patch(peaky("llama"), "yarn", factor=2.0), byte_tokenizer()
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    gguf = tmp_path / "m.gguf"
+    assert main(["export", str(tmp_path / "m"), "--gguf", str(gguf)]) == 0
+    command, _, _ = shown_commands(GUIDE.read_text(encoding="utf-8"))
+    command[2] = str(gguf)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = tokenizer.decode(greedy(model, tokenizer(command[3])["input_ids"], 64))
+    assert len(expected) >= 64 and done.stdout == expected + "\n"
+    script = ROOT / command[1]
+    assert os.access(script, os.X_OK)  # from any folder too: the engine is found beside the script, not in the cwd
+    logged = subprocess.run([str(LLAMACPP), str(script), *command[2:], "--verbose"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    context = gguf_mark(gguf)["context"]
+    assert logged.stdout == done.stdout and context == 1024
+    assert f"n_ctx_slot = {context}," in logged.stderr  # YaRN x2 of 512, from the file
 
 
 def test_the_command_exports_a_saved_folder_and_refuses_before_writing(tmp_path, capsys):

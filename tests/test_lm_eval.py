@@ -7,9 +7,13 @@ against the package's own scoring of the same patched model.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,13 @@ from lm_eval.tasks import TaskManager
 import hf_posenc
 from conftest import tiny_model
 from hf_posenc import data, evaluation
+from hf_posenc.errors import PosEncError
+from hf_posenc.evaluation.suites.lm_eval import task_manager
 from hf_posenc.hub import export
 from hf_posenc.integrations import lm_eval as integration
-from hf_posenc.integrations import lm_eval_data
+from hf_posenc.integrations import lm_eval_data, lm_eval_index
+from hf_posenc.integrations.lm_eval_index import task_index
+from hf_posenc.registry import SUITES
 from integration_support import char_tokenizer, doc_commands, randomize_scheme_weights, save_tiny
 
 
@@ -190,6 +198,125 @@ def test_hf_model_with_remote_code_scores_a_patched_folder_as_patched(tmp_path, 
                       samples=samples)
     assert ours["config"]["posenc"]["scheme"] == "kerple"
     assert theirs["samples"]["posenc_kjv"][0]["resps"] == ours["samples"]["posenc_kjv"][0]["resps"]
+
+
+# ---------------------------------------------------------------- `hf-posenc eval --suite lm_eval:<task>`
+
+ROOT = Path(__file__).resolve().parents[1]
+# `hf-posenc eval` in a process that records every weights file it opens (an audit hook) and its time
+EVAL_PROBE = """
+import json, sys, time
+opened = []
+def hook(event, args):
+    if event == "open" and str(args[0]).endswith((".safetensors", ".bin", ".gguf")):
+        opened.append(str(args[0]))
+sys.addaudithook(hook)
+t0 = time.perf_counter()
+from hf_posenc import cli
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "seconds": time.perf_counter() - t0, "opened": opened}))
+"""
+
+
+@pytest.mark.parametrize("env", [
+    {"HF_HUB_OFFLINE": "1"},
+    {"HF_HUB_OFFLINE": None, "HF_DATASETS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"},  # no Hub answers
+], ids=["offline", "hub-unreachable"])
+def test_a_task_whose_data_is_not_here_is_refused_before_the_model_loads_naming_those_that_are(tmp_path, env):
+    """hellaswag reads a Hub dataset that is in no local cache (an empty HF_HOME): refused with exit 2 in seconds,
+    before any weights file opens and without the Hub client's retries, naming the tasks whose data is here."""
+    task_index()  # built once per lm-eval install and kept in hf-posenc's cache, which the command below reads
+    folder = save_tiny(tmp_path / "tiny")
+    environ = {k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), **env}.items()
+               if v is not None}
+    done = subprocess.run([sys.executable, "-c", EVAL_PROBE, "eval", "--model", str(folder), "--suite",
+                           "lm_eval:hellaswag", "--lengths", "64", "--no-baseline", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=environ, timeout=600)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 2, done.stderr[-3000:]
+    assert report["opened"] == [], f"weights files were opened: {report['opened']}"
+    assert "lm-eval task 'hellaswag' reads the Hub dataset 'Rowan/hellaswag', which is not in the local cache" \
+        in done.stderr
+    assert "tasks whose data is here: posenc_kjv, posenc_passkey, posenc_sentiment, and RULER's through --suite " \
+        "ruler:<task> (niah_single_1," in done.stderr
+    assert "Retrying" not in done.stderr and not (tmp_path / "out").exists()
+    # measured 1.3 s (offline) and 1.6 s (a Hub that refuses) on a 2-core machine shared with other jobs;
+    # before, lm-eval indexed its tasks (15-20 s), the model loaded and the Hub client retried for 23 s more
+    assert report["seconds"] < 5, f"refused after {report['seconds']:.1f} s"
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_the_suite_lists_only_lm_evals_metrics_and_hands_it_the_model_without_its_warnings(tmp_path, capfd):
+    """The rows are lm-eval's metrics (its `higher_is_better` names them), not its counts and labels (sample_len,
+    alias) or standard errors (kept with their metric); and lm-eval gets the in-memory model the way it takes one,
+    so it logs no warning about a `pretrained` that is not a name. The run's TaskManager also checks the cached
+    index the suite's refusals read: the same names."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "tiny")).eval()
+    kept, log = _Kept(), logging.getLogger("lm_eval")
+    log.addHandler(kept)
+    level, log.level = log.level, logging.DEBUG
+    try:
+        settings = evaluation.SuiteSettings(["lm_eval:posenc_sentiment,posenc_kjv"], [64], name="tiny",
+                                            lm_eval_limit=2)
+        record = evaluation.run_suites(model, char_tokenizer(), settings, tmp_path / "out")
+    finally:
+        log.removeHandler(kept)
+        log.setLevel(level)
+    rows = record.runs[0].metrics["lm_eval"]
+    assert sorted(rows) == ["posenc_kjv bits_per_byte", "posenc_kjv byte_perplexity", "posenc_kjv word_perplexity",
+                            "posenc_sentiment acc"]
+    assert rows["posenc_sentiment acc"]["n"] == 2 and rows["posenc_sentiment acc"]["low"] <= rows[
+        "posenc_sentiment acc"]["value"] <= rows["posenc_sentiment acc"]["high"]
+    assert any("posenc_sentiment" in m for m in kept.messages), "lm-eval's log was not captured"
+    assert not [m for m in kept.messages if "`pretrained`" in m], kept.messages
+    assert "`pretrained`" not in capfd.readouterr().err
+    assert set(task_index()) == set(task_manager().all_tasks)
+
+
+def test_the_cached_task_index_is_read_back_and_rebuilt_when_a_task_file_changes(tmp_path, monkeypatch):
+    """The checks read hf-posenc's copy of lm-eval's index (lm-eval's own build takes 15-20 s): written once, read
+    while the task files are as they were, rebuilt (the old copy removed) when one changes."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text("task: mine\ndataset_path: someone/data\noutput_type: loglikelihood\n")
+    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(lm_eval_index, "_task_roots", lambda: [tasks])
+    lm_eval_index.task_index.cache_clear()
+    try:
+        assert lm_eval_index.task_index()["mine"]["config"] == {"task": "mine", "dataset_path": "someone/data"}
+        (first,) = (tmp_path / "cache" / "lm_eval").iterdir()
+        lm_eval_index.task_index.cache_clear()
+        with monkeypatch.context() as m:
+            m.setattr(lm_eval_index, "_build", lambda roots: pytest.fail("rebuilt an unchanged index"))
+            assert "mine" in lm_eval_index.task_index()
+        (tasks / "mine.yaml").write_text("task: yours\ndataset_path: someone/data\noutput_type: loglikelihood\n")
+        lm_eval_index.task_index.cache_clear()
+        assert set(lm_eval_index.task_index()) == {"yours"}
+        (second,) = (tmp_path / "cache" / "lm_eval").iterdir()
+        assert second != first
+    finally:
+        lm_eval_index.task_index.cache_clear()
+
+
+def test_rulers_tasks_by_their_lm_eval_names_point_to_the_ruler_suite():
+    """lm-eval's RULER tasks need the model's tokenizer and a Hub haystack at run time; the `ruler` suite supplies
+    both offline, so `lm_eval:<ruler task>` is refused (before any model) with the command that runs it."""
+    suite = SUITES["lm_eval"]
+    with pytest.raises(PosEncError, match=r"'ruler_vt' is RULER's \(ruler_vt\).*; run --suite ruler:vt$"):
+        suite.argument(["ruler_vt"])
+    with pytest.raises(PosEncError, match=r"'ruler' is RULER's .*; run --suite ruler$"):
+        suite.argument(["ruler"])
+    with pytest.raises(PosEncError, match=r"'ruler_qa_squad' is RULER's \(ruler_qa_squad\): .* vt, cwe, fwe$"):
+        suite.argument(["ruler_qa_squad"])
+    assert suite.argument(["posenc_kjv", "posenc", "posenc_kjv"]) == "posenc_kjv,posenc"
 
 
 # ---------------------------------------------------------------- the docs' commands

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from ..errors import PosEncError, Unsupported
-from ..models import NAMED_MODELS, recorded_config, source
+from ..models import HUB_WAIT_S, NAMED_MODELS, recorded_config, source, unanswered_hub
 
 # config.json's name for the number of layers, by family (GPT-2 and BLOOM say n_layer, T5 num_layers)
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -32,7 +29,6 @@ CONFIG_DEFAULTS: dict[str, tuple[int | None, float]] = {
     "gpt_neox": (None, 0.25), "stablelm": (None, 0.25), "phi": (None, 0.5),
     "qwen3": (128, 1.0), "gemma": (256, 1.0), "gemma2": (256, 1.0), "gemma3_text": (256, 1.0),
 }
-HUB_WAIT_S = 1.0  # how long to wait for the Hub before saying it cannot be reached (refused within a second)
 
 
 def at_least(args: argparse.Namespace, **minimums: int) -> None:
@@ -153,22 +149,9 @@ def hub_reachable(repo: str) -> None:
     if constants.HF_HUB_OFFLINE:
         raise PosEncError(f"{repo!r} is not a local folder, and as a Hub id it is not in the local cache while "
                           f"HF_HUB_OFFLINE is set; give {names}, or unset HF_HUB_OFFLINE to download it")
-    url = urlparse(constants.ENDPOINT)
-    address = (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80))
-    answered: list[bool] = []
-
-    def connect() -> None:  # in a thread: name resolution has no timeout of its own
-        try:
-            socket.create_connection(address, timeout=HUB_WAIT_S).close()
-            answered.append(True)
-        except OSError:
-            pass
-
-    worker = threading.Thread(target=connect, daemon=True)
-    worker.start()
-    worker.join(HUB_WAIT_S)
-    if not answered:
-        raise PosEncError(f"{repo!r} is not a local folder, and the Hub ({address[0]}) did not answer within "
+    host = unanswered_hub()
+    if host is not None:
+        raise PosEncError(f"{repo!r} is not a local folder, and the Hub ({host}) did not answer within "
                           f"{HUB_WAIT_S} s to fetch it as a Hub id; give {names}, or check the network")
 
 

@@ -18,7 +18,11 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("examples:\n"
                      "  hf-posenc export out/smollm2-yarn2 --gguf out/smollm2-yarn2.gguf\n"
                      "  hf-posenc export out/smollm2-alibi --gguf alibi-q8.gguf --dtype q8_0\n"
-                     "  llama-cli -m out/smollm2-yarn2.gguf -c 16384   # then run it in llama.cpp")
+                     "then run it in llama.cpp: the README's set-up has it in .venv-llamacpp (`make llamacpp` builds\n"
+                     "it alone); the script loads the file with its own context and prints a greedy completion:\n"
+                     "  .venv-llamacpp/bin/python scripts/llamacpp-generate out/smollm2-yarn2.gguf \"In the beginning\"\n"
+                     "or, where you have llama.cpp's own CLI:\n"
+                     "  llama-cli -m out/smollm2-yarn2.gguf -c 16384")
     parser.add_argument("model", metavar="MODEL", help="a folder hf-posenc patch / train or save_pretrained wrote, "
                                                         "or 'smollm2'")
     parser.add_argument("--gguf", required=True, metavar="OUT.gguf", help="the GGUF file to write (new)")

@@ -23,6 +23,9 @@ NOT_OFFLINE = {
     "qa_squad": "needs SQuAD v2 downloaded from the web at run time",
     "qa_hotpot": "needs HotpotQA downloaded from the web at run time",
 }
+# our RULER task name -> lm-eval's (lm_eval/tasks/ruler/*.yaml)
+LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe"}.get(name, name)
+                                 for name in RULER_TASKS}
 MAX_SAMPLES = 500  # lm-eval's RULER generators make 500 prompts per task and length
 HAYSTACK = "kjv"  # the prose of RULER's essay haystack, a `hf_posenc.data.long_text` name (see ruler.py)
 

@@ -30,22 +30,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .. import data
 from ..errors import PosEncError
-from ..results import RULER_TASKS
 from ..stats import rate_fields
-from .names import HAYSTACK, MAX_SAMPLES, NOT_OFFLINE, parse_tasks
+from .names import HAYSTACK, LM_EVAL_NAMES, MAX_SAMPLES, NOT_OFFLINE, parse_tasks
 from .scoring import LENGTH_LIMITS, check_table, skipped
 
-# our task name -> lm-eval's (lm_eval/tasks/ruler/*.yaml)
-LM_EVAL_NAMES: dict[str, str] = {name: {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe"}.get(name, name)
-                                 for name in RULER_TASKS}
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1")  # the tasks whose haystack is prose
 NLTK_DATA = Path(__file__).with_name("nltk_data")
 # lm-eval's advice to users of its own command line, logged at every task and length; here the lengths and
-# the tokenizer are passed as the metadata, the model is in-process by design and RULER's per-length score
-# is averaged as intended, so none of it is relevant to an `eval` user
+# the tokenizer are passed as the metadata and RULER's per-length score is averaged as intended, so none of it is
+# relevant to an `eval` user
 LM_EVAL_ADVICE = {"lm_eval.api.task": ("Custom kwargs can be passed to `--metadata`",),
-                  "lm_eval.models.huggingface": ("Passed an already-initialized model through `pretrained`",
-                                                 "`pretrained` model kwarg is not of type `str`"),
                   "lm_eval.evaluator_utils": ("No aggregation function defined for metric",)}
 
 

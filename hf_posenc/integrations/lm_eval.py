@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
 from typing import Any
 
 import transformers
@@ -31,11 +30,11 @@ from ..catalog import why_not
 from ..loading import read_config
 from ..models import NAMED_MODELS
 from ..unpacked import unpacked_folder
+from .lm_eval_index import LM_EVAL_TASK_DIR
 
 __all__ = ["LM_EVAL_TASK_DIR", "LOADING_KWARGS", "MODEL_TYPE", "PosEncLM", "main"]
 
 MODEL_TYPE = "hf-posenc"
-LM_EVAL_TASK_DIR = Path(__file__).with_name("lm_eval_tasks")
 # `from_pretrained` arguments that lm-eval passes through **kwargs; anything else unnamed is a scheme option.
 LOADING_KWARGS = frozenset({
     "attn_implementation", "device_map", "max_memory", "low_cpu_mem_usage", "cache_dir", "token", "local_files_only",
@@ -81,14 +80,20 @@ class PosEncLM(HFLM):
         self.posenc = hf_posenc.PosEncConfig(scheme, **options) if scheme else None
         if isinstance(pretrained, str) and pretrained in NAMED_MODELS:  # a packaged GGUF: its copy unpacked once
             pretrained = str(unpacked_folder(pretrained))
+        # A model in memory goes in by its name, and `_get_config` / `_create_model` hand HFLM the object: HFLM's
+        # path for model objects warns that its arguments may be ignored, and skips the checks of this class.
+        self.in_memory = None if isinstance(pretrained, str) else pretrained
+        if self.in_memory is not None:
+            kwargs.setdefault("device", str(self.in_memory.device))
+            # a model accelerate spread over devices stays where it is (HFLM moves a single-device one to `device`)
+            kwargs.setdefault("parallelize", len(set(getattr(self.in_memory, "hf_device_map", {}).values())) > 1)
+            pretrained = self.in_memory.name_or_path
         super().__init__(pretrained=pretrained, **kwargs)
-        if not isinstance(pretrained, str) and self.posenc is not None:
-            hf_posenc.patch(self.model, self.posenc)
 
     def _get_config(self, pretrained: str, *, trust_remote_code: bool = False, **kwargs: Any) -> None:
-        """Read the config in any layout hf-posenc saves (remote code is never needed), then check the
-        scheme fits the architecture before HFLM loads any weights."""
-        self._config = read_config(pretrained, **kwargs)
+        """Read the config in any layout hf-posenc saves (remote code is never needed), or take the given model's,
+        then check the scheme fits the architecture before HFLM loads any weights."""
+        self._config = read_config(pretrained, **kwargs) if self.in_memory is None else self.in_memory.config
         if self.posenc is None:
             return
         model_type = getattr(self._config, "model_type", None)
@@ -102,6 +107,9 @@ class PosEncLM(HFLM):
                                         f"{self.posenc.scheme!r}; supported: {', '.join(allowed)} ({reason})")
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
+        if self.in_memory is not None:
+            self._model = hf_posenc.patch(self.in_memory, self.posenc) if self.posenc is not None else self.in_memory
+            return
         auto_class = self.AUTO_MODEL_CLASS
         self.AUTO_MODEL_CLASS = _PatchingLoader(auto_class, self.posenc)
         try:

@@ -6,6 +6,11 @@ lm-eval's own command line with the `hf-posenc` model type stays for lm-eval use
 (`python -m hf_posenc.integrations.lm_eval`); this suite is the same tasks inside `hf-posenc eval`: one
 results.json, the comparison table, the card. Rates whose per-sample scores are 0/1 (`BINARY`) carry n and a
 95% Wilson interval; every other metric its value, lm-eval's standard error and the sample count.
+
+Before the model loads, on hf-posenc's cached copy of lm-eval's task index (`integrations.lm_eval_index`), a task
+is refused by name when lm-eval does not know it, when it is RULER's (the `ruler` suite runs those offline), or when
+its data is a Hub dataset in no local cache and the Hub cannot be reached; each refusal names the tasks whose data is
+here. Rows are the metrics lm-eval's `higher_is_better` names, not its counts (`sample_len`) or labels.
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError, did_you_mean
+from ...integrations.lm_eval_index import check_data_here, leaf_configs, named, task_index, tasks_here
 from ...registry import register_suite
-from ...results import Metric
+from ...results import RULER_TASKS, Metric
+from ..names import LM_EVAL_NAMES, NOT_OFFLINE
 from ..suite import Cell, Scoring, Suite
 
 BINARY = ("acc", "acc_norm", "exact_match")  # lm-eval metrics that average 0/1 per-sample scores
+# lm-eval's names of RULER's tasks: their generators need the model's tokenizer and a haystack from the Hub, which the
+# `ruler` suite supplies offline (the QA tasks it refuses: they download their questions)
+RULER_LM_EVAL = frozenset(LM_EVAL_NAMES.values()) | {f"ruler_{qa}" for qa in NOT_OFFLINE}
+OFFLINE_RULER = f", and RULER's through --suite ruler:<task> ({', '.join(RULER_TASKS)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,16 +72,25 @@ class LmEval(Suite):
     order = 60
 
     def argument(self, names: Sequence[str]) -> str:
-        """Task names lm-eval knows: its task index is read here (the one suite whose names are checked after
-        lm-eval, and so torch, is imported), still before a model loads or a result is written."""
+        """Task names lm-eval knows, whose data is here or can be fetched: checked on hf-posenc's copy of lm-eval's
+        task index (`integrations.lm_eval_index`), before a model loads or a result is written."""
         if not names:
             raise PosEncError("name the lm-eval tasks to run: --suite lm_eval:<task>,<task> (e.g. "
                               "lm_eval:posenc_kjv,posenc_sentiment)")
-        known = set(task_manager().all_tasks)
+        index = task_index()
         for task in names:
-            if task not in known:
-                raise PosEncError(f"unknown lm-eval task {task!r}{did_you_mean(task, known)}; `lm-eval ls tasks` "
-                                  f"lists them (offline here: posenc_kjv, posenc_sentiment, posenc_passkey)")
+            if task not in index:
+                raise PosEncError(f"unknown lm-eval task {task!r}{did_you_mean(task, index)}; `lm-eval ls tasks` "
+                                  f"lists them (data here: {named(tasks_here())}{OFFLINE_RULER})")
+            leaves = {config.get("task") for config in leaf_configs([task], index)}
+            if ruler := sorted(leaves & RULER_LM_EVAL):
+                offline = [name for name in RULER_TASKS if LM_EVAL_NAMES[name] in ruler]
+                run = "" if not offline else "; run --suite ruler" + (
+                    "" if offline == list(RULER_TASKS) else f":{','.join(offline)}")
+                raise PosEncError(f"lm-eval task {task!r} is RULER's ({named(ruler)}): its prompts are made with the "
+                                  "model's tokenizer and a Hub haystack, which --suite ruler supplies offline for "
+                                  f"{', '.join(RULER_TASKS)}{run}")
+        check_data_here(names, OFFLINE_RULER)
         return ",".join(dict.fromkeys(names))
 
     def cells(self, scoring: Scoring, s: LmEvalSettings, argument: str) -> Iterator[Cell]:
@@ -87,15 +107,16 @@ class LmEval(Suite):
                                   torch_random_seed=scoring.seed, fewshot_random_seed=scoring.seed)
             for name, values in out["results"].items():
                 n = int(out["n-samples"].get(name, {}).get("effective", 0))
+                metrics = out["higher_is_better"].get(name, {})  # the task's metrics, not its counts and labels
                 for key, value in values.items():
-                    metric, _, _ = key.partition(",")
-                    if not isinstance(value, (int, float)) or metric.endswith("_stderr"):
+                    metric, _, kept = key.partition(",")
+                    if metric not in metrics or not isinstance(value, (int, float)):
                         continue
                     cell: dict[str, Any] = {"value": value, "samples": n}
                     if metric in BINARY and n:
                         cell.update(rate_fields(round(value * n), n))
-                    elif isinstance(values.get(f"{metric}_stderr,{key.partition(',')[2]}"), (int, float)):
-                        cell["stderr"] = values[f"{metric}_stderr,{key.partition(',')[2]}"]
+                    elif isinstance(values.get(f"{metric}_stderr,{kept}"), (int, float)):
+                        cell["stderr"] = values[f"{metric}_stderr,{kept}"]
                     yield "lm_eval", f"{name} {metric}", cell
 
 
