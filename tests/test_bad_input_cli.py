@@ -491,8 +491,11 @@ def test_train_marks_its_run_and_overwrites_only_a_marked_run(work, tmp_path):
     (run / RUN_FILE).write_text(json.dumps({"recipe": recipe.to_dict()}))  # a run of an hf-posenc before markers
     with pytest.raises(hp.PosEncError, match="has no .hf-posenc.json marker"):
         check_output(recipe, False, True)
-    with pytest.raises(hp.PosEncError, match="already holds a run; pass --resume"):
+    with pytest.raises(hp.PosEncError, match="already holds a run, with no checkpoint to continue from; pass --overwrite"):
         check_output(recipe, "auto", False)  # no checkpoint to continue and no marker: not replaced either
     folders.mark(run, "train")
     assert check_output(recipe, False, True) == (False, True)
-    assert check_output(recipe, "auto", False) == (False, True)
+    with pytest.raises(hp.PosEncError, match="pass --overwrite"):
+        check_output(recipe, "auto", False)  # a finished run is replaced only when asked
+    folders.mark(run, "train", complete=False)
+    assert check_output(recipe, "auto", False) == (False, True)  # one stopped before its first checkpoint: started over

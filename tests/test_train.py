@@ -184,7 +184,7 @@ def test_output_dir_holding_a_run_is_refused(tmp_path, assets):
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"recipe": {}}))
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, out)))
-    with pytest.raises(PosEncError, match="already holds a run; pass --resume .* or --overwrite"):
+    with pytest.raises(PosEncError, match="already holds a run, with no checkpoint to continue from; pass --overwrite"):
         preflight(recipe, False, False, 1)
     with pytest.raises(PosEncError, match="has no .hf-posenc.json marker"):
         preflight(recipe, False, True, 1)  # a run of an hf-posenc before the marker: the user deletes it
@@ -206,8 +206,9 @@ def test_resume_needs_a_checkpoint_unless_auto(tmp_path, assets):
     assert preflight(recipe, "auto", False, 1)[1:] == (False, False)  # nothing there: a new run
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"recipe": recipe.to_dict()}))
-    folders.mark(out, "train")
-    assert preflight(recipe, "auto", False, 1)[1:] == (False, True)  # this run, never checkpointed: start it over
+    folders.mark(out, "train", complete=False)
+    assert preflight(recipe, "auto", False, 1)[1:] == (False, True)  # this run, stopped unsaved: start it over
+    assert preflight(recipe, False, False, 1)[1:] == (False, True)  # as its plain rerun does
     other = load_recipe(write_recipe(tmp_path / "o.yaml", recipe_dict(assets, out, learning_rate=0.5)))
     with pytest.raises(PosEncError, match="already holds a run"):
         preflight(other, "auto", False, 1)  # another recipe's run is never replaced by auto

@@ -7,6 +7,9 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +76,33 @@ def main(args: argparse.Namespace) -> int:
     checked = args.preflight
     if args.config_path is None:
         from ..train import train
+        from ..train.trainer import Interrupted
 
         from accelerate import PartialState
 
-        record = train(args.recipe_obj, checked=checked)
+        try:
+            record = train(args.recipe_obj, checked=checked)
+        except Interrupted as stop:
+            return interrupted(args, stop.signum)
         if PartialState().is_main_process:  # under `accelerate launch`, rank 0 speaks for all
             print(summary(record, args.recipe_obj.training.output_dir))
         return 0
     flags = ["--checked", *(["--resume"] if checked.resume else []), *(["--overwrite"] if checked.overwrite else [])]
-    return launch(args.config_path, args.launch, ["train", args.recipe, *args.overrides, *flags], "training")
+    try:
+        return launch(args.config_path, args.launch, ["train", args.recipe, *args.overrides, *flags], "training")
+    except SystemExit as stop:  # accelerate's launchers exit 128 + the signal, once their processes have stopped
+        if not isinstance(stop.code, int) or stop.code <= 128:
+            raise
+        return interrupted(args, stop.code - 128)
+
+
+def interrupted(args: argparse.Namespace, signum: int) -> int:
+    """Say that a signal stopped the run and what goes on from there (`saved`); returns the status a shell gives a
+    process the signal killed (Ctrl-C: 130, SIGTERM: 143). Rank 0 speaks for a launch, and a process that
+    `--accelerate-config` started leaves it to the launching one, which names the command with the config."""
+    if not args.checked and os.environ.get("RANK", "0") == "0":
+        print(f"\n{args._prog}: interrupted ({signal.Signals(signum).name}); {saved(args)}", file=sys.stderr)
+    return 128 + signum
 
 
 def summary(record: Any, out: str) -> str:
@@ -101,10 +122,21 @@ def summary(record: Any, out: str) -> str:
 
 
 def saved(args: argparse.Namespace) -> str:
+    """What a stopped or failed run left, and the command that goes on from there: `--resume` from a checkpoint, else
+    the same command, which starts over the run it left unfinished (`run_folder.check_output`). A process that
+    `--accelerate-config` started names no command: the launching one names it, with the config."""
     from ..train.run_folder import checkpoints
 
     recipe = getattr(args, "recipe_obj", None)
     found = checkpoints(Path(recipe.training.output_dir)) if recipe is not None else []
-    if not found:
-        return "no checkpoint was saved"
-    return f"the latest checkpoint is {found[-1]}; continue with --resume"
+    left = f"the latest checkpoint is {found[-1]}" if found else "no checkpoint was saved"
+    if args.checked:
+        return left
+    config = ["--accelerate-config", args.accelerate_config] if args.accelerate_config else []
+    # under a launcher of the user's own (torchrun, `accelerate launch`) the command is theirs, with these arguments
+    own = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    command = f"{'<your launcher> -m hf_posenc.cli' if own else 'hf-posenc'} train " \
+              f"{shlex.join([args.recipe, *args.overrides, *config])}"
+    if found:
+        return f"{left}; continue with: {command} --resume"
+    return f"{left}; start the run again with: {command}" + " --overwrite" * args.overwrite

@@ -37,7 +37,12 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
     """Refuse to write into a folder that holds another run unless told to resume or overwrite.
     `resume` is True (continue from the latest checkpoint, which must exist) or "auto" (continue if
-    there is a checkpoint, else start over); returns the (resume, overwrite) this run does."""
+    there is a checkpoint, else start over); returns the (resume, overwrite) this run does.
+
+    A run of this recipe that never finished and saved no checkpoint (stopped before its first save, or under
+    `save_strategy: "no"`) is started over by a rerun, as eval takes back its own interrupted folder: nothing in it
+    can be continued or is lost, so the user who runs the command again gets the run, not a refusal naming
+    --resume, which could only refuse in turn. Any other run is replaced only by --overwrite."""
     out = Path(recipe.training.output_dir)
     where = f"{recipe.source}: output_dir"
     if resume and overwrite:
@@ -45,17 +50,13 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
     folders.check_separate(out, input_paths(recipe), flag=where)
     if out.is_file():
         raise PosEncError(f"{where}: {str(out)!r} is a file; give a folder (new or empty)")
-    if resume == "auto":
-        if checkpoints(out):
-            resume = True
-        else:  # start over: allowed over this same run, which saved nothing to continue from
-            resume, overwrite = False, ((out / RUN_FILE).is_file() and folders.replaceable(out, "train")
-                                        and not _recipe_changes(out, recipe))
-    elif resume and not checkpoints(out):
-        raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
-                          "--resume to start, or pass --resume auto to start when there is none")
+    found = checkpoints(out)
+    resume = bool(found) if resume == "auto" else resume
     if not out.exists() or not any(out.iterdir()):
-        return bool(resume), overwrite
+        if resume:
+            raise PosEncError(f"{where}: --resume: {str(out)!r} has no checkpoint to continue from; run without "
+                              "--resume to start, or pass --resume auto to start when there is none")
+        return False, overwrite
     if folders.is_marked(out) and not folders.replaceable(out, "train"):  # another command's folder
         folders.check_replace(out, "train", flag=where)
     if not (out / RUN_FILE).is_file():
@@ -65,6 +66,13 @@ def check_output(recipe: Recipe, resume: bool | str, overwrite: bool) -> tuple[b
             raise PosEncError(f"{where}: --overwrite: {str(out)!r} has no {folders.MARKER} marker, so this "
                               f"hf-posenc did not write it (an older version may have): {folders.ASK}")
         return False, True
+    if not found:
+        again = folders.incomplete(out, "train") and not _recipe_changes(out, recipe)
+        if again and not resume:
+            return False, True
+        raise PosEncError(f"{where}: {'--resume: ' if resume else ''}{str(out)!r} already holds a run, with no "
+                          "checkpoint to continue from; " + ("run without --resume to start it over" if again else
+                                                             "pass --overwrite to replace it"))
     if not resume:
         raise PosEncError(f"{where}: {str(out)!r} already holds a run; pass --resume to continue it or --overwrite to replace it")
     if _before_trainer(out):

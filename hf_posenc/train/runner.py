@@ -29,7 +29,7 @@ from ..results import write_json
 from . import inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
 from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints, preflight
-from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback
+from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback, StopOnSignal
 
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
@@ -44,10 +44,16 @@ def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
         overwrite: replace the run in `output_dir`.
         checked: what `preflight` found, when the caller ran it (then `resume` and `overwrite` are unused);
             else it runs here.
+
+    Raises:
+        Interrupted: at Ctrl-C or SIGTERM, once the step under way is saved where the recipe saves (`StopOnSignal`).
     """
-    with scope.run_only():  # `threads`, `full_determinism` (Trainer sets it) and accelerate's state: this run only
-        run = _setup(recipe, resume, overwrite, checked)
+    stop = StopOnSignal()
+    # `threads`, `full_determinism` (Trainer sets it) and accelerate's state, and the signal handlers: this run only
+    with scope.run_only(), stop.listening():
+        run = _setup(recipe, resume, overwrite, checked, stop)
         run.trainer.train(resume_from_checkpoint=str(run.latest) if run.latest else None)
+        stop.stopped()
         return _finish(run)
 
 
@@ -84,9 +90,10 @@ def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: boo
         **({"accelerator_config": {"use_configured_state": True}} if configured else {})})
 
 
-def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None) -> Session:
-    """Preflight (unless done), the model before the swap scored, the swap, the Trainer; the run folder marked and
-    run.json written. Training (and its evaluation before the first step) is `Trainer.train`'s."""
+def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None, stop: StopOnSignal) -> Session:
+    """Preflight (unless done), the model before the swap scored, the swap, the Trainer (`stop` among its callbacks);
+    the run folder marked unfinished and run.json written. Training (and its evaluation before the first step) is
+    `Trainer.train`'s."""
     out = Path(recipe.training.output_dir)
     configured = bool(AcceleratorState._shared_state)  # an Accelerator of the caller's: Trainer keeps its state
     joined = processes.join()  # torchrun without an accelerator means N CPU processes over gloo
@@ -123,7 +130,8 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     evaluate = evaluator(trainer.accelerator, loader, recipe, data, tokenizer)
     callback = RecoveryCallback(evaluate, recipe.posenc.eval_every_steps, recipe.data.seq_len,
                                 recipe.posenc.eval_before, trainer)
-    trainer.add_callback(callback)
+    trainer.add_callback(stop)
+    trainer.add_callback(callback)  # after `stop`: it snapshots for a checkpoint that `stop` asks for too
     if not args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(LabelledProgress)
@@ -194,10 +202,10 @@ def _report_teacher(cloned_mib: float, fsdp: bool, world: int, main: bool) -> No
 
 def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
                     teacher: objectives.Teacher | None, original: dict[str, Any] | None) -> None:
-    """Mark the folder (so that --overwrite may replace this run later, and nothing else) and write run.json."""
+    """Mark the folder unfinished until `_finish` (so that --overwrite may replace this run later, and nothing else;
+    a rerun may start it over while it has no checkpoint: `run_folder.check_output`) and write run.json."""
     out, accelerator = Path(recipe.training.output_dir), trainer.accelerator
-    if not folders.is_marked(out):
-        folders.mark(out, "train", [recipe.source, recipe.model.model_name_or_path])
+    folders.mark(out, "train", [recipe.source, recipe.model.model_name_or_path], complete=False)
     write_json(out / RUN_FILE, {
         "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
@@ -212,7 +220,7 @@ def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
 
 # ---------------------------------------------------------------- finish
 def _finish(run: Session) -> results.Results:
-    """Score the trained model, write results.json, loss.json, the plots and the model; end the run."""
+    """Score the trained model, write results.json, loss.json, the plots and the model; mark the folder finished."""
     recipe, trainer = run.recipe, run.trainer
     accelerator = trainer.accelerator
     after = run.callback.evaluate(trainer.model_wrapped, "after training") if recipe.posenc.eval_after else None
@@ -231,6 +239,8 @@ def _finish(run: Session) -> results.Results:
         if accelerator.is_main_process:
             modeling.save_model(accelerator.unwrap_model(trainer.model_wrapped), run.tokenizer, recipe, run.out,
                                 weights, sharded=trainer.is_fsdp_enabled)
+    if accelerator.is_main_process:
+        folders.finished(run.out)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return record

@@ -1,13 +1,20 @@
 """The positional pieces that transformers' `Trainer` takes: the loss (`PosEncTrainer.compute_loss`), the recovery
-curve and the run's own measures (`RecoveryCallback`), and a labelled progress bar. The loop, the optimizer and its
-schedule, gradient accumulation, clipping, checkpoints, resume and RNG state are Trainer's."""
+curve and the run's own measures (`RecoveryCallback`), the stop on Ctrl-C or SIGTERM (`StopOnSignal`), and a labelled
+progress bar. The loop, the optimizer and its schedule, gradient accumulation, clipping, checkpoints, resume and RNG
+state are Trainer's."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
@@ -43,6 +50,73 @@ class PosEncTrainer(Trainer):
         if scaled and self.args.average_tokens_across_devices:  # DDP averages gradients over the processes
             loss = loss * self.accelerator.num_processes
         return loss
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Trainer finds missing keys by name, so a tied head, which save_pretrained leaves out of every checkpoint,
+        was "missing" on each resume; a key is missing only when its tensor was loaded under no other name."""
+        tensors = self.model.state_dict(keep_vars=True)
+        loaded = {id(t) for name, t in tensors.items() if name not in load_result.missing_keys}
+        missing = [name for name in load_result.missing_keys if id(tensors.get(name)) not in loaded]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal ended the run (`signum`: which); what it saved is on disk."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopOnSignal(TrainerCallback):
+    """Ctrl-C (SIGINT) and SIGTERM (`kill`, a scheduler's notice) alike end training after the step under way, saved
+    as a checkpoint where the recipe saves at all, so that `--resume` continues it: Trainer saves and stops
+    (`control.should_save`, `should_training_stop`) and `listening` raises `Interrupted`. Outside the loop, and at
+    Ctrl-C once a stop is under way (the user's "now"), `Interrupted` is raised at once; a further SIGTERM waits for
+    the step, as torchrun's agent passes on to its processes the SIGTERM a scheduler sent the whole job. (Trainer's
+    `enable_jit_checkpoint` takes SIGTERM only, saves mid-step whatever the recipe says, and returns as if training
+    had finished.)"""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.looping = False
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        """The handlers, for the run only (Python lets the main thread alone set them)."""
+        main = threading.current_thread() is threading.main_thread()
+        kept = {s: signal.signal(s, self._received) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            yield
+        finally:
+            for number, handler in kept.items():
+                signal.signal(number, handler)
+
+    def stopped(self) -> None:
+        """Raise `Interrupted` if a signal ended training."""
+        if self.signum:
+            raise Interrupted(self.signum)
+
+    def _received(self, signum: int, frame: Any) -> None:
+        if not self.looping or (self.signum and signum == signal.SIGINT):
+            raise Interrupted(signum)
+        self.signum = self.signum or signum
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.looping = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        processes, signum = PartialState(), self.signum
+        if processes.num_processes > 1:  # every process stops after the same step, or the next one's collectives hang
+            signum = int(gather(torch.tensor([signum], device=processes.device)).max())
+            if signum and not self.signum:  # never overwritten: a signal that came during the gather counts next step
+                self.signum = signum
+        if signum:
+            control.should_save = control.should_save or args.save_strategy != "no"
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.looping = False
 
 
 class RecoveryCallback(TrainerCallback, ExportableState):
