@@ -168,7 +168,9 @@ def test_runtime_errors_are_one_line_exit_1_and_debug_shows_the_traceback(tiny_f
     (tiny_folder / "tokenizer.json").write_text("{")
     proc = run("eval", "--model", str(tiny_folder), "--suite", "ppl", "--lengths", "8", "--out", str(tmp_path / "e"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert f"cannot load the tokenizer of {str(tiny_folder)!r}" in proc.stderr and proc.stderr.count("\n") == 1
+    plan, error = proc.stderr.splitlines()[:-1], proc.stderr.splitlines()[-1]  # the plan said before loading
+    assert plan[0].startswith("eval: 1 row(s) x 1 cell(s)") and all(line.startswith("  ") for line in plan[1:]), plan
+    assert f"cannot load the tokenizer of {str(tiny_folder)!r}" in error
     debug = run("--debug", "eval", "--model", str(tiny_folder), "--lengths", "8", "--out", str(tmp_path / "d"))
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
 

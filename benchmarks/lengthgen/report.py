@@ -39,14 +39,17 @@ def ood_score(mine: list[Run]) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def columns(runs: list[Run], arms: list[str], tasks: list[str], seeds: list[int]) -> dict[str, dict[str, float]]:
+def columns(runs: list[Run], arms: list[str], tasks: list[str], seeds: list[int],
+            gated: bool = True) -> dict[str, dict[str, float]]:
     """One ranking column per (task, seed), as their notebook makes one per task split and seed: each arm's
-    out-of-distribution exact match in that run, or -1 (last) where the run failed the gate or has not run. A column
-    where no arm's run counted ranks nothing and is left out."""
+    out-of-distribution exact match in that run, or -1 (last) where the run failed the gate (`gated`) or has not
+    run. A column where no arm's run counted ranks nothing and is left out."""
     table = {}
     for task in tasks:
         for seed in seeds:
-            mine = {arm: [r for r in counted(runs, arm, task) if r["seed"] == seed] for arm in arms}
+            mine = {arm: [r for r in (counted(runs, arm, task) if gated else
+                                      [r for r in runs if r["arm"] == arm and r["task"] == task])
+                          if r["seed"] == seed and r["ood"]] for arm in arms}
             if any(mine.values()):
                 table[f"{task}/seed {seed}"] = {arm: got[0]["ood"]["exact_match"] if got else -1.0
                                                 for arm, got in mine.items()}
@@ -64,6 +67,56 @@ def paper_ranking(runs: list[Run], arms: list[str], tasks: list[str]) -> tuple[l
     """Their five schemes' arms that ran, their MRR over every (task, seed) column, and those columns."""
     ours = [a for a in PAPER_ARMS.values() if a in arms]
     return (ours, *ranking_table(runs, ours, tasks, sorted({r["seed"] for r in runs})))
+
+
+def seed_mrr(runs: list[Run], arms: list[str], tasks: list[str], gated: bool) -> dict[int, dict[str, float]]:
+    """seed -> the arms' MRR over that seed's task columns: a ranking per seed, to see which orders the seeds share."""
+    seeds = sorted({r["seed"] for r in runs if r["arm"] in arms})
+    return {seed: mrr(table) for seed in seeds if (table := columns(runs, arms, tasks, [seed], gated))}
+
+
+def decided(by_seed: list[dict[int, dict[str, float]]], arms: list[str]) -> tuple[list[str], list[str]]:
+    """('A > B' where A's MRR beats B's in every seed of every ranking given, 'A ? B' for the other pairs): an
+    order is stated only where no seed and no choice of gate reverses or ties it."""
+    sure, open_ = [], []
+    for i, a in enumerate(arms):
+        for b in arms[i + 1:]:
+            signs = {(m[a] > m[b]) - (m[a] < m[b]) for ranking in by_seed for m in ranking.values()}
+            if signs == {1}:
+                sure.append(f"{a} > {b}")
+            elif signs == {-1}:
+                sure.append(f"{b} > {a}")
+            else:
+                open_.append(f"{a} ? {b}")
+    return sure, open_
+
+
+def headline(runs: list[Run], tasks: list[str]) -> list[str]:
+    """Their five schemes' MRR with and without the in-distribution gate, each seed's ranks beside it, and the
+    orders every seed and both gate choices agree on: what the study can say that neither decides."""
+    arms = [a for a in PAPER_ARMS.values() if any(r["arm"] == a for r in runs)]
+    seeds = sorted({r["seed"] for r in runs if r["arm"] in arms})
+    gated, ungated = (ranking_table(runs, arms, tasks, seeds) if g else
+                      (mrr(t), list(t)) if (t := columns(runs, arms, tasks, seeds, gated=False)) else ({}, [])
+                      for g in (True, False))
+    if not gated[0] or not ungated[0]:
+        return ["no counted run of their schemes: no headline"]
+    per_seed = {True: seed_mrr(runs, arms, tasks, True), False: seed_mrr(runs, arms, tasks, False)}
+    seed_ranks = {g: {seed: ranks(m) for seed, m in per.items()} for g, per in per_seed.items()}
+    names = {arm: scheme for scheme, arm in PAPER_ARMS.items()}
+    lines = [f"| scheme | MRR, gated ({len(gated[1])} columns) | MRR, no gate ({len(ungated[1])} columns) | "
+             f"rank by seed, gated ({', '.join(map(str, seeds))}) | rank by seed, no gate |", "|---|---|---|---|---|"]
+    for arm in sorted(arms, key=lambda a: -gated[0][a]):
+        by = {g: ", ".join(str(seed_ranks[g][seed][arm]) if seed in seed_ranks[g] else "–" for seed in seeds)
+              for g in (True, False)}
+        lines.append(f"| {names[arm]} ({arm}) | {gated[0][arm]:.2f} | {ungated[0][arm]:.2f} | {by[True]} | "
+                     f"{by[False]} |")
+    sure, open_ = decided(list(per_seed.values()), arms)
+    rename = lambda pair: " ".join(names.get(word, word) for word in pair.split())  # noqa: E731
+    return lines + ["", "Orders every seed agrees on, with the gate and without: "
+                    + ("; ".join(map(rename, sure)) or "none") + ".",
+                    "Undecided (a seed or the gate reverses or ties them): " + ("; ".join(map(rename, open_)) or "none")
+                    + "."]
 
 
 def task_table(runs: list[Run], arms: list[str], task: str) -> list[str]:
@@ -174,7 +227,9 @@ def summary(runs: list[Run], settings: dict[str, Any]) -> str:
     arms, tasks = ordered(runs, settings)
     lines = [f"Exact match of tiny decoders trained on input lengths {min(settings['train_lengths'])}–"
              f"{max(settings['train_lengths'])} and scored on {min(settings['test_lengths'])}–"
-             f"{max(settings['test_lengths'])}; a run counts only at ≥ {settings['gate']:.0%} in distribution.", ""]
+             f"{max(settings['test_lengths'])}; a run counts only at ≥ {settings['gate']:.0%} in distribution.", "",
+             "### Headline: the paper's five schemes, what neither the gate nor the seed decides", "",
+             *headline(runs, tasks), ""]
     for task in tasks:
         lines += task_table(runs, arms, task) + [""]
     failed = [r for r in runs if not r["gate"]]

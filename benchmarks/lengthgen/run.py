@@ -128,10 +128,16 @@ def check_out(out: Path) -> None:
                           "allowed: a new or empty folder, or a previous --out of this study")
 
 
+# settings added after the first (2 x 64) study, at their defaults: left out of the budget, so that study's run
+# files still match it (resume, and results.md regenerated from them)
+ADDED_LATER = {"paper": False, "arm_lr": []}
+
+
 def budget(s: Settings) -> dict[str, Any]:
     """What makes runs comparable: every setting but which tasks and seeds run."""
     kept = {k: v for k, v in dataclasses.asdict(s).items() if k not in ("tasks", "seeds", "seeds_tier2")}
-    return json.loads(json.dumps(kept))  # as a run file holds it (tuples as lists), so the two compare equal
+    kept = json.loads(json.dumps(kept))  # as a run file holds it (tuples as lists), so the two compare equal
+    return {k: v for k, v in kept.items() if not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 def run_file(out: Path, name: str, task: str, seed: int) -> Path:
