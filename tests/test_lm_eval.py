@@ -33,6 +33,7 @@ from hf_posenc.integrations import lm_eval as integration
 from hf_posenc.integrations import lm_eval_data, lm_eval_index
 from hf_posenc.integrations.lm_eval_index import task_index
 from hf_posenc.registry import SUITES
+from test_fast_refusals import PROBE  # `hf-posenc` in a process recording the weights files it opens
 from integration_support import char_tokenizer, doc_commands, randomize_scheme_weights, save_tiny
 
 
@@ -203,19 +204,6 @@ def test_hf_model_with_remote_code_scores_a_patched_folder_as_patched(tmp_path, 
 # ---------------------------------------------------------------- `hf-posenc eval --suite lm_eval:<task>`
 
 ROOT = Path(__file__).resolve().parents[1]
-# `hf-posenc eval` in a process that records every weights file it opens (an audit hook) and its time
-EVAL_PROBE = """
-import json, sys, time
-opened = []
-def hook(event, args):
-    if event == "open" and str(args[0]).endswith((".safetensors", ".bin", ".gguf")):
-        opened.append(str(args[0]))
-sys.addaudithook(hook)
-t0 = time.perf_counter()
-from hf_posenc import cli
-code = cli.main(sys.argv[1:])
-print(json.dumps({"code": code, "seconds": time.perf_counter() - t0, "opened": opened}))
-"""
 
 
 @pytest.mark.parametrize("env", [
@@ -229,7 +217,7 @@ def test_a_task_whose_data_is_not_here_is_refused_before_the_model_loads_naming_
     folder = save_tiny(tmp_path / "tiny")
     environ = {k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), **env}.items()
                if v is not None}
-    done = subprocess.run([sys.executable, "-c", EVAL_PROBE, "eval", "--model", str(folder), "--suite",
+    done = subprocess.run([sys.executable, "-c", PROBE, "eval", "--model", str(folder), "--suite",
                            "lm_eval:hellaswag", "--lengths", "64", "--no-baseline", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, env=environ, timeout=600)
     report = json.loads(done.stdout.strip().splitlines()[-1])
