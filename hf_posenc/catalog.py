@@ -6,7 +6,6 @@ registers every built-in scheme and adapter; `hf_posenc.registry` stays a table 
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 from torch import nn
@@ -20,7 +19,7 @@ from .schemes.base import Scheme
 from .view import model_type_of, read, stock
 
 __all__ = ["adapter_for", "get_scheme", "list_architectures", "list_schemes", "model_type_of", "snapshot",
-           "stacks_why_not", "stock_meta", "support_matrix", "supported_schemes", "supports", "why_not",
+           "stock_meta", "support_matrix", "supported_schemes", "supports", "why_not",
            "write_snapshot"]
 
 
@@ -65,13 +64,6 @@ def why_not(model_or_config: Any, scheme: str, stacks: tuple[str, ...] | None = 
         stacks: an encoder-decoder's stacks to ask about ("encoder", "decoder"; default: those that read text).
     """
     return sites.stacks_refusal(read(model_or_config), get_scheme(scheme), stacks)
-
-
-def stacks_why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
-    """Deprecated: `why_not(model, spec.name, stacks)`, which now takes the stacks."""
-    warnings.warn("catalog.stacks_why_not is deprecated: use catalog.why_not(model, scheme_name, stacks)",
-                  DeprecationWarning, stacklevel=2)
-    return why_not(model, spec.name, stacks)
 
 
 def supports(model_or_config: Any, scheme: str) -> bool:

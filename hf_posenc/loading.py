@@ -16,7 +16,6 @@ import copy
 import glob
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from .state import STATE_ATTR
 from .unpacked import cached_folder, unpacked_folder
 
 __all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
-           "config_only", "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
+           "config_only", "load_config", "load_model", "load_tokenizer", "model_class", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASK_MODEL_CLASSES: dict[str, Any] = {
@@ -228,12 +227,6 @@ def config_only(config: dict[str, Any]) -> bool:
         model = transformers.AutoModel.from_config(stock)
     patch(model, PosEncConfig.from_dict(posenc))
     return getattr(model, STATE_ATTR).config_only
-
-
-def native_config(config: dict[str, Any]) -> bool:
-    """`config_only`, by its name before issue 49 (deprecated)."""
-    warnings.warn("loading.native_config is deprecated: use loading.config_only", DeprecationWarning, stacklevel=2)
-    return config_only(config)
 
 
 def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: Any) -> Any:

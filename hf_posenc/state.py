@@ -12,7 +12,6 @@ The site installers (`hf_posenc.sites`) record into a PatchState; `hf_posenc.pat
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -110,12 +109,6 @@ class PatchState:
     # rebuilt from new `rope_parameters` in the config (sites.qk), nothing else of the positions changed
     rebuilt_rotary: bool = False
     notes: dict[str, Any] = field(default_factory=dict)  # what an install measured, recorded in config.posenc
-
-    @property
-    def native(self) -> bool:
-        """`config_only`, by its name before issue 49 (deprecated)."""
-        warnings.warn("PatchState.native is deprecated: read PatchState.config_only", DeprecationWarning, stacklevel=2)
-        return self.config_only
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A state pickled before `native` was named `config_only` (torch.save of a patched model) reads alike."""

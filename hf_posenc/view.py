@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, Hashable, Mapping, TypeVar
 
@@ -330,15 +329,6 @@ def _refuse_non_text(subject: Any, model_type: str) -> None:
         raise PosEncError(f"{model_type!r} is not a text model (no token embedding table: a vision or audio model); "
                           "hf_posenc patches text models, decoder-only and encoder-only language models: "
                           "`hf-posenc list --model-types` shows what is supported")
-
-
-def __getattr__(name: str) -> Any:
-    """`StackView` and `StockStack`, the stack types before `Stack` was the one: deprecated, the same as `Stack`."""
-    if name in ("StackView", "StockStack"):
-        warnings.warn(f"view.{name} is deprecated: one type describes a stack, view.Stack", DeprecationWarning,
-                      stacklevel=2)
-        return Stack
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["CACHE", "ConfigCache", "ModelView", "Stack", "is_seq2seq", "model_type_of", "not_text",

@@ -384,11 +384,11 @@ def test_a_patch_reads_the_model_once():
 
 def test_one_type_describes_a_stack():
     """A stack is a `view.Stack` as read, for one instance and in a plan, for a model of one stack and for an
-    encoder-decoder's two (issue 49: `view.StackView`, `view.StockStack` and `sites.Stack` were three types, which
-    still resolve to it, with a DeprecationWarning); `config.STACKS` is only their names, in order."""
+    encoder-decoder's two (issue 49: `view.StackView`, `view.StockStack` and `sites.Stack` were three);
+    `config.STACKS` is only their names, in order."""
     import transformers
 
-    from hf_posenc import sites, tiny, tiny_seq2seq, view
+    from hf_posenc import tiny, tiny_seq2seq, view
     from hf_posenc.config import STACKS, as_patch
     from hf_posenc.plan import plan
 
@@ -402,28 +402,15 @@ def test_one_type_describes_a_stack():
         assert [s.module for s in planned] == [model if n is None else view.stack_module(model, n) for n in names]
         assert all(s.module is None and s.entries == () for s in read.stacks)
         assert all(len(s.entries) == 1 and s.entries[0].adapter is s.adapter for s in planned)
-    for module, name in ((view, "StackView"), (view, "StockStack"), (sites, "Stack")):
-        with pytest.warns(DeprecationWarning, match="view.Stack"):
-            assert getattr(module, name) is view.Stack
 
 
 def test_only_the_catalog_asks_why_not():
     """One `why_not`, the public `catalog.why_not` (which also takes an encoder-decoder's stacks); the internal
     questions are named for what they check (`sites.table.site_refusal`, `stacks_refusal`, `sites.layers.
-    layer_refusal`, `map_refusal`). Issue 49 found four. The old names still resolve, with a DeprecationWarning."""
-    import transformers
-
-    from hf_posenc import catalog, sites, tiny
-
+    layer_refusal`, `map_refusal`). Issue 49 found four."""
     defined = sorted(f"{module}.{node.name}" for module in MODULES for node in ast.walk(parse(module))
                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "why_not" in node.name)
-    assert defined == ["hf_posenc.catalog.stacks_why_not", "hf_posenc.catalog.why_not"]  # the first deprecated
-    for name, now in (("why_not", sites.site_refusal), ("why_not_stacks", sites.stacks_refusal)):
-        with pytest.warns(DeprecationWarning, match=f"sites.{name} is deprecated"):
-            assert getattr(sites, name) is now
-    bert = tiny.tiny_model("bert", transformers.AutoModelForMaskedLM)
-    with pytest.warns(DeprecationWarning, match="stacks_why_not is deprecated"):
-        assert catalog.stacks_why_not(bert, SCHEMES["cope"]) == catalog.why_not(bert, "cope") is not None
+    assert defined == ["hf_posenc.catalog.why_not"]
 
 
 # The same words as suite or metric-table names, meaning something else: training tasks (`model.task`) anywhere;

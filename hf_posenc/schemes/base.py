@@ -17,7 +17,6 @@ A scheme knows only maths (lucidrains-style contracts):
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -105,9 +104,6 @@ class Scheme:
         for attribute, fresh in (("test_settings", {}), ("served", False)):
             if attribute not in vars(cls):
                 setattr(cls, attribute, fresh)
-        if "native" in vars(cls):  # `config_only` by its name before issue 49
-            warnings.warn(f"{cls.__name__}.native is deprecated: set config_only", DeprecationWarning, stacklevel=2)
-            cls.config_only = vars(cls)["native"]
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """Fill options left as None ("take the model's own") from the model."""

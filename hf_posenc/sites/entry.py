@@ -9,7 +9,6 @@ layers), the stock facts of the model or stack it goes into, and what the plan f
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,12 +30,6 @@ class Entry:
     # position slot keeps the model's own positions (for the layers outside the map)
     tag: str = ""
     keeps_slot: bool = False
-
-    @property
-    def native_slot(self) -> bool:
-        """`keeps_slot`, by its name before issue 49 (deprecated)."""
-        warnings.warn("Entry.native_slot is deprecated: read Entry.keeps_slot", DeprecationWarning, stacklevel=2)
-        return self.keeps_slot
 
 
 def slot_needs(adapter: Adapter) -> list[str]:
