@@ -4,7 +4,7 @@ Used by every command and by the remote-code file of published repos, so a model
 everywhere: names of package-shipped models (`smollm2`, `minilm`, see `hf_posenc.models`) resolve
 to their folders; GGUF files are unpacked into plain dense weights, so the model saves like any
 other; every checkpoint goes through `from_pretrained` (= `hf_posenc.from_pretrained`), which reads every
-folder layout `hf_posenc.saving` has written (`read_config`) and re-applies a saved patch before its
+folder layout `hf_posenc.writing` has written (`read_config`) and re-applies a saved patch before its
 weights load (plain `from_pretrained` silently drops it); the model class follows the task. A read that
 fails says which (`failed`, `damaged`).
 """
@@ -32,7 +32,7 @@ from .config import BEFORE, PosEncConfig
 from .errors import PosEncError
 from .models import NAMED_MODELS, recorded_config, source
 from .patching import describe_modules, patch
-from .saving import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
+from .writing import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
 from .state import STATE_ATTR
 from .unpacked import cached_folder, unpacked_folder
 

@@ -4,7 +4,7 @@ once per config.
 A *view* has the same shape for every model: a decoder-only or encoder-only model is one stack, the model itself
 (name None); an encoder-decoder model, or a speech LM, has two, "encoder" and "decoder", each read as a model of
 its own, of which those that read text are what a patch takes by default. This module is the only one that knows
-where an adapter comes from (the hand-written one of the model type in `registry.ADAPTERS`, else the generic one
+where an adapter comes from (the hand-written one of the model type in `adapters.base.ADAPTERS`, else the generic one
 discovery reads off the model), that a config is read off its model built on the meta device, and that a patched
 model is read as it was before its patch. `read` gives the structure (cached per config and model class), `stock`
 the stacks of one instance with their modules and stock facts (read per call: they hold the model's tables).
@@ -15,42 +15,34 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, Hashable, Mapping, TypeVar
+from typing import Any, Generic, Hashable, Mapping, TypeVar
 
 import torch
 from torch import nn
 
 from . import adapters, compat, schemes  # noqa: F401  (import registers them)
-from .adapters.base import Adapter
+from .adapters.base import ADAPTERS, Adapter
 from .adapters.discover import discover
 from .adapters.generic import adapter_from, generic_adapter
 from .adapters.meta import meta_model
 from .config import STACKS
 from .errors import PosEncError
-from .registry import ADAPTERS
 from .schemes.base import ModelFacts
 from .state import STATE_ATTR, PatchState
-
-if TYPE_CHECKING:
-    from .sites.entry import Entry
 
 T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """One attention stack, the one type that describes it: its name (None: the model's one stack; else an
-    encoder-decoder's "encoder" or "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config);
-    for one instance (`stock`), also its module (a config's model built on the meta device) and stock facts; in a
-    plan (`plan.plan`), also the entries a patch installs into it (`per_layer`: a per-layer map's, else one entry over
-    every layer), which `sites.install` installs."""
+    """One attention stack as read: its name (None: the model's one stack; else an encoder-decoder's "encoder" or
+    "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config); for one instance (`stock`), also
+    its module (a config's model built on the meta device) and stock facts. A plan's stacks are `sites.StackPlan`s."""
 
     name: str | None
     adapter: Adapter
     module: nn.Module | None = None
     facts: ModelFacts | None = None
-    entries: tuple[Entry, ...] = ()
-    per_layer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from transformers import Gemma3Config
 import hf_posenc as hp
 from hf_posenc.adapters.llama import LLAMA
 from hf_posenc.catalog import get_scheme
-from hf_posenc.registry import ADAPTERS
+from hf_posenc.adapters.base import ADAPTERS
 from integration_support import doc_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"

@@ -25,7 +25,8 @@ import zoo
 from conftest import tiny_model
 from hf_posenc.adapters.discover import discover
 from hf_posenc.adapters.generic import adapter_from
-from hf_posenc.registry import ADAPTERS
+from hf_posenc.paths import MODEL_TYPES
+from hf_posenc.adapters.base import ADAPTERS
 
 CATALOG = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "zoo_catalog.json").read_text())
 SLOW_CELL_S = 1.0  # cells that took longer than this when the catalog was written run only under -m slow
@@ -261,7 +262,7 @@ def test_support_table_list_and_readme_are_the_catalog():
     generated from the catalog, which the tests above keep equal to what the code does."""
     root = Path(__file__).parents[1]
     assert (root / "benchmarks" / "results" / "zoo_support.md").read_text() == zoo.table(CATALOG)
-    shipped = json.loads(hp.registry.MODEL_TYPES.read_text())
+    shipped = json.loads(MODEL_TYPES.read_text())
     assert shipped == {**zoo.shipped(CATALOG), "transformers": shipped["transformers"]}
     assert shipped["transformers"] == transformers.__version__, "catalog written on another transformers"
     assert zoo.readme_block(CATALOG) in (root / "docs" / "support.md").read_text(), "rerun benchmarks/zoo_catalog.py"

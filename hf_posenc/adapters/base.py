@@ -216,6 +216,23 @@ class Adapter:
         return [get_module(block, self.blocks.attention) for block in self.attention_blocks(model)]
 
 
+# model_type -> its hand-written adapter (`register_adapter`); any other model type is read by discovery
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Use `adapter` instead of the generic one for its model types (docs/extending.md); once per type.
+
+    Args:
+        adapter: an `Adapter` naming where positions enter those model types.
+    """
+    for model_type in adapter.model_types:  # all checked before any is taken: no half-registered adapter
+        if model_type in ADAPTERS:
+            raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
+    ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
+    return adapter
+
+
 def _values(tensor: torch.Tensor) -> torch.Tensor:
     """A model tensor as a scheme reads it to build its own modules. On the meta device (big models, FSDP2) it has
     no values yet: ones of its shape stand in (scales read off them are 1), and the modules built from them go onto

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from ..config import OPTIONS
 from .rotary import Rotary
 
 Site = Literal["input", "qk", "score", "attention", "none"]
@@ -161,6 +162,23 @@ class AttentionScheme(Scheme):
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         raise NotImplementedError
+
+
+# Every scheme by name, filled by `register_scheme` on the last line of each scheme's module (peft-style).
+SCHEMES: dict[str, Scheme] = {}
+
+
+def register_scheme(scheme: Scheme) -> Scheme:
+    """Make `scheme` patchable by its name (docs/extending.md); a name is taken once per process.
+
+    Args:
+        scheme: an instance of a `hf_posenc.schemes.base` site class (`BiasScheme`, `RotaryScheme`, ...).
+    """
+    if scheme.name in SCHEMES:
+        raise ValueError(f"scheme {scheme.name!r} is already registered")
+    SCHEMES[scheme.name] = scheme
+    OPTIONS[scheme.name] = scheme.Options
+    return scheme
 
 
 def check_positions(position_ids: torch.Tensor, limit: int, scheme: str) -> None:

@@ -13,10 +13,10 @@ into one model, `layers` a per-layer map, `stacks` the stacks of a plan; a new s
 from __future__ import annotations
 
 from .base import remove_hooks
-from .entry import Entry
+from .entry import Entry, StackPlan
 from .stacks import install
 from .table import SITES, kind, needs, probe, probes, site_refusal, stacks_refusal, title
 
 
-__all__ = ["SITES", "Entry", "install", "kind", "needs", "probe", "probes", "remove_hooks", "site_refusal",
+__all__ = ["SITES", "Entry", "StackPlan", "install", "kind", "needs", "probe", "probes", "remove_hooks", "site_refusal",
            "stacks_refusal", "title"]

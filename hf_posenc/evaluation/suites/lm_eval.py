@@ -17,9 +17,8 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError, did_you_mean
-from ...registry import register_suite
+from ..suite import Cell, Scoring, Suite, register_suite
 from ...results import Metric
-from ..suite import Cell, Scoring, Suite
 
 BINARY = ("acc", "acc_norm", "exact_match")  # lm-eval metrics that average 0/1 per-sample scores
 
