@@ -26,9 +26,6 @@ from .sites import layers as layer_site
 from .view import Stack, planned, read, stock
 
 
-UNASKED = object()  # a question the view holds no answer to yet
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The whole patch with its options resolved (what `describe` gives back), and its stacks."""
@@ -47,9 +44,7 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     if patch.layers is not None:
         return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
     spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
-    if (reason := view.answers.get((spec, names), UNASKED)) is UNASKED:  # asked once per view
-        reason = stacks_refusal(view, spec, names)
-    if reason is not None:
+    if (reason := stacks_refusal(view, spec, names)) is not None:
         supported = supported_schemes(subject)
         what = f"{view.model_type!r}" if view.two_stacks else f"{view.model_type!r} models ({view.only().name} adapter)"
         raise Unsupported(f"{what} cannot take scheme {spec.name!r} ({reason})"

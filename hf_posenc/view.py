@@ -50,8 +50,8 @@ class ModelView:
     """A model's attention stacks. `stacks`: those read (an encoder-decoder's in `config.STACKS` order); `text`:
     the names a patch takes by default (the stacks that read text); `refused`: a stack that cannot be read -> the
     message saying why; `no_text`: why no stack reads text, where none does; `two_stacks`: an encoder-decoder
-    model (or a speech LM), whose stacks are named. `answers` keeps what the site table answered about a scheme on
-    these stacks (`sites.stacks_refusal`): the same question of the same model is not asked twice."""
+    model (or a speech LM), whose stacks are named. A record, not a cache: what is asked of it
+    (`sites.stacks_refusal`) is answered from it, not kept in it."""
 
     model_type: str
     stacks: tuple[Stack, ...]
@@ -59,7 +59,6 @@ class ModelView:
     refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
     no_text: str | None = None
     two_stacks: bool = False
-    answers: dict[Hashable, str | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def native(self) -> str:
