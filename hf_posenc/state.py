@@ -104,7 +104,7 @@ class PatchState:
     config: PosEncConfig
     undo: list[Callable[[], None]] = field(default_factory=list)
     new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
-    config_only: bool = False  # plain transformers rebuilds the patched model from its config alone (saving.mark_folder)
+    config_only: bool = False  # plain transformers rebuilds the patched model from its config (writing.mark_folder)
     # what an installer did that the record reads, reported by it: the model's own transformers rotary class
     # rebuilt from new `rope_parameters` in the config (sites.qk), nothing else of the positions changed
     rebuilt_rotary: bool = False
