@@ -4,7 +4,6 @@ from typing import Any
 
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError, Unsupported
-from .registry import register_adapter, register_scheme
 from .version import __version__
 
 __all__ = [
@@ -27,13 +26,17 @@ __all__ = [
 ]
 
 def __getattr__(name: str) -> Any:
-    """Everything but the config, the error and the registry imports torch and transformers: only when first
+    """Everything but the config and the error imports torch and transformers: only when first
     used, so that `hf-posenc --help` and `hf-posenc list` start at once. Kept once found (each call of `hp.patch`
     is then the function itself)."""
     if name in ("describe", "patch", "unpatch", "validate"):
         from . import patching as module
     elif name in ("list_architectures", "list_schemes", "supports"):
         from . import catalog as module
+    elif name == "register_adapter":
+        from .adapters import base as module
+    elif name == "register_scheme":
+        from .schemes import base as module
     elif name == "export_gguf":
         from .serving.gguf import export as module
     elif name in ("from_pretrained", "load_tokenizer"):

@@ -1,26 +1,26 @@
-"""Questions over the registry, each answered by looping over views (`hf_posenc.view`): which adapter a model takes,
-which schemes it supports and why not, the support matrix and its snapshot. Off the patch path: `patch` reads its
-model once, through `hf_posenc.plan`, and asks here only to name what a refused model does take. Importing it
-registers every built-in scheme and adapter; `hf_posenc.registry` stays a table they write into."""
+"""Questions over the registered schemes and adapters, each answered by looping over views (`hf_posenc.view`):
+which adapter a model takes, which schemes it supports and why not, the support matrix and its snapshot. Off the
+patch path: `patch` reads its model once, through `hf_posenc.plan`, and asks here only to name what a refused model
+does take. Importing it registers every built-in scheme and adapter; their tables (`schemes.base.SCHEMES`,
+`adapters.base.ADAPTERS`) sit beside their contracts and know nothing of these questions."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 from torch import nn
 
 from . import sites
-from .adapters.base import Adapter
-from .errors import PosEncError, did_you_mean
-from .registry import ADAPTERS, SCHEMES, SNAPSHOT
+from .adapters.base import ADAPTERS, Adapter
 from .config import options_snapshot
-from .schemes.base import Scheme
+from .errors import PosEncError, did_you_mean
+from .paths import SNAPSHOT
+from .schemes.base import SCHEMES, Scheme
 from .view import model_type_of, read, stock
 
 __all__ = ["adapter_for", "get_scheme", "list_architectures", "list_schemes", "model_type_of", "snapshot",
-           "stacks_why_not", "stock_meta", "support_matrix", "supported_schemes", "supports", "why_not",
+           "stock_meta", "support_matrix", "supported_schemes", "supports", "why_not",
            "write_snapshot"]
 
 
@@ -65,13 +65,6 @@ def why_not(model_or_config: Any, scheme: str, stacks: tuple[str, ...] | None = 
         stacks: an encoder-decoder's stacks to ask about ("encoder", "decoder"; default: those that read text).
     """
     return sites.stacks_refusal(read(model_or_config), get_scheme(scheme), stacks)
-
-
-def stacks_why_not(model: nn.Module, spec: Scheme, stacks: tuple[str, ...] | None = None) -> str | None:
-    """Deprecated: `why_not(model, spec.name, stacks)`, which now takes the stacks."""
-    warnings.warn("catalog.stacks_why_not is deprecated: use catalog.why_not(model, scheme_name, stacks)",
-                  DeprecationWarning, stacklevel=2)
-    return why_not(model, spec.name, stacks)
 
 
 def supports(model_or_config: Any, scheme: str) -> bool:

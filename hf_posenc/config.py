@@ -14,7 +14,7 @@ from typing import Any, Union
 from .domains import Domain, Relation, domain_of, expected, matches, relations_of, validate
 from .domains import option as option  # re-exported: schemes declare options with it
 from .errors import PosEncError, did_you_mean
-from .registry import SCHEMES, SNAPSHOT
+from .paths import SNAPSHOT
 
 FORMAT = 2  # 2: per-layer patches (`layers`, maps); a patch without them is still written as format 1
 # a config-only patch's config.json holds the patched fields (what plain transformers loads); this key of config.posenc
@@ -217,9 +217,14 @@ def _check_stacks(stacks: Any) -> tuple[str, ...] | None:
     return tuple(n for n in STACKS if n in names)
 
 
+# The options class of every registered scheme, by name: `schemes.base.register_scheme` fills it, so that what a
+# config checks needs no torch (the schemes import it) and the config never looks up at the schemes.
+OPTIONS: dict[str, type] = {}
+
+
 def scheme_name(scheme: Any) -> str:
     """`scheme` if it names a built-in or registered scheme (decided without importing torch), else PosEncError."""
-    known = {*builtin_options(), *SCHEMES}
+    known = {*builtin_options(), *OPTIONS}
     if not isinstance(scheme, str):
         raise PosEncError(f"scheme must be a scheme name (a string), got {type(scheme).__name__} {scheme!r}; "
                           f"available schemes: {', '.join(sorted(known))}")
@@ -232,7 +237,7 @@ def scheme_name(scheme: Any) -> str:
 def options_class(scheme: str) -> type:
     """The options dataclass of a scheme: the registered scheme's own once the schemes are imported (they import
     torch), else a built-in's rebuilt from the snapshot of its declaration (`options_snapshot`)."""
-    return SCHEMES[scheme].Options if scheme in SCHEMES else snapshot_options(scheme)
+    return OPTIONS[scheme] if scheme in OPTIONS else snapshot_options(scheme)
 
 
 # The built-in schemes' options as data, so that a user's options are checked before torch is imported: written

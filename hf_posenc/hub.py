@@ -1,7 +1,7 @@
 """Publishing: a model card from a run folder, a repo that reloads as patched, and `push`.
 
 A patched folder carries `config.auto_map` and the remote-code file that re-apply `config.posenc`
-(see `hf_posenc.saving`); `export` adds them to folders saved before hf-posenc wrote them. `push`
+(see `hf_posenc.writing`); `export` adds them to folders saved before hf-posenc wrote them. `push`
 stages the repo in a temporary copy, so the user's folder is never written to, whatever happens
 to the upload.
 """
@@ -22,7 +22,7 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, get_tok
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from . import loading, results, saving, sites
+from . import loading, results, writing, sites
 from .catalog import get_scheme
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
@@ -67,14 +67,14 @@ def _dataset_label(name: str) -> str:
 
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
-    architectures = saving.stock_architectures(config)
-    model_type = saving.stock_model_type(config) or config.get("model_type")
+    architectures = writing.stock_architectures(config)
+    model_type = writing.stock_model_type(config) or config.get("model_type")
     if not architectures or not model_type:
         return []
     found = []
     # most specific first: the class a card loads the model with is the one that builds the saved architecture
-    for auto_class in (auto for auto, (_, tag) in saving.AUTO_CLASSES.items() if tag is not None):
-        classes = saving.built_by(auto_class).get(model_type, ())
+    for auto_class in (auto for auto, (_, tag) in writing.AUTO_CLASSES.items() if tag is not None):
+        classes = writing.built_by(auto_class).get(model_type, ())
         if architectures[0] in ((classes,) if isinstance(classes, str) else classes):
             found.append(auto_class)
     return found
@@ -226,7 +226,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
         license=license,
         datasets=_hub_datasets(recipe, [record for _, record in found]) or None,
         library_name="transformers",
-        pipeline_tag=saving.AUTO_CLASSES[classes[0]][1] if classes else None,
+        pipeline_tag=writing.AUTO_CLASSES[classes[0]][1] if classes else None,
         tags=["hf-posenc", "positional-encoding", *([f"posenc-{posenc_view['scheme']}"] if posenc_view else [])],
         model_name=model_name,
         eval_results=entries or None,
@@ -235,7 +235,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     template = (TEMPLATES / CARD_TEMPLATE).read_text(encoding="utf-8")
     return ModelCard.from_template(
         card_data, template_str=template, model_name=model_name, posenc=posenc_view, provenance=provenance(source),
-        architecture=(saving.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
+        architecture=(writing.stock_architectures(config) or [f"`{display_name(source)}`" if source else "model"])[0],
         loadable=bool(config), config_only=bool(posenc and config) and loading.config_only(config), auto_class=(classes or ["AutoModelForCausalLM"])[0],
         repo_id=repo_id or f"./{model_name}",
         recipe=yaml.safe_dump(recipe, sort_keys=False).strip() if recipe else None,
@@ -335,7 +335,7 @@ def export(folder: str | os.PathLike, out: str | os.PathLike, *, base_model: str
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*NOT_PUBLISHED),
                     copy_function=_link_or_copy if link else shutil.copy2)
     if config.get("posenc"):
-        saving.mark_folder(out, config_only)  # writes new files, never through the links
+        writing.mark_folder(out, config_only)  # writes new files, never through the links
     _write_new(out / "README.md", str(card))
     if gguf is not None:
         stage_gguf(gguf, mark, out, link)

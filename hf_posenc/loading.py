@@ -4,7 +4,7 @@ Used by every command and by the remote-code file of published repos, so a model
 everywhere: names of package-shipped models (`smollm2`, `minilm`, see `hf_posenc.models`) resolve
 to their folders; GGUF files are unpacked into plain dense weights, so the model saves like any
 other; every checkpoint goes through `from_pretrained` (= `hf_posenc.from_pretrained`), which reads every
-folder layout `hf_posenc.saving` has written (`read_config`) and re-applies a saved patch before its
+folder layout `hf_posenc.writing` has written (`read_config`) and re-applies a saved patch before its
 weights load (plain `from_pretrained` silently drops it); the model class follows the task. A read that
 fails says which (`failed`, `damaged`).
 """
@@ -16,7 +16,6 @@ import copy
 import glob
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,12 @@ from .config import BEFORE, PosEncConfig
 from .errors import PosEncError
 from .models import NAMED_MODELS, recorded_config, source
 from .patching import describe_modules, patch
-from .saving import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
+from .writing import HUB_KWARGS, LEGACY_MODEL_TYPE, MODEL_TYPE, STOCK_MODEL_TYPE, stock_architectures, stock_model_type
 from .state import STATE_ATTR
 from .unpacked import cached_folder, unpacked_folder
 
 __all__ = ["TASK_MODEL_CLASSES", "damaged", "failed", "from_pretrained", "has_own_model_type", "inference_device_map", "load",
-           "config_only", "load_config", "load_model", "load_tokenizer", "model_class", "native_config", "read_config"]
+           "config_only", "load_config", "load_model", "load_tokenizer", "model_class", "read_config"]
 
 # task -> Auto class; "saved" is the class the checkpoint was saved as (its stock `architectures`).
 TASK_MODEL_CLASSES: dict[str, Any] = {
@@ -228,12 +227,6 @@ def config_only(config: dict[str, Any]) -> bool:
         model = transformers.AutoModel.from_config(stock)
     patch(model, PosEncConfig.from_dict(posenc))
     return getattr(model, STATE_ATTR).config_only
-
-
-def native_config(config: dict[str, Any]) -> bool:
-    """`config_only`, by its name before issue 49 (deprecated)."""
-    warnings.warn("loading.native_config is deprecated: use loading.config_only", DeprecationWarning, stacklevel=2)
-    return config_only(config)
 
 
 def from_pretrained(path: str | os.PathLike, model_cls: Any = None, **kwargs: Any) -> Any:

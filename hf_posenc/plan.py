@@ -20,14 +20,10 @@ from .adapters.base import Adapter
 from .catalog import supported_schemes
 from .config import LayerMap, PosEncConfig, layer_patch
 from .errors import PosEncError, Unsupported
-from .registry import SCHEMES
-from .schemes.base import ModelFacts, Scheme
-from .sites import Entry, stacks_refusal
+from .schemes.base import SCHEMES, ModelFacts, Scheme
+from .sites import Entry, StackPlan, stacks_refusal
 from .sites import layers as layer_site
 from .view import Stack, planned, read, stock
-
-
-UNASKED = object()  # a question the view holds no answer to yet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +31,7 @@ class Plan:
     """The whole patch with its options resolved (what `describe` gives back), and its stacks."""
 
     config: PosEncConfig | LayerMap
-    stacks: tuple[Stack, ...]
+    stacks: tuple[StackPlan, ...]
     native: str  # the scheme the model was pretrained with (its first stack's), which `config.posenc` records
 
 
@@ -48,9 +44,7 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     if patch.layers is not None:
         return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
     spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
-    if (reason := view.answers.get((spec, names), UNASKED)) is UNASKED:  # asked once per view
-        reason = stacks_refusal(view, spec, names)
-    if reason is not None:
+    if (reason := stacks_refusal(view, spec, names)) is not None:
         supported = supported_schemes(subject)
         what = f"{view.model_type!r}" if view.two_stacks else f"{view.model_type!r} models ({view.only().name} adapter)"
         raise Unsupported(f"{what} cannot take scheme {spec.name!r} ({reason})"
@@ -64,9 +58,9 @@ def _whole(spec: Scheme, stacks: tuple[Stack, ...], patch: PosEncConfig) -> Plan
     the first."""
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     resolved, length = _resolve(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
-    found = [dataclasses.replace(stack, entries=(Entry(spec, resolved, stack.adapter, stack.facts, length),))
-             for stack in stacks]
-    return Plan(resolved, tuple(found), stacks[0].adapter.native)
+    found = tuple(StackPlan(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts, length),))
+                  for stack in stacks)
+    return Plan(resolved, found, stacks[0].adapter.native)
 
 
 def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
@@ -75,7 +69,7 @@ def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: 
     for stack in stacks:
         where = f"{name} {stack.name}" if stack.name else name
         entries = _layer_entries(stack.module, stack.adapter, patch, where, stack.facts)
-        planned.append(dataclasses.replace(stack, entries=entries, per_layer=True))
+        planned.append(StackPlan(stack.name, stack.adapter, entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native)

@@ -1,5 +1,5 @@
 """What a patch leaves on the model as a whole, once its plan is installed: `config.posenc` (the config the folder
-reloads from), `save_pretrained` (folders that load back patched, `hf_posenc.saving`), the model's init (which
+reloads from), `save_pretrained` (folders that load back patched, `hf_posenc.writing`), the model's init (which
 draws the patch's parameters and derives its buffers again), and, when plain transformers can rebuild the patched
 model from its config alone, the stock values of what the patch changed in that config. Recorded in the patch's state, like every
 change the sites make, so `unpatch` takes it back."""
@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from . import compat, saving
+from . import compat, writing
 from .config import BEFORE
 from .plan import Plan
 from .schemes.base import initialise
@@ -23,7 +23,7 @@ def record(model: nn.Module, plan: Plan, state: PatchState) -> None:
     """Record the installed `plan` on `model` (the transformers model, an encoder-decoder's included)."""
     notes = {"notes": state.notes} if state.notes else {}
     state.set_attr(model.config, "posenc", {**plan.config.to_dict(original=plan.native), **notes})
-    state.set_attr(model, "save_pretrained", functools.partial(saving.save_pretrained, model), instance=True)
+    state.set_attr(model, "save_pretrained", functools.partial(writing.save_pretrained, model), instance=True)
     if callable(getattr(type(model), "initialize_weights", None)):
         state.set_attr(model, "initialize_weights", functools.partial(initialize_weights, model), instance=True)
     # plain transformers rebuilds the model from its config alone when the installer reports that it rebuilt the

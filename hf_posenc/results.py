@@ -5,7 +5,7 @@ swapped model before training and after; the demo one per scheme. Every run keep
 metric tables, keyed the same way wherever they come from. Which tables there are, and how each reads
 (its headline fields, what its keys count, which field is a rate, its model-index task and dataset, its
 plot), is not written here: each evaluation suite declares the tables it writes (`Metric`, registered
-with the suite; `hf-posenc eval --help` and docs/guide/eval.md list them), and `METRICS` is that registry.
+with the suite; `hf-posenc eval --help` and docs/guide/eval.md list them), and `METRICS` here is their table.
 A table no registered suite declares (a plug-in not imported now) still prints: `metric` reads its
 numeric fields off the cells.
 
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from .errors import PosEncError
-from .registry import METRICS
 from .stats import intervals_overlap
 
 __all__ = ["FORMAT", "METRICS", "READS", "RULER_TASKS", "Metric", "Plot", "Results", "Run", "field_name",
@@ -82,6 +81,19 @@ class Metric:
     task: tuple[str, str] = ("text-generation", "")
     dataset: Callable[[str, Mapping[str, Any]], dict[str, Any]] | None = None
     plot: Plot | None = None
+
+
+# results.json metric table -> how it reads, written by suites (`evaluation.suite.register_suite`) and training tasks
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(name: str, metric: Metric) -> Metric:
+    """A results.json metric table that is not (only) a suite's, e.g. what a training task writes; the
+    same table registered twice must read the same."""
+    if METRICS.get(name, metric) != metric:
+        raise ValueError(f"metric table {name!r} is already registered as {METRICS[name]}")
+    METRICS.setdefault(name, metric)
+    return metric
 
 
 def metric(name: str, cells: Mapping[str, Mapping[str, Any]] | None = None) -> Metric:

@@ -12,7 +12,6 @@ The site installers (`hf_posenc.sites`) record into a PatchState; `hf_posenc.pat
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -105,17 +104,11 @@ class PatchState:
     config: PosEncConfig
     undo: list[Callable[[], None]] = field(default_factory=list)
     new_modules: list[str] = field(default_factory=list)  # paths from the base model, resolved when asked
-    config_only: bool = False  # plain transformers rebuilds the patched model from its config alone (saving.mark_folder)
+    config_only: bool = False  # plain transformers rebuilds the patched model from its config (writing.mark_folder)
     # what an installer did that the record reads, reported by it: the model's own transformers rotary class
     # rebuilt from new `rope_parameters` in the config (sites.qk), nothing else of the positions changed
     rebuilt_rotary: bool = False
     notes: dict[str, Any] = field(default_factory=dict)  # what an install measured, recorded in config.posenc
-
-    @property
-    def native(self) -> bool:
-        """`config_only`, by its name before issue 49 (deprecated)."""
-        warnings.warn("PatchState.native is deprecated: read PatchState.config_only", DeprecationWarning, stacklevel=2)
-        return self.config_only
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A state pickled before `native` was named `config_only` (torch.save of a patched model) reads alike."""

@@ -4,7 +4,7 @@ once per config.
 A *view* has the same shape for every model: a decoder-only or encoder-only model is one stack, the model itself
 (name None); an encoder-decoder model, or a speech LM, has two, "encoder" and "decoder", each read as a model of
 its own, of which those that read text are what a patch takes by default. This module is the only one that knows
-where an adapter comes from (the hand-written one of the model type in `registry.ADAPTERS`, else the generic one
+where an adapter comes from (the hand-written one of the model type in `adapters.base.ADAPTERS`, else the generic one
 discovery reads off the model), that a config is read off its model built on the meta device, and that a patched
 model is read as it was before its patch. `read` gives the structure (cached per config and model class), `stock`
 the stacks of one instance with their modules and stock facts (read per call: they hold the model's tables).
@@ -14,44 +14,35 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, Hashable, Mapping, TypeVar
+from typing import Any, Generic, Hashable, Mapping, TypeVar
 
 import torch
 from torch import nn
 
 from . import adapters, compat, schemes  # noqa: F401  (import registers them)
-from .adapters.base import Adapter
+from .adapters.base import ADAPTERS, Adapter
 from .adapters.discover import discover
 from .adapters.generic import adapter_from, generic_adapter
 from .adapters.meta import meta_model
 from .config import STACKS
 from .errors import PosEncError
-from .registry import ADAPTERS
 from .schemes.base import ModelFacts
 from .state import STATE_ATTR, PatchState
-
-if TYPE_CHECKING:
-    from .sites.entry import Entry
 
 T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """One attention stack, the one type that describes it: its name (None: the model's one stack; else an
-    encoder-decoder's "encoder" or "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config);
-    for one instance (`stock`), also its module (a config's model built on the meta device) and stock facts; in a
-    plan (`plan.plan`), also the entries a patch installs into it (`per_layer`: a per-layer map's, else one entry over
-    every layer), which `sites.install` installs."""
+    """One attention stack as read: its name (None: the model's one stack; else an encoder-decoder's "encoder" or
+    "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config); for one instance (`stock`), also
+    its module (a config's model built on the meta device) and stock facts. A plan's stacks are `sites.StackPlan`s."""
 
     name: str | None
     adapter: Adapter
     module: nn.Module | None = None
     facts: ModelFacts | None = None
-    entries: tuple[Entry, ...] = ()
-    per_layer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +50,8 @@ class ModelView:
     """A model's attention stacks. `stacks`: those read (an encoder-decoder's in `config.STACKS` order); `text`:
     the names a patch takes by default (the stacks that read text); `refused`: a stack that cannot be read -> the
     message saying why; `no_text`: why no stack reads text, where none does; `two_stacks`: an encoder-decoder
-    model (or a speech LM), whose stacks are named. `answers` keeps what the site table answered about a scheme on
-    these stacks (`sites.stacks_refusal`): the same question of the same model is not asked twice."""
+    model (or a speech LM), whose stacks are named. A record, not a cache: what is asked of it
+    (`sites.stacks_refusal`) is answered from it, not kept in it."""
 
     model_type: str
     stacks: tuple[Stack, ...]
@@ -68,7 +59,6 @@ class ModelView:
     refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
     no_text: str | None = None
     two_stacks: bool = False
-    answers: dict[Hashable, str | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def native(self) -> str:
@@ -330,15 +320,6 @@ def _refuse_non_text(subject: Any, model_type: str) -> None:
         raise PosEncError(f"{model_type!r} is not a text model (no token embedding table: a vision or audio model); "
                           "hf_posenc patches text models, decoder-only and encoder-only language models: "
                           "`hf-posenc list --model-types` shows what is supported")
-
-
-def __getattr__(name: str) -> Any:
-    """`StackView` and `StockStack`, the stack types before `Stack` was the one: deprecated, the same as `Stack`."""
-    if name in ("StackView", "StockStack"):
-        warnings.warn(f"view.{name} is deprecated: one type describes a stack, view.Stack", DeprecationWarning,
-                      stacklevel=2)
-        return Stack
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["CACHE", "ConfigCache", "ModelView", "Stack", "is_seq2seq", "model_type_of", "not_text",

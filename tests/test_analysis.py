@@ -106,7 +106,7 @@ def test_subspace_geometry_width_mismatch():
 def test_position_vectors_are_the_table_rows_the_model_uses(model_type, offset):
     model = tiny_model(model_type, head="base")
     table = hp.catalog.adapter_for(model)
-    weight = model.base_model.get_submodule(table.position_slot).weight
+    weight = model.base_model.get_submodule(table.slot.path).weight
     got = A.position_vectors(model, 10)
     assert torch.equal(got, weight[offset: offset + 10].float())
     assert A.position_vectors(model).shape == (64, 64)  # the whole usable table

@@ -24,8 +24,7 @@ import hf_posenc as hp
 from conftest import tiny_model
 from seq2seq_models import tiny_seq2seq
 from hf_posenc.patching import describe_modules, validate
-from hf_posenc.registry import SCHEMES
-from hf_posenc.schemes.base import BiasScheme, ModelFacts
+from hf_posenc.schemes.base import BiasScheme, ModelFacts, SCHEMES
 
 # the mistakes matrix with the release self-check forced on: a check that cries wolf would change what it raises
 pytestmark = pytest.mark.usefixtures("self_check_forced")

@@ -246,7 +246,8 @@ def test_help_and_list_import_no_torch():
 
 
 def test_the_list_snapshot_is_the_registry():
-    from hf_posenc import catalog, registry
+    from hf_posenc import catalog
+    from hf_posenc.paths import SNAPSHOT
 
-    assert json.loads(registry.SNAPSHOT.read_text()) == json.loads(json.dumps(catalog.snapshot())), (
+    assert json.loads(SNAPSHOT.read_text()) == json.loads(json.dumps(catalog.snapshot())), (
         "a scheme or adapter changed: refresh with python -c 'import hf_posenc.catalog as c; c.write_snapshot()'")

@@ -15,7 +15,7 @@ from transformers import Gemma3Config
 import hf_posenc as hp
 from hf_posenc.adapters.llama import LLAMA
 from hf_posenc.catalog import get_scheme
-from hf_posenc.registry import ADAPTERS
+from hf_posenc.adapters.base import ADAPTERS
 from integration_support import doc_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -45,49 +45,12 @@ def test_the_generic_adapter_still_refuses_gemma3_so_the_override_is_needed():
         hp.catalog.adapter_for(Gemma3Config())
 
 
-def test_an_adapter_written_with_flat_fields_still_works_and_names_the_record_that_replaced_each():
-    """An Adapter is a composition of records (issue 49); one written, read or replaced with the flat fields it had
-    before is the same adapter, with a DeprecationWarning naming the record and field of each."""
-    from hf_posenc.adapters.base import Adapter, Blocks
-
-    with pytest.warns(DeprecationWarning, match=r"blocks\.attention, blocks\.layers, rotation\.module"):
-        flat = Adapter(name="llama", model_types=LLAMA.model_types, native="rope", causal=True, layers="layers",
-                       attention="self_attn", rotary="rotary_emb", qk=LLAMA.qk)
-    assert flat == LLAMA and flat.blocks == Blocks("layers", "self_attn") and flat.slot is None
-    with pytest.warns(DeprecationWarning, match=r"Adapter\.rotary is deprecated: read Adapter\.rotation\.module"):
-        assert LLAMA.rotary == "rotary_emb"
-    with pytest.warns(DeprecationWarning, match=r"Adapter\.position_offset is deprecated"):
-        assert LLAMA.position_offset(LLAMA) == 0  # no slot: its record's default
-    with pytest.warns(DeprecationWarning):
-        off = dataclasses.replace(LLAMA, rotary=None, attention_layers=(1,))
-    assert off.rotation is None and off.blocks == Blocks("layers", "self_attn", attention_layers=(1,))
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['rotray'\]"):
-        Adapter(name="x", model_types=("x",), native="rope", causal=True, blocks=LLAMA.blocks, rotray="r")
-
-
-def test_a_config_only_patch_was_a_native_one_and_its_old_names_still_work():
-    """"native" means the model's own (issue 49); a patch plain transformers rebuilds from the config alone is
-    *config-only*. A scheme written with `native = False`, and code reading `PatchState.native`,
-    `loading.native_config` or `Entry.native_slot` (now `keeps_slot`), keep working with a DeprecationWarning."""
+def test_a_patch_state_pickled_before_config_only_was_named_reads_alike():
+    """`PatchState.config_only` was `native` before issue 49: a model saved whole (`torch.save`) with it loads."""
     import pickle
 
-    from hf_posenc import loading
-    from hf_posenc.schemes.base import RotaryScheme
-    from hf_posenc.sites.entry import Entry
     from hf_posenc.state import PatchState
 
-    with pytest.warns(DeprecationWarning, match="OldStyle.native is deprecated: set config_only"):
-        class OldStyle(RotaryScheme):
-            native = False
-
-    assert OldStyle.config_only is False and RotaryScheme.config_only is True
     state = PatchState(hp.PosEncConfig("yarn", factor=2.0), config_only=True)
-    with pytest.warns(DeprecationWarning, match="read PatchState.config_only"):
-        assert state.native is True
     old = pickle.loads(pickle.dumps(state, protocol=0).replace(b"config_only", b"native"))  # pickled before it
     assert old.config_only is True and "native" not in vars(old)
-    with pytest.warns(DeprecationWarning, match="use loading.config_only"):
-        assert loading.native_config({"model_type": "llama"}) is loading.config_only({"model_type": "llama"}) is False
-    entry = Entry(get_scheme("nope"), hp.PosEncConfig("nope"), LLAMA, None, keeps_slot=True)
-    with pytest.warns(DeprecationWarning, match="read Entry.keeps_slot"):
-        assert entry.native_slot is True

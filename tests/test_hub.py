@@ -18,7 +18,7 @@ from conftest import tiny_model
 from huggingface_hub import ModelCard
 
 import hf_posenc as hp
-from hf_posenc import cli, hub, plots, results, saving
+from hf_posenc import cli, hub, plots, results, writing
 from hf_posenc.errors import PosEncError
 
 def _output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def test_export_stages_card_code_and_config_without_touching_the_folder(tmp_path
     assert {"config.json", "model.safetensors", "modeling_posenc.py", "README.md", "eval/results.json",
             "eval/perplexity.png", "eval/passkey.png"} <= files
     assert not any(f.startswith("checkpoints/") for f in files)
-    assert (repo / "modeling_posenc.py").read_text() == saving.remote_code()
+    assert (repo / "modeling_posenc.py").read_text() == writing.remote_code()
     config, original = (json.loads(p.read_text()) for p in (repo / "config.json", folder / "config.json"))
     assert config == original and config["auto_map"]["AutoModelForCausalLM"] == "modeling_posenc.PosEncForCausalLM"
     assert (repo / "model.safetensors").stat().st_ino != (folder / "model.safetensors").stat().st_ino  # a copy

@@ -32,7 +32,7 @@ from hf_posenc.hub import export
 from hf_posenc.integrations import lm_eval as integration
 from hf_posenc.integrations import lm_eval_data, lm_eval_index
 from hf_posenc.integrations.lm_eval_index import task_index
-from hf_posenc.registry import SUITES
+from hf_posenc.evaluation.suite import SUITES
 from test_fast_refusals import PROBE  # `hf-posenc` in a process recording the weights files it opens
 from integration_support import char_tokenizer, doc_commands, randomize_scheme_weights, save_tiny
 

@@ -13,7 +13,7 @@ import test_bf16  # noqa: F401
 import test_paths  # noqa: F401
 import test_seq2seq
 from conftest import TINY_CONFIGS
-from hf_posenc.registry import ADAPTERS
+from hf_posenc.adapters.base import ADAPTERS
 from matrix import CELLS, ROWS, SCHEMES, adapter_of, scheme_of
 
 

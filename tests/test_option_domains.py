@@ -17,7 +17,7 @@ import hf_posenc as hp
 from hf_posenc.config import builtin_options, option_table, options_snapshot, required_options, snapshot_options
 from hf_posenc.domains import domain_of
 from hf_posenc.catalog import list_schemes
-from hf_posenc.registry import SCHEMES
+from hf_posenc.schemes.base import SCHEMES
 
 # the built-in schemes torch-free code knows (the snapshot's), by the options their modules declare
 OPTIONS = {name: getattr(SCHEMES.get(name), "Options", None) for name in builtin_options()}

@@ -22,7 +22,7 @@ import transformers
 from conftest import tiny_model
 
 import hf_posenc as hp
-from hf_posenc import hub, loading, saving
+from hf_posenc import hub, loading, writing
 from hf_posenc.patching import describe_modules
 
 LONG = 100  # past the tiny models' 64-row tables, so a dropped patch cannot go unnoticed
@@ -77,14 +77,14 @@ def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type,
     model.save_pretrained(folder)
 
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"][auto_class] == f"modeling_posenc.{saving.REMOTE_CLASSES[auto_class]}"
-    assert (folder / saving.REMOTE_CODE).read_text() == saving.remote_code()
-    assert config["model_type"] == (model_type if native else saving.MODEL_TYPE)
+    assert config["auto_map"][auto_class] == f"modeling_posenc.{writing.REMOTE_CLASSES[auto_class]}"
+    assert (folder / writing.REMOTE_CODE).read_text() == writing.remote_code()
+    assert config["model_type"] == (model_type if native else writing.MODEL_TYPE)
     assert ("AutoConfig" in config["auto_map"]) is not native
     # engines dispatch on `architectures`: only a config-only patch may name the stock class
     stock = type(model).__name__
     assert config["architectures"] == [stock if native else f"PosEnc{stock}"]
-    assert saving.stock_architectures(config) == [stock]
+    assert writing.stock_architectures(config) == [stock]
 
     remote = auto.from_pretrained(folder, trust_remote_code=True).eval()
     assert type(remote) is type(model) and hp.describe(remote) == hp.describe(model)
@@ -112,19 +112,19 @@ def test_a_saved_patched_model_loads_patched_or_not_at_all(tmp_path, model_type,
 def test_the_save_hook_is_plain_data_and_goes_with_the_patch(tmp_path):
     model = patched("llama", "causal", "alibi", {})
     hook = vars(model)["save_pretrained"]
-    assert hook.func is saving.save_pretrained and hook.args == (model,)
-    assert pickle.loads(pickle.dumps(hook.func)) is saving.save_pretrained  # by reference, no closure
+    assert hook.func is writing.save_pretrained and hook.args == (model,)
+    assert pickle.loads(pickle.dumps(hook.func)) is writing.save_pretrained  # by reference, no closure
     twin = copy.deepcopy(model)
     assert vars(twin)["save_pretrained"].args[0] is twin  # the copy saves itself, not the original
     twin.save_pretrained(tmp_path / "twin")
-    assert json.loads((tmp_path / "twin" / "config.json").read_text())["model_type"] == saving.MODEL_TYPE
+    assert json.loads((tmp_path / "twin" / "config.json").read_text())["model_type"] == writing.MODEL_TYPE
 
     hp.unpatch(model)
     assert "save_pretrained" not in vars(model)
     model.save_pretrained(tmp_path / "stock")
     config = json.loads((tmp_path / "stock" / "config.json").read_text())
     assert config["model_type"] == "llama" and "auto_map" not in config and "posenc" not in config
-    assert not (tmp_path / "stock" / saving.REMOTE_CODE).exists()
+    assert not (tmp_path / "stock" / writing.REMOTE_CODE).exists()
 
     hp.patch(model, "nope")
     with pytest.raises(hp.PosEncError, match="is a file"):
@@ -154,7 +154,7 @@ def test_folders_saved_before_the_marks_still_load_and_export_marked(tmp_path):
 
         repo = hub.export(old, tmp_path / f"repo-{scheme}")
         exported = json.loads((repo / "config.json").read_text())
-        assert exported["model_type"] == ("llama" if native else saving.MODEL_TYPE)
+        assert exported["model_type"] == ("llama" if native else writing.MODEL_TYPE)
         assert exported["architectures"] == ["LlamaForCausalLM" if native else "PosEncLlamaForCausalLM"]
         remote = transformers.AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
         assert torch.equal(output(remote, ids), expected)
@@ -202,19 +202,19 @@ def test_without_hf_posenc_installed_the_remote_code_names_the_package(tmp_path)
 
 
 def test_auto_map_names_every_auto_class_that_builds_the_architecture():
-    assert set(saving.auto_map("llama", config_only=True)) == {
+    assert set(writing.auto_map("llama", config_only=True)) == {
         "AutoModel", "AutoModelForCausalLM", "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification",
         "AutoModelForTokenClassification"}
-    kept = saving.auto_map("bert", config_only=False, old={"AutoTokenizer": "tok.T", "AutoModel": "modeling_posenc.Old"})
+    kept = writing.auto_map("bert", config_only=False, old={"AutoTokenizer": "tok.T", "AutoModel": "modeling_posenc.Old"})
     assert kept["AutoTokenizer"] == "tok.T" and kept["AutoModel"] == "modeling_posenc.PosEncModel"
     assert kept["AutoModelForMaskedLM"] == "modeling_posenc.PosEncForMaskedLM"
-    source = Path(saving.__file__).parent / "model_cards" / saving.REMOTE_CODE
+    source = Path(writing.__file__).parent / "model_cards" / writing.REMOTE_CODE
     text = source.read_text()
-    for auto_class, name in saving.REMOTE_CLASSES.items():
+    for auto_class, name in writing.REMOTE_CLASSES.items():
         assert f"class {name}(" in text and f'auto_class = "{auto_class}"' in text or name == "PosEncModel"
 
 
-OLD_REMOTE_CODE = Path(saving.__file__).parent / "model_cards" / saving.LEGACY_REMOTE_CODE[0]
+OLD_REMOTE_CODE = Path(writing.__file__).parent / "model_cards" / writing.LEGACY_REMOTE_CODE[0]
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "kerple"])

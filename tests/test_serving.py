@@ -26,7 +26,7 @@ import torch
 import transformers
 
 import hf_posenc as hp
-from hf_posenc import loading, saving
+from hf_posenc import loading, writing
 from hf_posenc.data import long_text
 from hf_posenc.config import required_options
 from hf_posenc.errors import PosEncError
@@ -225,7 +225,7 @@ def test_vllm_serves_the_patched_positions_token_for_token(served, cell):
 def test_vllm_refuses_a_scheme_it_cannot_compute_by_name(served, cell):
     folders, results, output = served
     assert "tokens" not in results[str(folders[cell_id(cell)])]
-    stock = saving.stock_architectures(json.loads((folders[cell_id(cell)] / "config.json").read_text()))[0]
+    stock = writing.stock_architectures(json.loads((folders[cell_id(cell)] / "config.json").read_text()))[0]
     assert f"hf-posenc cannot serve scheme {cell[1]!r} ({stock}) on an inference engine" in output
 
 

@@ -18,15 +18,14 @@ from test_evaluation import saved_tiny  # noqa: F401  (fixture)
 import hf_posenc as hp
 from hf_posenc import evaluation, results
 from hf_posenc.errors import PosEncError
-from hf_posenc.registry import SUITES
+from hf_posenc.evaluation.suite import SUITES
 
 ECHO = '''
 """`echo`: how often the greedy next token is the prompt's first token, on random prompts (a throwaway suite)."""
 import dataclasses
 
 from hf_posenc.domains import at_least, option
-from hf_posenc.evaluation.suite import Suite
-from hf_posenc.registry import register_suite
+from hf_posenc.evaluation.suite import Suite, register_suite
 from hf_posenc.results import Metric, Plot
 
 

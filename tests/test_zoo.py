@@ -25,7 +25,8 @@ import zoo
 from conftest import tiny_model
 from hf_posenc.adapters.discover import discover
 from hf_posenc.adapters.generic import adapter_from
-from hf_posenc.registry import ADAPTERS
+from hf_posenc.paths import MODEL_TYPES
+from hf_posenc.adapters.base import ADAPTERS
 
 CATALOG = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "zoo_catalog.json").read_text())
 SLOW_CELL_S = 1.0  # cells that took longer than this when the catalog was written run only under -m slow
@@ -101,15 +102,23 @@ def test_zoo_cell(model_type, cell):
 HAND_WRITTEN = ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
 
 
+def read(adapter, dotted):
+    """A field of an adapter's record by its dotted name (None where the record is)."""
+    record, _, name = dotted.rpartition(".")
+    value = getattr(adapter, record) if record else adapter
+    return getattr(value, name, None) if value is not None else None
+
+
 @pytest.mark.parametrize("model_type", HAND_WRITTEN + ["bert", "roberta"])
 def test_generic_discovery_agrees_with_the_hand_written_adapter(model_type):
     """Reading the instance finds what the hand-written adapters state (the encoders as MLMs)."""
     model = zoo.build(model_type) if model_type in HAND_WRITTEN else tiny_model(model_type)
     ours, theirs = adapter_from(discover(model)), ADAPTERS[model_type]
-    fields = ("native", "causal", "loop", "layers", "attention", "position_slot", "slot_hooked", "slot_adds_offset",
-              "rotary", "token_type_ids", "other_embeddings")
-    assert {f: getattr(ours, f) for f in fields} == {f: getattr(theirs, f) for f in fields}
-    assert ours.position_offset(model.config) == theirs.position_offset(model.config)
+    fields = ("native", "causal", "blocks.loop", "blocks.layers", "blocks.attention", "slot.path", "slot.hooked",
+              "slot.adds_offset", "rotation.module", "embeddings.token_type_ids", "embeddings.other")
+    assert {f: read(ours, f) for f in fields} == {f: read(theirs, f) for f in fields}
+    assert ours.ids_offset(model.config) == theirs.ids_offset(model.config)
+    assert (ours.slot and ours.slot.offset(model.config)) == (theirs.slot and theirs.slot.offset(model.config))
     assert (ours.qk.projections, ours.qk.packed, ours.qk.per_head) == \
         (theirs.qk.projections, theirs.qk.packed, theirs.qk.per_head)
     assert not ours.gaps
@@ -130,24 +139,6 @@ def test_discovery_finds_the_generic_adapters_records_and_the_catalog_prints_the
     records = ("blocks", "slot", "embeddings", "rotation", "qk", "bias")
     assert all(getattr(adapter, r) is getattr(found, r) for r in records)
     assert (adapter.native, adapter.causal, adapter.model_types) == (found.native, found.causal, (model_type,))
-
-
-def test_discoverys_flat_names_are_still_read_with_a_warning():
-    """`Structure` and its flat fields (before discovery returned records) keep working, deprecated."""
-    from hf_posenc.adapters import discover as discovery
-    from hf_posenc.adapters.found import Found
-
-    found = discover(zoo.cached("opt")[1])
-    with pytest.warns(DeprecationWarning, match="discover\\(\\) returns"):
-        assert discovery.Structure is Found
-    with pytest.warns(DeprecationWarning, match="Found.blocks.loop"):
-        assert found.loop_owner == found.blocks.loop == "decoder"
-    with pytest.warns(DeprecationWarning, match="Found.slot.offset.rows"):
-        assert found.slot_offset == 2  # OPT's table counts from row 2
-    with pytest.warns(DeprecationWarning, match="Found.details.attention_interface"):
-        assert found.attention_interface is found.details.attention_interface
-    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
-        found.nonsense
 
 
 @pytest.mark.parametrize("model_type", ["gemma2", "phi", "opt", "zamba", "deepseek_v3"])
@@ -271,7 +262,7 @@ def test_support_table_list_and_readme_are_the_catalog():
     generated from the catalog, which the tests above keep equal to what the code does."""
     root = Path(__file__).parents[1]
     assert (root / "benchmarks" / "results" / "zoo_support.md").read_text() == zoo.table(CATALOG)
-    shipped = json.loads(hp.registry.MODEL_TYPES.read_text())
+    shipped = json.loads(MODEL_TYPES.read_text())
     assert shipped == {**zoo.shipped(CATALOG), "transformers": shipped["transformers"]}
     assert shipped["transformers"] == transformers.__version__, "catalog written on another transformers"
     assert zoo.readme_block(CATALOG) in (root / "docs" / "support.md").read_text(), "rerun benchmarks/zoo_catalog.py"

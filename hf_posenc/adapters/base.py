@@ -6,8 +6,6 @@ or to one block (attention) or to the attention module (q/k projections).
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -125,27 +123,7 @@ class NativeBias:
     alibi_scale: float = 1.0  # the native ALiBi's slopes over the standard ones (Falcon: 1/sqrt(head_dim))
 
 
-# The names an Adapter had when its fields were flat, each now (record, field): still read and still taken by the
-# constructor (and `dataclasses.replace`), with a DeprecationWarning, so adapters written against them keep working.
-FLAT: dict[str, tuple[str, str]] = {
-    "layers": ("blocks", "layers"), "attention": ("blocks", "attention"), "loop": ("blocks", "loop"),
-    "attention_layers": ("blocks", "attention_layers"), "relay_kwargs": ("blocks", "relay_kwargs"),
-    "carry_kwargs": ("blocks", "carry_kwargs"), "score_mask": ("blocks", "score_mask"),
-    "position_slot": ("slot", "path"), "position_offset": ("slot", "offset"),
-    "slot_adds_offset": ("slot", "adds_offset"), "slot_hooked": ("slot", "hooked"),
-    "token_type_ids": ("embeddings", "token_type_ids"), "other_embeddings": ("embeddings", "other"),
-    "positions_field": ("embeddings", "positions_field"), "trained_length": ("embeddings", "trained_length"),
-    "rotary": ("rotation", "module"), "rotary_layer_types": ("rotation", "layer_types"),
-    "rotary_dim": ("rotation", "dim"),
-    "native_bias": ("bias", "argument"), "native_bias_switch": ("bias", "switch"), "bias_table": ("bias", "table"),
-    "alibi_scale": ("bias", "alibi_scale"),
-}
-RECORDS: dict[str, type] = {"blocks": Blocks, "slot": PositionSlot, "embeddings": Embeddings,
-                            "rotation": Rotation, "bias": NativeBias}
-KEYS = {"slot": "path", "rotation": "module"}  # a record that is None where this field is
-
-
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Adapter:
     """Where positions enter one family, as a composition of small records: its blocks, its position slot, what its
     token embeddings carry, its rotation, where q and k leave their projections, its native bias; and what the
@@ -163,28 +141,6 @@ class Adapter:
     qk: QKTap | None = None
     bias: NativeBias = NativeBias()
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
-
-    def __init__(self, name: str, model_types: tuple[str, ...], native: str, causal: bool,
-                 blocks: Blocks | None = None, slot: PositionSlot | None = None, embeddings: Embeddings = Embeddings(),
-                 rotation: Rotation | None = None, qk: QKTap | None = None, bias: NativeBias = NativeBias(),
-                 gaps: Mapping[str, str] | None = None, **flat: Any) -> None:
-        records: dict[str, Any] = {"blocks": blocks, "slot": slot, "embeddings": embeddings, "rotation": rotation,
-                                   "bias": bias}
-        if unknown := sorted(set(flat) - set(FLAT)):
-            raise TypeError(f"Adapter() got unexpected keyword arguments {unknown}")
-        if flat:
-            warnings.warn(f"Adapter({', '.join(f'{k}=' for k in flat)}...): flat fields are deprecated; give the records "
-                          f"instead ({', '.join(sorted({'.'.join(FLAT[k]) for k in flat}))})", DeprecationWarning,
-                          stacklevel=2)
-        for record, cls in RECORDS.items():
-            changes = {FLAT[k][1]: v for k, v in flat.items() if FLAT[k][0] == record}
-            if changes:
-                records[record] = _with(cls, records[record], changes, KEYS.get(record))
-        if records["blocks"] is None:
-            raise TypeError("Adapter() needs its blocks: Blocks(layers=..., attention=...) (or layers= and attention=)")
-        for key, value in {"name": name, "model_types": model_types, "native": native, "causal": causal, **records,
-                           "qk": qk, "gaps": {} if gaps is None else gaps}.items():
-            object.__setattr__(self, key, value)
 
     def facts(self, model: nn.Module) -> ModelFacts:
         # what needs no config first, then the config's (one pass over each)
@@ -260,29 +216,21 @@ class Adapter:
         return [get_module(block, self.blocks.attention) for block in self.attention_blocks(model)]
 
 
-def _with(cls: type, record: Any, changes: dict[str, Any], key: str | None) -> Any:
-    """`record` with `changes` (a new one where it was None); None where they set its key field to None."""
-    if key is not None and changes.get(key, getattr(record, key, None)) is None:
-        return None
-    return cls(**changes) if record is None else dataclasses.replace(record, **changes)
+# model_type -> its hand-written adapter (`register_adapter`); any other model type is read by discovery
+ADAPTERS: dict[str, Adapter] = {}
 
 
-def _flat(record: str, name: str, default: Any, name_of: dict[str, str]) -> property:
-    def read(adapter: Adapter) -> Any:
-        warnings.warn(f"Adapter.{name_of[name]} is deprecated: read Adapter.{record}.{name}", DeprecationWarning,
-                      stacklevel=2)
-        value = getattr(adapter, record)
-        return default if value is None else getattr(value, name)
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Use `adapter` instead of the generic one for its model types (docs/extending.md); once per type.
 
-    read.__doc__ = f"`{record}.{name}` (the name from when an adapter's fields were flat)"
-    return property(read)
-
-
-for _name, (_record, _field) in FLAT.items():
-    _default = next((f.default for f in dataclasses.fields(RECORDS[_record]) if f.name == _field), None)
-    setattr(Adapter, _name, _flat(_record, _field, None if _default is dataclasses.MISSING else _default,
-                                  {_field: _name}))
-del _name, _record, _field, _default
+    Args:
+        adapter: an `Adapter` naming where positions enter those model types.
+    """
+    for model_type in adapter.model_types:  # all checked before any is taken: no half-registered adapter
+        if model_type in ADAPTERS:
+            raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
+    ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
+    return adapter
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,7 @@
 RoBERTa numbers positions from `padding_idx + 1`; DistilBERT has no token types.
 """
 
-from ..registry import register_adapter
-from .base import Adapter, Blocks, Embeddings, PositionSlot, QKTap
+from .base import Adapter, Blocks, Embeddings, PositionSlot, QKTap, register_adapter
 
 BERT = register_adapter(
     Adapter(

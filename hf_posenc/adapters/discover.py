@@ -355,13 +355,3 @@ def _relative(path: str, base: str) -> str:
 def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
 
-
-def __getattr__(name: str) -> Any:
-    """`Structure`, the flat record discovery returned before `Found`: deprecated, the same as `Found`."""
-    if name == "Structure":
-        import warnings
-
-        warnings.warn("adapters.discover.Structure is deprecated: discover() returns an adapters.found.Found",
-                      DeprecationWarning, stacklevel=2)
-        return Found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

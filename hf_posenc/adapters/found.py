@@ -6,7 +6,6 @@ decided from, and what the zoo catalog prints).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,17 +53,6 @@ class Details:
     unexplained: tuple[str, ...] = ()  # what looks like a position but discovery cannot place: the model is refused
 
 
-# `Structure`'s flat names (before discovery returned records) -> where each is now; still read, with a
-# DeprecationWarning. Every other old name is a field of `Details` of the same name.
-MOVED = {"loop_owner": "blocks.loop", "layers": "blocks.layers", "attention": "blocks.attention",
-         "relay_kwargs": "blocks.relay_kwargs", "carry_kwargs": "blocks.carry_kwargs", "taps": "qk.projections",
-         "tap_per_head": "qk.per_head", "tap_layout": "qk.layout", "slot_offset": "slot.offset.rows",
-         "slot_adds_offset": "slot.adds_offset", "token_type_ids": "embeddings.token_type_ids",
-         "other_embeddings": "embeddings.other", "positions_field": "embeddings.positions_field",
-         "rotary_layer_types": "rotation.layer_types", "native_bias": "bias.argument", "bias_table": "bias.table"}
-DETAILS = frozenset(f.name for f in dataclasses.fields(Details))
-
-
 @dataclass(frozen=True)
 class Found:
     """What discovery found in one model: the records of its generic adapter (`blocks` None: no block holds
@@ -85,17 +73,6 @@ class Found:
     def to_dict(self) -> dict[str, Any]:
         """Plain data, nested by record (the zoo catalog writes it)."""
         return _plain(dataclasses.asdict(self))
-
-    def __getattr__(self, name: str) -> Any:  # only reached for names that are not fields
-        if name not in MOVED and name not in DETAILS:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        where = MOVED.get(name, f"details.{name}")
-        warnings.warn(f"Found.{name} is deprecated: read Found.{where}", DeprecationWarning, stacklevel=2)
-        value: Any = self
-        for part in where.split("."):
-            value = getattr(value, part, None)
-        return value
-
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):

@@ -1,7 +1,6 @@
 """GPT-2: learned absolute table `wpe`; q, k, v leave one Conv1D `c_attn` packed as [q | k | v]."""
 
-from ..registry import register_adapter
-from .base import Adapter, Blocks, PositionSlot, QKTap
+from .base import Adapter, Blocks, PositionSlot, QKTap, register_adapter
 
 GPT2 = register_adapter(
     Adapter(

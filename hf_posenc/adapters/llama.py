@@ -5,8 +5,7 @@ needs nothing extra. Schemes transformers cannot express (xPos) switch the nativ
 tap q/k where the model would rotate them: after the projections, or after Qwen3's q/k norms.
 """
 
-from ..registry import register_adapter
-from .base import Adapter, Blocks, QKTap, Rotation
+from .base import Adapter, Blocks, QKTap, Rotation, register_adapter
 
 LLAMA = register_adapter(
     Adapter(

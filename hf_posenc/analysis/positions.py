@@ -8,11 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from .. import sites
-from ..adapters.base import get_module
+from ..adapters.base import ADAPTERS, get_module
 from ..catalog import adapter_for, get_scheme
 from ..errors import PosEncError
 from ..patching import ROTARY_MODULE, describe
-from ..registry import ADAPTERS
 
 
 def position_kind(model: nn.Module) -> str:

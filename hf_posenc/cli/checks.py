@@ -86,7 +86,7 @@ def check_weights(file: Path) -> None:
 
 def saved_patch(config_path: Path, config: dict[str, Any]) -> None:
     """A folder's `config.posenc`, when present, is a patch this hf-posenc reads (so the load cannot fail on it)."""
-    from ..saving import MODEL_TYPE
+    from ..writing import MODEL_TYPE
 
     posenc = config.get("posenc")
     if posenc is None:

@@ -91,10 +91,11 @@ def main(args: argparse.Namespace) -> int:
 def _flow(args: argparse.Namespace, t0: float) -> int:
     import torch
 
-    from .. import from_pretrained, hub, patch, plots, unpatch
+    from .. import hub, plots
     from ..analysis import inspect_model, max_positions
-    from ..loading import load
+    from ..loading import from_pretrained, load
     from ..models import display_name
+    from ..patching import patch, unpatch
 
     out = clear_out(args.out, "demo", [args.model], until_finished=True)  # complete once every step below is
     settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",

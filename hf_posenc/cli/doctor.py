@@ -46,7 +46,8 @@ def check(args: argparse.Namespace) -> None:
 
 def versions() -> dict[str, dict[str, Any]]:
     """Installed version of each library a patched model meets, with the range hf-posenc was tested on."""
-    from .. import __version__, compat
+    from .. import compat
+    from ..version import __version__
 
     out: dict[str, dict[str, Any]] = {"python": {"installed": platform.python_version()},
                                       "hf-posenc": {"installed": __version__}}

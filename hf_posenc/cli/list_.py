@@ -38,7 +38,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..registry import MODEL_TYPES, SEQ2SEQ_TYPES, SNAPSHOT
+    from ..paths import MODEL_TYPES, SEQ2SEQ_TYPES, SNAPSHOT
 
     if args.scheme:
         return print_options(args.scheme, args.json)

@@ -1,6 +1,6 @@
 """The `Suite` contract: what `hf-posenc eval --suite NAME` runs, one module per suite (`evaluation/suites/`),
-registered with `hf_posenc.registry.register_suite` on its last line, as a scheme is. Torch-free: the command
-line builds its flags and refuses a typo from the registry before anything heavy is imported.
+registered with `register_suite` (here, beside the table it fills, `SUITES`) on its last line, as a scheme is.
+Torch-free: the command line builds its flags and refuses a typo from the table before anything heavy is imported.
 
 A suite says its name, its settings (a dataclass whose fields, with their help and domain, are its `eval`
 flags), the metric tables it writes (`results.Metric`: headline fields, rate, model-index task and dataset,
@@ -16,8 +16,7 @@ from typing import Any, ClassVar
 
 from ..domains import domain_of
 from ..errors import PosEncError
-from ..registry import SUITES
-from ..results import Metric
+from ..results import METRICS, Metric
 
 Cell = tuple[str, "int | str", dict[str, Any]]  # (metric table, key, cell)
 
@@ -91,6 +90,39 @@ class Suite:
     def cells(self, scoring: Scoring, settings: Any, argument: str) -> Iterator[Cell]:
         """Score the model: yield (table, key, cell) as each cell finishes (run_suites saves after each)."""
         raise NotImplementedError
+
+
+SUITES: dict[str, Suite] = {}  # in their `order`: what `hf-posenc eval --suite` lists, tables print in
+
+
+def register_suite(suite: Suite) -> Suite:
+    """Make `suite` runnable by `hf-posenc eval --suite NAME` and `run_suites` (docs/extending.md); its
+    metric tables readable by results, cards and plots. A name is taken once per process; a setting (a
+    field of `suite.Settings`, one `eval` flag) belongs to one settings class; a metric table two suites
+    write must read the same.
+
+    Args:
+        suite: a `Suite`.
+    """
+    if suite.name in SUITES:
+        raise ValueError(f"suite {suite.name!r} is already registered")
+    owners = {f.name: other.Settings for other in SUITES.values() if other.Settings
+              for f in dataclasses.fields(other.Settings)}
+    for field in dataclasses.fields(suite.Settings) if suite.Settings else ():
+        if owners.get(field.name, suite.Settings) is not suite.Settings:
+            raise ValueError(f"suite {suite.name!r}: setting {field.name!r} is already "
+                             f"{owners[field.name].__name__}'s (one flag each); name it otherwise")
+    for name, metric in suite.metrics.items():  # all checked before any is taken: no half-registered suite
+        if METRICS.get(name, metric) != metric:
+            raise ValueError(f"suite {suite.name!r}: metric table {name!r} is already registered as {METRICS[name]}")
+    ordered = sorted([*SUITES.values(), suite], key=lambda s: s.order)  # stable: equal orders keep import order
+    SUITES.clear()
+    SUITES.update((s.name, s) for s in ordered)
+    tables = {name: metric for s in ordered for name, metric in s.metrics.items()}  # tables in the suites' order
+    tables.update(METRICS)
+    METRICS.clear()
+    METRICS.update(tables)
+    return suite
 
 
 def setting_fields() -> dict[str, tuple[dataclasses.Field, type]]:

@@ -24,11 +24,12 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-import hf_posenc
-
-from ..catalog import why_not
-from ..loading import read_config
+from ..catalog import list_schemes, supports, why_not
+from ..config import PosEncConfig
+from ..errors import PosEncError
+from ..loading import from_pretrained, read_config
 from ..models import NAMED_MODELS
+from ..patching import describe, patch
 from ..unpacked import unpacked_folder
 from .lm_eval_index import LM_EVAL_TASK_DIR
 
@@ -48,12 +49,12 @@ class _PatchingLoader:
     """Stands in for HFLM's Auto class while it loads, so every HFLM loading path (dtype, device map,
     GGUF, peft adapters on top) gets the model from `hf_posenc.from_pretrained`, patched."""
 
-    def __init__(self, model_cls: type, config: hf_posenc.PosEncConfig | None) -> None:
+    def __init__(self, model_cls: type, config: PosEncConfig | None) -> None:
         self.model_cls, self.config = model_cls, config
 
     def from_pretrained(self, path: str, **kwargs: Any) -> transformers.PreTrainedModel:
-        model = hf_posenc.from_pretrained(path, model_cls=self.model_cls, **kwargs)
-        return hf_posenc.patch(model, self.config) if self.config is not None else model
+        model = from_pretrained(path, model_cls=self.model_cls, **kwargs)
+        return patch(model, self.config) if self.config is not None else model
 
 
 @register_model(MODEL_TYPE)
@@ -72,12 +73,12 @@ class PosEncLM(HFLM):
                  **kwargs: Any) -> None:
         options = {k: kwargs.pop(k) for k in list(kwargs) if k not in HFLM_ARGS | LOADING_KWARGS}
         if options and scheme is None:
-            raise hf_posenc.PosEncError(
+            raise PosEncError(
                 f"model_args {', '.join(sorted(options))} are not lm-eval arguments; if they are scheme options, "
                 "also pass scheme=<name> (see `hf-posenc list`)"
             )
         # Validated before anything loads: a typo costs no model load.
-        self.posenc = hf_posenc.PosEncConfig(scheme, **options) if scheme else None
+        self.posenc = PosEncConfig(scheme, **options) if scheme else None
         if isinstance(pretrained, str) and pretrained in NAMED_MODELS:  # a packaged GGUF: its copy unpacked once
             pretrained = str(unpacked_folder(pretrained))
         # A model in memory goes in by its name, and `_get_config` / `_create_model` hand HFLM the object: HFLM's
@@ -99,16 +100,16 @@ class PosEncLM(HFLM):
         model_type = getattr(self._config, "model_type", None)
         try:  # the hand-written adapter, else the generic one read from a meta-device model of the config
             reason = why_not(self._config, self.posenc.scheme)
-        except hf_posenc.PosEncError as exc:
-            raise hf_posenc.PosEncError(f"{pretrained}: hf-posenc cannot patch {model_type!r} models: {exc}") from exc
+        except PosEncError as exc:
+            raise PosEncError(f"{pretrained}: hf-posenc cannot patch {model_type!r} models: {exc}") from exc
         if reason is not None:
-            allowed = [s for s in hf_posenc.list_schemes() if hf_posenc.supports(self._config, s)]
-            raise hf_posenc.PosEncError(f"{pretrained}: {model_type!r} models cannot take scheme "
+            allowed = [s for s in list_schemes() if supports(self._config, s)]
+            raise PosEncError(f"{pretrained}: {model_type!r} models cannot take scheme "
                                         f"{self.posenc.scheme!r}; supported: {', '.join(allowed)} ({reason})")
 
     def _create_model(self, pretrained: str, **kwargs: Any) -> None:
         if self.in_memory is not None:
-            self._model = hf_posenc.patch(self.in_memory, self.posenc) if self.posenc is not None else self.in_memory
+            self._model = patch(self.in_memory, self.posenc) if self.posenc is not None else self.in_memory
             return
         auto_class = self.AUTO_MODEL_CLASS
         self.AUTO_MODEL_CLASS = _PatchingLoader(auto_class, self.posenc)
@@ -118,7 +119,7 @@ class PosEncLM(HFLM):
             self.AUTO_MODEL_CLASS = auto_class
 
     def get_model_info(self) -> dict[str, Any]:
-        described = hf_posenc.describe(self.model)
+        described = describe(self.model)
         return {**super().get_model_info(), "posenc": described.to_dict() if described else None}
 
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["hf-posenc lm-eval", *argv]
     try:
         cli_evaluate()
-    except hf_posenc.PosEncError as err:
+    except PosEncError as err:
         print(f"hf-posenc lm-eval: error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from ..domains import option, positive
-from ..registry import register_scheme
-from .base import BiasScheme, DerivedBuffers, ModelFacts, RelativeBias
+from .base import BiasScheme, DerivedBuffers, ModelFacts, RelativeBias, register_scheme
 
 
 @dataclass(frozen=True)

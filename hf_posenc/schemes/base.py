@@ -17,13 +17,13 @@ A scheme knows only maths (lucidrains-style contracts):
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
+from ..config import OPTIONS
 from .rotary import Rotary
 
 Site = Literal["input", "qk", "score", "attention", "none"]
@@ -105,9 +105,6 @@ class Scheme:
         for attribute, fresh in (("test_settings", {}), ("served", False)):
             if attribute not in vars(cls):
                 setattr(cls, attribute, fresh)
-        if "native" in vars(cls):  # `config_only` by its name before issue 49
-            warnings.warn(f"{cls.__name__}.native is deprecated: set config_only", DeprecationWarning, stacklevel=2)
-            cls.config_only = vars(cls)["native"]
 
     def resolve(self, options: dict[str, Any], facts: ModelFacts) -> dict[str, Any]:
         """Fill options left as None ("take the model's own") from the model."""
@@ -165,6 +162,23 @@ class AttentionScheme(Scheme):
 
     def module(self, options: dict[str, Any], facts: ModelFacts) -> nn.Module:
         raise NotImplementedError
+
+
+# Every scheme by name, filled by `register_scheme` on the last line of each scheme's module (peft-style).
+SCHEMES: dict[str, Scheme] = {}
+
+
+def register_scheme(scheme: Scheme) -> Scheme:
+    """Make `scheme` patchable by its name (docs/extending.md); a name is taken once per process.
+
+    Args:
+        scheme: an instance of a `hf_posenc.schemes.base` site class (`BiasScheme`, `RotaryScheme`, ...).
+    """
+    if scheme.name in SCHEMES:
+        raise ValueError(f"scheme {scheme.name!r} is already registered")
+    SCHEMES[scheme.name] = scheme
+    OPTIONS[scheme.name] = scheme.Options
+    return scheme
 
 
 def check_positions(position_ids: torch.Tensor, limit: int, scheme: str) -> None:

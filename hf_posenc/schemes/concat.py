@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import Domain, at_least, one_of, option, positive
-from ..registry import register_scheme
-from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, table_rows
+from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, register_scheme, table_rows
 from .sinusoidal import BASE, sinusoidal_code
 
 

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from ..domains import at_least, option
-from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts, OwnParameters, loaded
+from .base import AttentionScheme, ModelFacts, OwnParameters, loaded, register_scheme
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import at_least, one_of, option, positive
-from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded
+from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded, register_scheme
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from ..domains import at_least, option
-from ..registry import register_scheme
-from .base import DerivedBuffers, ModelFacts, OwnParameters, loaded
+from .base import DerivedBuffers, ModelFacts, OwnParameters, loaded, register_scheme
 from .hope import TRAINED
 from .rope import PARTIAL, THETA, Rope
 

@@ -18,8 +18,7 @@ from typing import Any
 from torch import nn
 
 from ..domains import at_least, option
-from ..registry import register_scheme
-from .base import ModelFacts
+from .base import ModelFacts, register_scheme
 from .p_rope import KeptFrequencies
 from .rope import PARTIAL, THETA, Rope
 

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from ..domains import Relation, one_of, option, positive
-from ..registry import register_scheme
-from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded
+from .base import BiasScheme, ModelFacts, OwnParameters, RelativeBias, loaded, register_scheme
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import at_least, one_of, option
-from ..registry import register_scheme
-from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, table_rows
+from .base import EmbeddingDerived, InputScheme, ModelFacts, check_positions, loaded, register_scheme, table_rows
 from .sinusoidal import sinusoidal_code
 
 

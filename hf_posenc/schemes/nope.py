@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..registry import register_scheme
-from .base import Scheme
+from .base import Scheme, register_scheme
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from ..domains import between, option
-from ..registry import register_scheme
-from .base import DerivedBuffers, ModelFacts
+from .base import DerivedBuffers, ModelFacts, register_scheme
 from .rope import PARTIAL, THETA, Rope
 
 

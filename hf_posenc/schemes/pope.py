@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import one_of, option
-from ..registry import register_scheme
-from .base import AttentionScheme, DerivedBuffers, ModelFacts, OwnParameters, TransformedQK, loaded
+from .base import AttentionScheme, DerivedBuffers, ModelFacts, OwnParameters, TransformedQK, loaded, register_scheme
 from .rope import THETA, native_theta
 
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domains import between, option, positive
-from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
+from .base import ModelFacts, RotaryScheme, register_scheme
 from .rotary import Rotary
 
 

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domains import Domain, Relation, at_least, option, positive, rotary_pairs
-from ..registry import register_scheme
-from .base import ModelFacts, RotaryScheme
+from .base import ModelFacts, RotaryScheme, register_scheme
 from .rope import PARTIAL, THETA, resolve_rotation
 
 

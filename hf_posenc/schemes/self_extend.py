@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from ..domains import at_least, option
-from ..registry import register_scheme
-from .base import AttentionScheme, ModelFacts
+from .base import AttentionScheme, ModelFacts, register_scheme
 from .rope import PARTIAL, THETA, plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
 

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from ..domains import Domain, at_least, one_of, option, positive
-from ..registry import register_scheme
-from .base import DerivedBuffers, InputScheme, ModelFacts
+from .base import DerivedBuffers, InputScheme, ModelFacts, register_scheme
 
 
 # Where sin and cos go and how the frequencies are spaced, by layout name: (sin | cos in halves, frequency

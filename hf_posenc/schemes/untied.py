@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..domains import at_least, option
-from ..registry import register_scheme
+from .base import register_scheme
 from .base import BiasScheme, EmbeddingDerived, ModelFacts, OwnParameters, check_positions, loaded, table_rows
 
 

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from ..domains import option, positive
-from ..registry import register_scheme
-from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK
+from .base import AttentionScheme, DerivedBuffers, ModelFacts, TransformedQK, register_scheme
 from .rope import PARTIAL, THETA, plain_rotary, resolve_rotation
 from .rotary import Rotary, rotate_heads
 

@@ -41,7 +41,7 @@ from .. import compat, sites
 from ..catalog import list_architectures, supports, why_not
 from ..config import PosEncConfig
 from ..errors import PosEncError
-from ..registry import ADAPTERS
+from ..adapters.base import ADAPTERS
 from ..state import STATE_ATTR
 from ..tiny import tiny_config
 from ..view import read

@@ -22,7 +22,7 @@ from .. import compat, sites
 from ..catalog import get_scheme, why_not
 from ..config import PosEncConfig, required_options
 from ..errors import PosEncError
-from ..saving import AUTO_CLASSES, LEGACY_REMOTE_CODE, REMOTE_CODE, remote_code
+from ..writing import AUTO_CLASSES, LEGACY_REMOTE_CODE, REMOTE_CODE, remote_code
 from ..tiny import tiny_ids
 from ..view import read
 from .heads import Head, primary

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..catalog import get_scheme, list_schemes
 from ..errors import PosEncError
-from ..saving import stock_architectures
+from ..writing import stock_architectures
 from ..schemes.base import ModelFacts, RotaryScheme
 from ..schemes.rotary import Rotary
 

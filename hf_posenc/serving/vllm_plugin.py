@@ -1,5 +1,5 @@
 """The vLLM plug-in (entry point `vllm.general_plugins`: hf-posenc): registers the architectures that patched
-folders name (`hf_posenc.saving.own_architecture`), so vLLM serves them with their own positions.
+folders name (`hf_posenc.writing.own_architecture`), so vLLM serves them with their own positions.
 
 vLLM calls `register` in every process it starts, before it reads a model; registering lazily
 ("module:Class") keeps vLLM's model code unimported until a folder asks for one of these classes.
@@ -7,7 +7,7 @@ vLLM calls `register` in every process it starts, before it reads a model; regis
 
 from __future__ import annotations
 
-from ..saving import own_architecture
+from ..writing import own_architecture
 from .positions import ARCHITECTURES
 
 __all__ = ["register"]

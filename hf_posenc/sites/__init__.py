@@ -12,27 +12,11 @@ into one model, `layers` a per-layer map, `stacks` the stacks of a plan; a new s
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
-from .. import view
 from .base import remove_hooks
-from .entry import Entry
+from .entry import Entry, StackPlan
 from .stacks import install
 from .table import SITES, kind, needs, probe, probes, site_refusal, stacks_refusal, title
 
 
-# Names this package had before issue 49 -> what they are now: still read, with a DeprecationWarning.
-RENAMED = {"Stack": "hf_posenc.view.Stack (one type describes a stack)", "why_not": "site_refusal",
-           "why_not_stacks": "stacks_refusal"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in RENAMED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"sites.{name} is deprecated: use {RENAMED[name]}", DeprecationWarning, stacklevel=2)
-    return {"Stack": view.Stack, "why_not": site_refusal, "why_not_stacks": stacks_refusal}[name]
-
-
-__all__ = ["SITES", "Entry", "install", "kind", "needs", "probe", "probes", "remove_hooks", "site_refusal",
+__all__ = ["SITES", "Entry", "StackPlan", "install", "kind", "needs", "probe", "probes", "remove_hooks", "site_refusal",
            "stacks_refusal", "title"]

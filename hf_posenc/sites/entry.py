@@ -1,5 +1,5 @@
-"""What a site installer is handed: one entry of a patch plan (`hf_posenc.plan`); the stacks that hold them are
-`hf_posenc.view.Stack`s.
+"""What the installers are handed: a patch plan's stacks (`StackPlan`, built by `hf_posenc.plan`), each holding the
+entries of one stack, and an entry (`Entry`), what one site installer reads.
 
 An entry is everything one install reads, so no installer looks anywhere else for it: the scheme, its config
 with every option resolved, the adapter as this entry sees the model (a per-layer entry's view sees only its
@@ -9,7 +9,6 @@ layers), the stock facts of the model or stack it goes into, and what the plan f
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,12 +31,18 @@ class Entry:
     tag: str = ""
     keeps_slot: bool = False
 
-    @property
-    def native_slot(self) -> bool:
-        """`keeps_slot`, by its name before issue 49 (deprecated)."""
-        warnings.warn("Entry.native_slot is deprecated: read Entry.keeps_slot", DeprecationWarning, stacklevel=2)
-        return self.keeps_slot
 
+
+@dataclasses.dataclass(frozen=True)
+class StackPlan:
+    """One stack as a plan hands it to `sites.install`: its name (None: the model's one stack; else an
+    encoder-decoder's "encoder" or "decoder"), its adapter, and the entries installed into it (`per_layer`: a
+    per-layer map's, else one entry over every layer). Built whole by the plan: nothing fills it later."""
+
+    name: str | None
+    adapter: Adapter
+    entries: tuple[Entry, ...]
+    per_layer: bool = False
 
 def slot_needs(adapter: Adapter) -> list[str]:
     """The mechanism every site but the input one needs on a model with a position slot it takes away."""

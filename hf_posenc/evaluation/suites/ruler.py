@@ -9,10 +9,9 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...registry import register_suite
+from ..suite import Cell, Scoring, Suite, register_suite
 from ...results import RULER_TASKS, Metric, Plot
 from ..names import HAYSTACK, MAX_SAMPLES, parse_tasks
-from ..suite import Cell, Scoring, Suite
 
 PREFIX = "ruler "  # the tables: "ruler niah_single_1", ...
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...registry import register_metric, register_suite
-from ...results import Metric
-from ..suite import Cell, Scoring, Suite
+from ...results import Metric, register_metric
+from ..suite import Cell, Scoring, Suite, register_suite
 from .synthetic import LENGTH_GENERALIZATION, TASKS, SyntheticData, TaskSettings, exact_match
 
 PREFIX = "seq2seq_"

@@ -8,10 +8,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...domains import at_least, option
-from ...registry import register_suite
+from ..suite import Cell, Scoring, Suite, register_suite
 from ...results import Metric, Plot
 from ...stats import rate_fields
-from ..suite import Cell, Scoring, Suite
 
 TASKS = ("copy", "reverse", "addition")  # `hf_posenc.data.SYNTHETIC_TASKS`, named here without importing datasets
 # one figure for every length-generalisation table (the encoder-decoder suites' too)

@@ -20,7 +20,7 @@ import torch
 
 from ...catalog import get_scheme
 from ...errors import PosEncError
-from ...saving import stock_architectures
+from ...writing import stock_architectures
 from ...schemes.base import ModelFacts
 from ...schemes.rotary import Rotary
 
