@@ -123,7 +123,7 @@ def test_the_committed_study_is_what_the_readme_reports():
         assert set(r) == {"arm", "seed", "tokens", "params", "metrics"} and r["tokens"] == s.tokens
     expected = run.summary(saved["runs"], s) + "\n" + run.geometry_summary(saved["runs"])
     assert (REPO / "benchmarks" / "study" / "results.md").read_text() == expected
-    assert '--8<-- "benchmarks/study/results.md"' in (REPO / "docs" / "benchmarks" / "study.md").read_text()
+    assert '<!-- posenc:include benchmarks/study/results.md -->' in (REPO / "docs" / "benchmarks" / "study.md").read_text()
 
 
 def test_the_gpu_scale_trains_30x_the_cpu_tokens_on_a_wider_model_sized_by_throughput():
