@@ -207,8 +207,11 @@ def _autocast_seen(model: torch.nn.Module) -> list[bool]:
 
 def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets, tmp_path, bf16_accelerator):
     """A bf16 student beside an fp32 teacher or baseline is another model on A100/H100: the teacher's forward and
-    the evaluation before the swap run under the same autocast as the student's."""
-    from hf_posenc.train import runner
+    Trainer's evaluation of the model before the swap (never prepared) run under the same autocast as the student's."""
+    from transformers import TrainingArguments
+
+    from hf_posenc.train import tasks
+    from hf_posenc.train.trainer import PosEncTrainer
 
     recipe = _recipe(assets, tmp_path, objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
@@ -219,12 +222,21 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
     Objective(recipe, teacher)(student, {"input_ids": ids, "labels": ids})
     assert taught == [True] and teaching == [True]
 
-    original, tokenizer = modeling.load_recipe_model(recipe)  # scored before `prepare`, as the runner does
+    original, tokenizer = modeling.load_recipe_model(recipe)  # never prepared, as in the runner
     evaluated = _autocast_seen(original)
     data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
-    loader = torch.utils.data.DataLoader(data.eval, 4, collate_fn=data.collate)
-    runner.evaluator(bf16_accelerator, loader, recipe, data, tokenizer)(original, "the original model")
+    task = tasks.TRAINING_TASKS["causal_lm"]
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), bf16=True, use_cpu=True, report_to="none",
+                             per_device_eval_batch_size=4, remove_unused_columns=False, label_names=["labels"],
+                             disable_tqdm=True, accelerator_config={"use_configured_state": True})
+    trainer = PosEncTrainer(model=student, args=args, eval_dataset=data.eval, data_collator=data.collate,
+                            objective=Objective(recipe, teacher), scores=task.scores,
+                            tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
+                            held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    trainer.accelerator.prepare_model(student, evaluation_mode=True)  # as training prepared it before the reference
+    tables = trainer.evaluate_other(original, "the original model", "eval_original")
     assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
+    assert tables["perplexity"][str(recipe.data.seq_len)]["windows"] == len(data.eval)
 
 
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])
