@@ -343,12 +343,13 @@ def test_distill_two_processes_match_one(tmp_path, assets):
 @pytest.mark.slow
 def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
     """accelerate's own FSDP2 preparation on 2 CPU processes (`distributed_worker.fsdp_state`): the student and
-    its teacher sharded per decoder layer; one process's losses and curve, the unpatched model's logits."""
+    its teacher sharded per decoder layer; one process's losses, curve and score of the model before the swap, the
+    unpatched model's logits."""
     from test_eval_distributed import torchrun
 
     sections = {"max_steps": 4, "global_batch_size": 4, "per_device_train_batch_size": 1, "objective": "lm+distill",
                 "distill": {"temperature": 2.0, "hidden_weight": 0.1}, "pose": {"target_length": 96, "chunks": 2},
-                "trainable": ["posenc", "norms"], "eval_every_steps": 2, "eval_original": False, "save_model": False}
+                "trainable": ["posenc", "norms"], "eval_every_steps": 2, "eval_original": True, "save_model": False}
     one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
     two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
     proc = run_cli([str(one)])
@@ -367,6 +368,10 @@ def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
         assert rank["dtensors"] == rank["params"] and rank["student_dtensors"] > 0  # still shards after its forward
         assert 0.4 * full < rank["local"] < 0.6 * full
     assert sum(rank["local"] for rank in ranks) == full
+    # the model before the swap, which shares the student's tensors, is scored once the student is sharded
+    original1, original2 = (results.load(tmp_path / run / "results.json").run("original").metrics["perplexity"]["32"]
+                            for run in ("one", "two"))
+    assert original2["loss"] == pytest.approx(original1["loss"], rel=1e-5) and original2["windows"] == 8
 
     assert_same_losses_and_curve(tmp_path)
 
