@@ -207,8 +207,11 @@ def _autocast_seen(model: torch.nn.Module) -> list[bool]:
 
 def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets, tmp_path, bf16_accelerator):
     """A bf16 student beside an fp32 teacher or baseline is another model on A100/H100: the teacher's forward and
-    the evaluation before the swap run under the same autocast as the student's."""
-    from hf_posenc.train import runner
+    Trainer's evaluation of the model before the swap (never prepared) run under the same autocast as the student's."""
+    from transformers import TrainingArguments
+
+    from hf_posenc.train import tasks
+    from hf_posenc.train.trainer import PosEncTrainer
 
     recipe = _recipe(assets, tmp_path, objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
@@ -219,12 +222,21 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
     Objective(recipe, teacher)(student, {"input_ids": ids, "labels": ids})
     assert taught == [True] and teaching == [True]
 
-    original, tokenizer = modeling.load_recipe_model(recipe)  # scored before `prepare`, as the runner does
+    original, tokenizer = modeling.load_recipe_model(recipe)  # never prepared, as in the runner
     evaluated = _autocast_seen(original)
     data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
-    loader = torch.utils.data.DataLoader(data.eval, 4, collate_fn=data.collate)
-    runner.evaluator(bf16_accelerator, loader, recipe, data, tokenizer)(original, "the original model")
+    task = tasks.TRAINING_TASKS["causal_lm"]
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), bf16=True, use_cpu=True, report_to="none",
+                             per_device_eval_batch_size=4, remove_unused_columns=False, label_names=["labels"],
+                             disable_tqdm=True, accelerator_config={"use_configured_state": True})
+    trainer = PosEncTrainer(model=student, args=args, eval_dataset=data.eval, data_collator=data.collate,
+                            objective=Objective(recipe, teacher), scores=task.scores,
+                            tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
+                            held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    trainer.accelerator.prepare_model(student, evaluation_mode=True)  # as training prepared it before the reference
+    tables = trainer.evaluate_other(original, "the original model", "eval_original")
     assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
+    assert tables["perplexity"][str(recipe.data.seq_len)]["windows"] == len(data.eval)
 
 
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])
@@ -331,12 +343,13 @@ def test_distill_two_processes_match_one(tmp_path, assets):
 @pytest.mark.slow
 def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
     """accelerate's own FSDP2 preparation on 2 CPU processes (`distributed_worker.fsdp_state`): the student and
-    its teacher sharded per decoder layer; one process's losses and curve, the unpatched model's logits."""
+    its teacher sharded per decoder layer; one process's losses, curve and score of the model before the swap, the
+    unpatched model's logits."""
     from test_eval_distributed import torchrun
 
     sections = {"max_steps": 4, "global_batch_size": 4, "per_device_train_batch_size": 1, "objective": "lm+distill",
                 "distill": {"temperature": 2.0, "hidden_weight": 0.1}, "pose": {"target_length": 96, "chunks": 2},
-                "trainable": ["posenc", "norms"], "eval_every_steps": 2, "eval_original": False, "save_model": False}
+                "trainable": ["posenc", "norms"], "eval_every_steps": 2, "eval_original": True, "save_model": False}
     one = write_recipe(tmp_path / "one.yaml", recipe_dict(assets, tmp_path / "one", **sections))
     two = write_recipe(tmp_path / "two.yaml", recipe_dict(assets, tmp_path / "two", **sections))
     proc = run_cli([str(one)])
@@ -355,6 +368,10 @@ def test_distill_under_fsdp2_two_processes_match_one(tmp_path, assets):
         assert rank["dtensors"] == rank["params"] and rank["student_dtensors"] > 0  # still shards after its forward
         assert 0.4 * full < rank["local"] < 0.6 * full
     assert sum(rank["local"] for rank in ranks) == full
+    # the model before the swap, which shares the student's tensors, is scored once the student is sharded
+    original1, original2 = (results.load(tmp_path / run / "results.json").run("original").metrics["perplexity"]["32"]
+                            for run in ("one", "two"))
+    assert original2["loss"] == pytest.approx(original1["loss"], rel=1e-5) and original2["windows"] == 8
 
     assert_same_losses_and_curve(tmp_path)
 

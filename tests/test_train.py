@@ -269,6 +269,39 @@ def test_run_writes_logs_and_reloads_merged_and_unmerged(tmp_path, assets):
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # same training, saved two ways
 
 
+def test_held_out_scores_reach_tensorboard_in_an_epoch_based_run(tmp_path, assets):
+    """Evaluation is Trainer's: `eval_strategy: epoch` with `eval_on_start` on a recipe trained by epochs (no
+    max_steps), its held-out tables logged so that `report_to: tensorboard` writes them into a real event file in
+    the run folder, the same numbers as results.json and the recovery curve; `load_best_model_at_end` works."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(
+        assets, out, max_steps=-1, num_train_epochs=2, max_train_samples=16, eval_strategy="epoch",
+        save_strategy="epoch", load_best_model_at_end=True, report_to="tensorboard", save_model=False))
+    proc = run_cli([str(path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = results.load(out / "results.json")
+    assert record.details["steps"] == 8  # 16 blocks of 4 a step, twice
+    assert [row["step"] for row in record.details["curve"]] == [0, 4, 8]
+    files = list(out.rglob("events.out.tfevents.*"))
+    assert files, sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    scalars = {}
+    for file in files:
+        events = EventAccumulator(str(file))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars.setdefault(tag, {}).update({e.step: e.value for e in events.Scalars(tag)})
+    held_out = scalars["eval/perplexity/32/perplexity"]
+    assert sorted(held_out) == [0, 4, 8], scalars.keys()
+    before = record.run("before training").metrics["perplexity"]["32"]
+    assert held_out[0] == pytest.approx(before["perplexity"], rel=1e-5)
+    assert scalars["eval/loss"][0] == pytest.approx(before["loss"], rel=1e-5)
+    assert scalars["eval/original_perplexity/32/perplexity"][0] == pytest.approx(
+        record.run("original").metrics["perplexity"]["32"]["perplexity"], rel=1e-5)
+    assert "train/loss" in scalars
+
+
 def test_classification_recipe_with_rope_on_bert(tmp_path):
     bert = tiny_assets(tmp_path / "bert", "bert")
     path = write_recipe(tmp_path / "cls.yaml", recipe_dict(

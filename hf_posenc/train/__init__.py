@@ -11,9 +11,11 @@ The same code runs under every launcher (the command line lives in `hf_posenc.cl
     inputs      the data: load, check columns, tokenize
     modeling    the model: load, swap the scheme, choose what trains (peft, modules_to_save), save
     run_folder  preflight (every check before compute, once per run), run.json, the checkpoints Trainer wrote
-    trainer     what Trainer takes: the objective's compute_loss, the recovery curve's callback, a labelled bar,
-                StopOnSignal (Ctrl-C and SIGTERM end the step under way, save, and name the command that continues)
-    runner      a run as setup -> Trainer.train -> finish, results.json
+    trainer     what Trainer takes: the objective's compute_loss, the held-out tables as its evaluation metrics
+                (so they reach report_to), the callback that makes results.json's runs and recovery curve of its
+                evaluations, a labelled bar, StopOnSignal (Ctrl-C and SIGTERM end the step under way, save, and
+                name the command that continues)
+    runner      a run as setup -> Trainer.train (its evaluations included) -> finish, results.json
 """
 
 import importlib

@@ -202,7 +202,11 @@ def _check(ok: bool, source: str, where: str, message: str) -> None:
 def validate(recipe: Recipe) -> Recipe:
     """Cross-field checks that do not need the model or the data (TrainingArguments checked its own)."""
     s, t, p, d, m = recipe.source, recipe.training, recipe.posenc, recipe.data, recipe.model
-    for where, value in [("max_steps", t.max_steps), ("per_device_train_batch_size", t.per_device_train_batch_size),
+    _check(t.max_steps >= 1 or t.max_steps == -1, s, "max_steps",
+           f"must be >= 1, or -1 to train num_train_epochs epochs, got {t.max_steps}")
+    _check(t.max_steps >= 1 or t.num_train_epochs > 0, s, "num_train_epochs",
+           f"must be > 0 when max_steps is -1, got {t.num_train_epochs}")
+    for where, value in [("per_device_train_batch_size", t.per_device_train_batch_size),
                          ("seq_len", d.seq_len), ("num_labels", m.num_labels), ("lora_r", p.lora_r),
                          ("per_device_eval_batch_size", t.per_device_eval_batch_size)]:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")

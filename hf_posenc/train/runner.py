@@ -1,6 +1,7 @@
-"""A recipe's run on transformers' `Trainer`: setup (the checks, the model before the swap scored, the swap, the
-Trainer) -> `Trainer.train` -> finish (scores after training, results.json, plots, the model). What may be written
-where is `run_folder`'s; the loss, the curve and the labelled bar are `trainer`'s."""
+"""A recipe's run on transformers' `Trainer`: setup (the checks, the swap, the Trainer with the held-out data) ->
+`Trainer.train` (which scores the model before the swap, then evaluates as `eval_strategy` / `eval_on_start` say and
+at the last step) -> finish (results.json, plots, the model). What may be written where is `run_folder`'s; the loss,
+the held-out tables, the curve and the labelled bar are `trainer`'s."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .. import folders, plots, results
 from ..errors import PosEncError
 from ..evaluation import processes
 from ..patching import describe
-from ..progress import bar, waiting
+from ..progress import waiting
 from ..results import write_json
 from . import inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
@@ -35,7 +36,7 @@ from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback, StopOnSi
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
           checked: Checked | None = None) -> results.Results:
     """Run a recipe under whatever `accelerate launch` set up; returns what it wrote to results.json:
-    the runs "original" (LM only), "before training" and "after training", as `evaluation` sets allow.
+    the runs "original" (LM only), "before training" and "after training", as the recipe's eval_* fields allow.
 
     Args:
         recipe: a validated Recipe (see `load_recipe`).
@@ -69,23 +70,27 @@ class Session:
     task: tasks.Task
     data: inputs.Prepared
     latest: Path | None
-    original: dict[str, Any] | None
 
     @property
     def out(self) -> Path:
         return Path(self.recipe.training.output_dir)
 
 
-def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False) -> TrainingArguments:
+def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False,
+               resumed: bool = False) -> TrainingArguments:
     """The recipe's TrainingArguments fields as this run takes them: checkpoints in `out/checkpoints`, the
     accumulation that makes `global_batch_size` on `world` processes, the launch's device, non-reentrant
-    checkpointing unless the recipe says otherwise. `configured`: the caller made an Accelerator before the run,
-    whose state (its precision, its FSDP plugin) Trainer then uses instead of resetting it."""
-    fields = recipe.trainer_fields
+    checkpointing unless the recipe says otherwise, evaluation every `eval_every_steps` and on start (`eval_before`)
+    unless the recipe sets Trainer's own fields (a resumed run has its first evaluation). `configured`: the caller
+    made an Accelerator before the run, whose state (its precision, its FSDP plugin) Trainer then uses instead of
+    resetting it."""
+    fields, p = recipe.trainer_fields, recipe.posenc
     checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} \
         if fields.get("gradient_checkpointing") and not fields.get("gradient_checkpointing_kwargs") else {}
+    every = {"eval_strategy": "steps", "eval_steps": p.eval_every_steps} if p.eval_every_steps else {}
     return TrainingArguments(**{
-        "disable_tqdm": not sys.stderr.isatty(), **fields, **checkpointing, "output_dir": str(out / CHECKPOINTS),
+        "disable_tqdm": not sys.stderr.isatty(), **every, "eval_on_start": p.eval_before, **fields, **checkpointing,
+        **({"eval_on_start": False} if resumed else {}), "output_dir": str(out / CHECKPOINTS),
         "gradient_accumulation_steps": recipe.accumulation(world), "use_cpu": cpu,
         **({"accelerator_config": {"use_configured_state": True}} if configured else {})})
 
@@ -105,7 +110,8 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
         shutil.rmtree(out)
     joined.wait_for_everyone()
     latest = checkpoints(out)[-1] if resume and checkpoints(out) else None
-    args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu", configured=configured)
+    args = _arguments(recipe, out, world, cpu=joined.device.type == "cpu", configured=configured,
+                      resumed=latest is not None)
     scope.threads(recipe.posenc.threads)
     set_seed(recipe.training.seed)  # the patch's and LoRA's initialisation; Trainer seeds the run itself
     with waiting(f"loading {recipe.model.model_name_or_path} and preparing the data ({recipe.data.dataset_name})",
@@ -123,18 +129,21 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     student = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
     if teacher is not None:
         _report_teacher(teacher.freeze_trained() / 2**20, fsdp, world, joined.is_main_process)
-    trainer = PosEncTrainer(model=student, args=args, train_dataset=data.train, data_collator=data.collate,
-                            processing_class=tokenizer, objective=objective)
-    loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(
-        data.eval, recipe.training.per_device_eval_batch_size, collate_fn=data.collate))
-    evaluate = evaluator(trainer.accelerator, loader, recipe, data, tokenizer)
-    callback = RecoveryCallback(evaluate, recipe.posenc.eval_every_steps, recipe.data.seq_len,
-                                recipe.posenc.eval_before, trainer)
+    trainer = PosEncTrainer(
+        model=student, args=args, train_dataset=data.train, eval_dataset=data.eval, data_collator=data.collate,
+        processing_class=tokenizer, objective=objective, scores=task.scores,
+        tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
+        held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    scored = recipe.posenc.eval_original and recipe.posenc.scheme and task.original and latest is None
+    callback = RecoveryCallback(  # the model before the swap is scored once training prepared the student
+        trainer, recipe.data.seq_len, recipe.posenc.eval_after, reference=before_swap if scored else None,
+        on_original=lambda tables: joined.is_main_process and _write_run_file(recipe, trainer, latest, teacher, tables))
+    del before_swap
     trainer.add_callback(stop)
     trainer.add_callback(callback)  # after `stop`: it snapshots for a checkpoint that `stop` asks for too
     if not args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(LabelledProgress)
+        trainer.add_callback(LabelledProgress(trainer))
     original = None
     if latest is not None:
         state = json.loads((latest / STATE_FILE).read_text())
@@ -143,15 +152,12 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
             raise PosEncError(f"{latest} was written by {len(saved['samples'])} process(es); resume it with as "
                               f"many, not {world}")
         callback.restore(saved)
-        original = json.loads((out / RUN_FILE).read_text()).get("original")
-    elif recipe.posenc.eval_original and recipe.posenc.scheme and task.original:
-        original = evaluate(before_swap.to(trainer.accelerator.device), "before the swap (reference)")
-    del before_swap
+        original = callback.original = json.loads((out / RUN_FILE).read_text()).get("original")
     if joined.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         _write_run_file(recipe, trainer, latest, teacher, original)
     joined.wait_for_everyone()
-    return Session(recipe, trainer, callback, record, tokenizer, task, data, latest, original)
+    return Session(recipe, trainer, callback, record, tokenizer, task, data, latest)
 
 
 def _fsdp(recipe: Recipe, launched: DistributedType) -> bool:
@@ -165,30 +171,6 @@ def _fsdp(recipe: Recipe, launched: DistributedType) -> bool:
                           "its teacher; set fsdp_version: 2 in the accelerate config (as the shipped 'fsdp' one does), "
                           "use DDP (--accelerate-config ddp), or 'lm'")
     return True
-
-
-def evaluator(accelerator: Any, loader: Any, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Any:
-    """`evaluate(model)`: the metric tables (see `hf_posenc.results`) of the held-out data, sharded over processes:
-    the task's per-sample scores, gathered, then its tables (`tasks.TRAINING_TASKS`). Under the training's autocast,
-    which the model before the swap (never prepared) would otherwise run without: another model than the one trained."""
-    task = tasks.TRAINING_TASKS[recipe.model.task]
-
-    def evaluate(model: torch.nn.Module, why: str) -> dict[str, dict[str, dict[str, Any]]]:
-        """`why` names the pass on its progress bar: a run makes several, before its first step too."""
-        was_training = model.training
-        model.eval()
-        gathered: dict[str, list[torch.Tensor]] = {}
-        with torch.no_grad(), accelerator.autocast():
-            for batch in bar(loader, desc=f"held-out: {why}", unit="batch", show=accelerator.is_main_process):
-                for name, values in task.scores(model, batch).items():
-                    gathered.setdefault(name, []).append(accelerator.gather_for_metrics(values))
-            scores = {name: torch.cat(values) for name, values in gathered.items()}
-            # every rank calls the suites alike and scores its share (as many forwards each: FSDP's are collective)
-            metrics = task.tables(accelerator.unwrap_model(model), scores, recipe, data, tokenizer)
-        model.train(was_training)
-        return metrics
-
-    return evaluate
 
 
 def _report_teacher(cloned_mib: float, fsdp: bool, world: int, main: bool) -> None:
@@ -223,7 +205,10 @@ def _finish(run: Session) -> results.Results:
     """Score the trained model, write results.json, loss.json, the plots and the model; mark the folder finished."""
     recipe, trainer = run.recipe, run.trainer
     accelerator = trainer.accelerator
-    after = run.callback.evaluate(trainer.model_wrapped, "after training") if recipe.posenc.eval_after else None
+    after = run.callback.after if recipe.posenc.eval_after else None
+    if after is not None and trainer.args.load_best_model_at_end:  # Trainer loaded the best after the last step
+        trainer.evaluate(metric_key_prefix="eval_best", why="the best checkpoint (after training)")
+        after = trainer.tables
     measured = run.callback.snapshot()
     log = [{"step": row["step"], "loss": row["loss"], "lr": row.get("learning_rate"),
             **{k: row[k] for k in ("grad_norm", "tokens_per_s", "elapsed_s", "cpu_s") if k in row}}
@@ -254,13 +239,13 @@ def _record(run: Session, after: dict[str, Any] | None, measured: dict[str, Any]
         "steps": trainer.state.global_step, "world_size": trainer.accelerator.num_processes,
         "samples_per_rank": measured["samples"], "tokens_per_rank": measured["tokens"], "train_seconds": wall,
         "tokens_per_s": sum(measured["tokens"]) / wall if wall else None,
-        **({"curve": measured["curve"]} if recipe.posenc.eval_every_steps else {}),
+        **({"curve": measured["curve"]} if trainer.args.eval_strategy != "no" and measured["curve"] else {}),
     }
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     swapped = {"scheme": recipe.posenc.scheme, "options": dict(recipe.posenc.scheme_options),
                "posenc": getattr(unwrapped.config, "posenc", None) if describe(unwrapped) else None}
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
-                   for label, metrics in (("original", run.original), ("before training", measured["before"]),
+                   for label, metrics in (("original", measured["original"]), ("before training", measured["before"]),
                                           ("after training", after)) if metrics is not None]
     return record
 
@@ -278,5 +263,5 @@ def _plot(run: Session, log: list[dict[str, Any]]) -> None:
     if points:
         after = next((r.metrics.get("perplexity", {}) for r in run.record.runs if r.label == "after training"), {})
         held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset_name).name}"
-        plots.recovery_curve(points, run.out / "curve.png", reference=run.original, seq_len=recipe.data.seq_len,
+        plots.recovery_curve(points, run.out / "curve.png", reference=run.callback.original, seq_len=recipe.data.seq_len,
                              held_out=held_out, final=(steps, {n: c["perplexity"] for n, c in after.items()}))

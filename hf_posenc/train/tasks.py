@@ -1,9 +1,9 @@
 """What a recipe's `task` changes in the one training flow, as one registry entry per task.
 
 The runner calls the entry of its task: which models it takes (checked from the config, before any
-weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores (gathered over
-processes), the metric tables those scores make (see `hf_posenc.results`), and the held-out loss the
-plots use. A new task is one more entry, not a branch in the loop.
+weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores of a batch's logits (Trainer's
+`preprocess_logits_for_metrics`: it gathers them over processes), the metric tables those scores make (see
+`hf_posenc.results`), and the held-out loss the plots use. A new task is one more entry, not a branch in the loop.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Task:
     (None: either); `original` scores the model before the swap too (a new head has nothing to compare)."""
 
     prepare: Callable[[Recipe, Any, Any], inputs.Prepared]
-    scores: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Scores]
+    scores: Callable[[torch.Tensor, torch.Tensor], Scores]  # (logits, labels) -> per-sample scores
     tables: Callable[[torch.nn.Module, Scores, Recipe, inputs.Prepared, Any], Tables]
     held_out_loss: Callable[[Recipe, Tables], float]
     encoder_decoder: bool | None = None
@@ -40,13 +40,8 @@ class Task:
     head: str = "causal_lm"  # the `hf_posenc.loading` task whose Auto class loads the model
 
 
-def _without_labels(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k != "labels"}
-
-
-def _lm_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
-    logits = model(**_without_labels(batch)).logits.float()
-    labels = batch["labels"]
+def _lm_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
+    logits = logits.float()
     return {"loss": F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none").mean(dim=1)}
 
 
@@ -62,9 +57,8 @@ def _lm_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inp
     return {"perplexity": {str(k): v for k, v in sorted(table.items())}}
 
 
-def _classifier_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
-    logits = model(**_without_labels(batch)).logits.float()
-    return {"loss": F.cross_entropy(logits, batch["labels"], reduction="none")}
+def _classifier_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
+    return {"loss": F.cross_entropy(logits.float(), labels, reduction="none")}
 
 
 def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared,
@@ -76,26 +70,24 @@ def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, d
     return {"classification": {d.dataset_name: {**cell, "loss": scores["loss"].mean().item()}}}
 
 
-def _seq2seq_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+def _seq2seq_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
     """Summed token loss, scored tokens and exact match of each row, labels through the decoder.
 
     Exact match is the teacher-forced argmax equalling every label token: then greedy decoding, which
     feeds back its own (here the true) tokens, produces exactly the labels up to their end-of-sequence
     token, and conversely, so this is greedy generation's exact match at the cost of one forward pass.
     """
-    labels = batch["labels"]
-    logits = model(**batch).logits.float()  # the model shifts the labels into its decoder inputs
+    logits = logits.float()  # the model shifted the labels into its decoder inputs
     scored = labels != inputs.IGNORE_INDEX
     loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=inputs.IGNORE_INDEX, reduction="none")
     exact = ((logits.argmax(-1) == labels) | ~scored).all(dim=1)
     return {"loss_sum": loss.sum(dim=1), "tokens": scored.sum(dim=1).float(), "exact": exact.float()}
 
 
-def _completion_scores(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Scores:
+def _completion_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
     """As `_seq2seq_scores` for a causal LM: each position predicts the next token, and only the completion's
     tokens are labelled, so a row is exact when every completion token is the argmax after its prefix."""
-    labels = batch["labels"][:, 1:]
-    logits = model(**_without_labels(batch)).logits[:, :-1].float()
+    labels, logits = labels[:, 1:], logits[:, :-1].float()
     scored = labels != inputs.IGNORE_INDEX
     loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=inputs.IGNORE_INDEX, reduction="none")
     exact = ((logits.argmax(-1) == labels) | ~scored).all(dim=1)

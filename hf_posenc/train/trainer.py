@@ -1,7 +1,8 @@
-"""The positional pieces that transformers' `Trainer` takes: the loss (`PosEncTrainer.compute_loss`), the recovery
-curve and the run's own measures (`RecoveryCallback`), the stop on Ctrl-C or SIGTERM (`StopOnSignal`), and a labelled
-progress bar. The loop, the optimizer and its schedule, gradient accumulation, clipping, checkpoints, resume and RNG
-state are Trainer's."""
+"""The positional pieces that transformers' `Trainer` takes: the loss (`PosEncTrainer.compute_loss`), the held-out
+tables as Trainer's evaluation metrics (`PosEncTrainer`), the recovery curve and the run's own measures
+(`RecoveryCallback`), the stop on Ctrl-C or SIGTERM (`StopOnSignal`), and a labelled progress bar. The loop, the
+evaluation loop, the optimizer and its schedule, gradient accumulation, clipping, checkpoints, resume, RNG state and
+reporting (`report_to`) are Trainer's."""
 
 from __future__ import annotations
 
@@ -15,28 +16,44 @@ from typing import Any, Callable
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather
-from transformers import Trainer, TrainerCallback
+from transformers import EvalPrediction, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
 from ..progress import bar
 from . import curve, objectives
 
-Evaluate = Callable[[torch.nn.Module], dict[str, dict[str, dict[str, Any]]]]
+Tables = dict[str, dict[str, dict[str, Any]]]
+# (model, per-sample scores of the whole held-out set) -> the metric tables (`tasks.Task.tables`)
+MakeTables = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Tables]
 
 
 class PosEncTrainer(Trainer):
-    """Trainer with the recipe's objective. The next-token loss is the model's own, given the target tokens of the
-    whole accumulated batch over every process (`num_items_in_batch`, as Trainer does for any model taking loss
-    kwargs); distillation divides its sums by the same count, and its teacher is placed once the student is
-    prepared (sharded alike under FSDP2)."""
+    """Trainer with the recipe's objective and held-out tables. The next-token loss is the model's own, given the
+    target tokens of the whole accumulated batch over every process (`num_items_in_batch`, as Trainer does for any
+    model taking loss kwargs); distillation divides its sums by the same count, and its teacher is placed once the
+    student is prepared (sharded alike under FSDP2).
 
-    def __init__(self, *args: Any, objective: objectives.Objective, **kwargs: Any) -> None:
+    Evaluation is Trainer's (`eval_dataset`, `eval_strategy`, `eval_on_start`): the task's per-sample scores of each
+    batch's logits are gathered over processes, then made into the tables `hf-posenc eval` writes (`tables`, kept
+    for results.json and the curve) and logged flat (`eval_perplexity/128/loss`, ...), so they reach `report_to`;
+    `eval_loss` is the task's held-out loss. `why` labels the pass on the progress bar."""
+
+    def __init__(self, *args: Any, objective: objectives.Objective,
+                 scores: Callable[..., dict[str, torch.Tensor]] | None = None, tables: MakeTables | None = None,
+                 held_out_loss: Callable[[Tables], float] | None = None, **kwargs: Any) -> None:
+        if tables is not None:  # else Trainer's own evaluation (its eval_loss)
+            kwargs.update(compute_metrics=self._held_out, preprocess_logits_for_metrics=self._scores)
         super().__init__(*args, **kwargs)
         self.objective, self.placed = objective, objective.teacher is None
+        self.make_scores, self.make_tables, self.held_out_loss = scores, tables, held_out_loss
         self.counts = [0, 0]  # this rank's samples and tokens trained on in this session
+        self.tables: Tables | None = None  # the latest evaluation's
+        self.why = "held-out"
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
+        if not model.training:  # Trainer's evaluation: the model's own loss and logits
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mask = inputs.get("attention_mask")  # a PoSE row of several documents has a 4-D one
         tokens = int(mask.sum()) if mask is not None and mask.ndim == 2 else inputs["input_ids"].numel()
         self.counts = [self.counts[0] + inputs["input_ids"].shape[0], self.counts[1] + tokens]
@@ -50,6 +67,46 @@ class PosEncTrainer(Trainer):
         if scaled and self.args.average_tokens_across_devices:  # DDP averages gradients over the processes
             loss = loss * self.accelerator.num_processes
         return loss
+
+    def _scores(self, logits: Any, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A batch's per-sample scores, what Trainer gathers instead of its logits (an encoder-decoder's come first)."""
+        return self.make_scores(logits[0] if isinstance(logits, tuple) else logits, labels)
+
+    def _held_out(self, prediction: EvalPrediction) -> dict[str, float]:
+        """The tables of the gathered scores, on every rank alike (their suites' forwards are collective under FSDP),
+        under the training's autocast; flat numbers for `Trainer.log`."""
+        scores = {name: torch.as_tensor(values) for name, values in prediction.predictions.items()}
+        with torch.no_grad(), self.accelerator.autocast():
+            self.tables = self.make_tables(self.accelerator.unwrap_model(self.model), scores)
+        flat = {f"{table}/{row}/{column}": value for table, rows in self.tables.items() for row, cells in rows.items()
+                for column, value in cells.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        return {"loss": self.held_out_loss(self.tables), **flat}
+
+    def evaluate(self, *args: Any, why: str | None = None, **kwargs: Any) -> dict[str, float]:
+        self.tables, self.why = None, why or self.why
+        return super().evaluate(*args, **kwargs)
+
+    def evaluate_other(self, model: torch.nn.Module, why: str, prefix: str) -> Tables:
+        """Trainer's evaluation of a model other than the one training (the model before the swap, which shares
+        its frozen tensors), once training prepared that one; logged as `prefix`_... Never prepared itself, it
+        runs under the training's autocast explicitly."""
+        kept, self.model = self.model, model.to(self.args.device)
+        try:
+            with self.accelerator.autocast():
+                self.evaluate(metric_key_prefix=prefix, why=why)
+        finally:
+            self.model = kept
+        return self.tables
+
+    def _get_dataloader(self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None,
+                        is_training: bool = False, dataloader_key: str | None = None) -> Any:
+        """Every held-out sample is scored: `dataloader_drop_last` is the training batches' only."""
+        drop = self.args.dataloader_drop_last
+        self.args.dataloader_drop_last = drop and is_training
+        try:
+            return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, dataloader_key)
+        finally:
+            self.args.dataloader_drop_last = drop
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """Trainer finds missing keys by name, so a tied head, which save_pretrained leaves out of every checkpoint,
@@ -120,23 +177,31 @@ class StopOnSignal(TrainerCallback):
 
 
 class RecoveryCallback(TrainerCallback, ExportableState):
-    """Held-out evaluation before training and every `every` optimizer steps (the recovery curve), the training
-    clock (evaluation and checkpoints left out), throughput in each loss row, and per-rank counts.
+    """What Trainer's evaluations during training make of the run: the model before the swap scored at the start
+    (`original`, the reference), the first evaluation (`before`, Trainer's `eval_on_start`), the recovery curve (a
+    point at each evaluation, against steps, tokens and the training clock), and an evaluation at the last step
+    (`after`) when `after` is asked. Also the training clock (evaluation and checkpoints left out), throughput in
+    each loss row, and per-rank counts.
 
     What a resume needs of it is taken on every rank before each checkpoint (`snapshot`, collective) and written
     by Trainer into the checkpoint's trainer_state.json (`state`, main process only); `restore` reads it back."""
 
-    KEPT = ("before", "curve", "clock", "samples", "tokens")
+    KEPT = ("original", "before", "curve", "clock", "samples", "tokens")
 
-    def __init__(self, evaluate: Evaluate, every: int, seq_len: int, before: bool, trainer: PosEncTrainer) -> None:
-        self.evaluate, self.every, self.seq_len, self.want_before, self.trainer = evaluate, every, seq_len, before, trainer
-        self.before: dict[str, Any] | None = None
+    def __init__(self, trainer: PosEncTrainer, seq_len: int, after: bool, reference: torch.nn.Module | None = None,
+                 on_original: Callable[[Tables], None] | None = None) -> None:
+        self.trainer, self.seq_len, self.want_after = trainer, seq_len, after
+        self.reference, self.on_original = reference, on_original
+        self.original: Tables | None = None
+        self.before: Tables | None = None
+        self.after: Tables | None = None
         self.curve: list[dict[str, Any]] = []
         self.clock = [0.0, 0.0]  # wall and CPU seconds of earlier sessions (a resumed run)
         self.samples: list[int] = []  # per rank, earlier sessions
         self.tokens: list[int] = []
         self.saved: dict[str, Any] = {}
         self.meter: curve.Clock | None = None
+        self.looping = False
         self.tick, self.cpu0, self.last_tokens = time.perf_counter(), time.process_time(), 0
 
     def state(self) -> dict[str, Any]:
@@ -144,7 +209,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 
     def restore(self, attributes: dict[str, Any]) -> None:
         for name in self.KEPT:
-            setattr(self, name, attributes[name])
+            setattr(self, name, attributes.get(name))
 
     def snapshot(self) -> dict[str, Any]:
         """What the run has measured so far, over every session and process (collective); the clock runs on."""
@@ -153,7 +218,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
         accelerator = self.trainer.accelerator
         counts = accelerator.gather(torch.tensor([self.trainer.counts], device=accelerator.device)).cpu().tolist()
         earlier = [self.samples or [0] * len(counts), self.tokens or [0] * len(counts)]
-        self.saved = {"before": self.before, "curve": self.curve, "clock": [wall, cpu],
+        self.saved = {"original": self.original, "before": self.before, "curve": self.curve, "clock": [wall, cpu],
                       "samples": [a + c[0] for a, c in zip(earlier[0], counts)],
                       "tokens": [a + c[1] for a, c in zip(earlier[1], counts)]}
         return self.saved
@@ -163,27 +228,48 @@ class RecoveryCallback(TrainerCallback, ExportableState):
         return accelerator.reduce(values.to(accelerator.device), "sum").cpu()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.want_before and self.before is None:  # the prepared model: sharded under FSDP like the student
-            self.before = self.evaluate(self.trainer.model_wrapped, "swapped, before step 1 (start)")
-            if self.every:
-                self.curve.append(curve.point(0, 0, 0.0, 0.0, self.before, self.seq_len))
+        if self.reference is not None and self.original is None:  # the student is prepared: evaluation leaves it be
+            self.original = self.trainer.evaluate_other(self.reference, "before the swap (reference)", "eval_original")
+            if self.on_original is not None:
+                self.on_original(self.original)
+        self.reference = None  # the teacher, if any, holds what it needs
         self.meter = curve.Clock(*self.clock)
-        self.tick = time.perf_counter()
+        self.looping, self.tick = True, time.perf_counter()
+        # the label of Trainer's evaluation on start
+        self.trainer.why = "swapped, before step 1 (start)"
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.every and state.global_step % self.every == 0:
+        last = state.global_step >= state.max_steps
+        control.should_evaluate = control.should_evaluate or (self.want_after and last)
+        if control.should_evaluate:  # Trainer evaluates after this call: off the training clock
+            self.trainer.why = "after training" if last else f"curve at step {state.global_step}"
             self.meter.pause()
-            metrics = self.evaluate(self.trainer.model_wrapped, f"curve at step {state.global_step}")
-            measured = self.snapshot()
-            self.curve.append(curve.point(state.global_step, sum(measured["tokens"]), *measured["clock"], metrics,
-                                          self.seq_len))
         if control.should_save:  # DefaultFlowCallback, before this one, decided: Trainer saves after this call
             self.snapshot()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
+                    **kwargs: Any) -> None:
+        tables = self.trainer.tables
+        if not self.looping or tables is None or self.trainer.why.startswith("before the swap"):
+            return
+        if state.global_step == 0 and self.before is None:
+            self.before = tables
+        if state.global_step >= state.max_steps:
+            self.after = tables
+        measured = self.snapshot()  # collective: every rank evaluates; resumes the clock
+        if "perplexity" in tables and str(self.seq_len) in tables["perplexity"] and \
+                not (self.curve and self.curve[-1]["step"] == state.global_step):
+            self.curve.append(curve.point(state.global_step, sum(measured["tokens"]), *measured["clock"], tables,
+                                          self.seq_len))
+            self.saved["curve"] = self.curve
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.looping = False
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Throughput and the session's CPU time into the row Trainer just logged (its log_history is loss.json)."""
         row = state.log_history[-1] if state.log_history else {}
-        if "loss" not in row:
+        if "loss" not in row or self.meter is None:
             return
         seconds, tokens = time.perf_counter() - self.tick, self.trainer.counts[1]
         row["tokens_per_s"] = (tokens - self.last_tokens) * self.trainer.accelerator.num_processes / seconds
@@ -193,14 +279,27 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 
 
 class LabelledProgress(ProgressCallback):
-    """Trainer's progress bar as the project draws its bars (`progress.bar`: labelled, with an estimate, drawn in a
-    terminal that reports 0 columns too), the loss beside it rather than a printed dict per row."""
+    """Trainer's progress bars as the project draws its bars (`progress.bar`: labelled, with an estimate, drawn in a
+    terminal that reports 0 columns too), the loss beside it rather than a printed dict per row; an evaluation's
+    bar says which pass it is (`PosEncTrainer.why`)."""
+
+    def __init__(self, trainer: PosEncTrainer) -> None:
+        super().__init__()
+        self.trainer = trainer
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, eval_dataloader: Any = None,
+                           **kwargs: Any) -> None:
+        if state.is_world_process_zero and eval_dataloader is not None:
+            if self.prediction_bar is None:
+                self.prediction_bar = bar(total=len(eval_dataloader), desc=f"held-out: {self.trainer.why}",
+                                          unit="batch")
+            self.prediction_bar.update(1)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs.get('learning_rate', 0):.2e}")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
             self.training_bar = bar(total=state.max_steps, initial=state.global_step, desc="train", unit="step")
         self.current_step = state.global_step
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if self.training_bar is not None and logs and "loss" in logs:
-            self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs.get('learning_rate', 0):.2e}")
