@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
-from hf_posenc import folders
+from hf_posenc import folders, results
 from hf_posenc.train.run_folder import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -140,9 +140,11 @@ def test_a_tied_head_resumes_silently_and_a_key_really_missing_is_named(tmp_path
     assert run_cli([str(path)]).returncode == 0
     assert "lm_head.weight" not in load_file(checkpoints(out)[-1] / "model.safetensors")  # tied: left out
 
-    resumed = run_cli([str(path), "--resume", "--max_steps", "3"])
+    # Trainer's evaluation fields may change on a resume, as the project's eval_* fields may
+    resumed = run_cli([str(path), "--resume", "--max_steps", "3", "--eval_strategy", "steps", "--eval_steps", "1"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "missing keys" not in resumed.stdout + resumed.stderr
+    assert [row["step"] for row in results.load(out / "results.json").details["curve"]] == [3]
 
     weights = checkpoints(out)[-1] / "model.safetensors"
     kept = load_file(weights)

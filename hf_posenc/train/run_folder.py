@@ -20,7 +20,8 @@ CHECKPOINTS = "checkpoints"
 # Fields that may change between a run and its resume; anything else means a different run.
 RESUMABLE_CHANGES = {"max_steps", "save_steps", "save_strategy", "save_total_limit", "logging_steps", "report_to",
                      "eval_original", "eval_before", "eval_after", "eval_every_steps", "perplexity_lengths",
-                     "eval_max_windows", "per_device_eval_batch_size", "output_dir", "merge_lora", "save_model", "plot"}
+                     "eval_max_windows", "per_device_eval_batch_size", "output_dir", "merge_lora", "save_model", "plot",
+                     "eval_strategy", "eval_steps", "eval_on_start", "num_train_epochs"}
 
 
 def checkpoints(out: Path) -> list[Path]:
