@@ -57,6 +57,19 @@ def test_recipes_lists_one_line_each(capsys):
     assert {r["name"] for r in rows} == {r.name for r in shipped_recipes()}
 
 
+def test_an_epoch_based_recipe_is_listed_by_its_epochs(tmp_path):
+    """A recipe that trains by epochs (max_steps -1) once listed as "-1 steps, -0.05M tokens"."""
+    import yaml
+
+    from hf_posenc.train.shipped import ShippedRecipe
+
+    path = tmp_path / "config_epochs.yaml"
+    path.write_text(yaml.safe_dump({**find("smollm2-135m/alibi/smoke").fields(), "max_steps": -1,
+                                    "num_train_epochs": 2}))
+    row = ShippedRecipe("mine/alibi/epochs", path).summary()
+    assert row["steps"] is None and row["epochs"] == 2 and row["tokens"] == 0
+
+
 def test_copy_writes_an_editable_marked_copy_and_never_over_a_folder(tmp_path, capsys):
     target = tmp_path / "mine"
     assert cli.main(["recipes", "copy", "smollm2-135m/yarn/smoke", str(target)]) == 0

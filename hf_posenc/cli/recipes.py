@@ -48,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        cost = f"{r['steps']} steps, {r['tokens'] / 1e6:.2f}M tokens" if r["steps"] else "no steps set"
+        cost = f"{r['steps']} steps, {r['tokens'] / 1e6:.2f}M tokens" if r["steps"] else \
+            f"{r['epochs']} epoch(s)" if r["epochs"] else "no steps set"
         print(f"{r['name']:{width}s}  {r['model']} -> {r['scheme']}; {cost}. {r['goal']}")
     return 0

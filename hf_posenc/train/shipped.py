@@ -48,11 +48,13 @@ class ShippedRecipe:
         scheme = data.get("scheme") or "its own scheme"
         batch = data.get("global_batch_size") or \
             data.get("per_device_train_batch_size", 8) * data.get("gradient_accumulation_steps", 1)  # on 1 process
-        tokens = (data.get("max_steps") or 0) * batch * (data.get("seq_len") or 0)
+        steps = data.get("max_steps") if (data.get("max_steps") or 0) > 0 else None  # -1: it trains by epochs
+        tokens = (steps or 0) * batch * (data.get("seq_len") or 0)
         goal = first_sentence(self.path.read_text(encoding="utf-8"))
         return {"name": self.name, "model": data.get("model_name_or_path", ""),
                 "scheme": scheme + "".join(f" {k}={v}" for k, v in options.items()),
-                "steps": data.get("max_steps"), "tokens": tokens, "goal": goal}
+                "steps": steps, "epochs": data.get("num_train_epochs") if steps is None else None, "tokens": tokens,
+                "goal": goal}
 
 
 def shipped_recipes() -> list[ShippedRecipe]:
