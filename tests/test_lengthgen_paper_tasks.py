@@ -115,6 +115,17 @@ def test_held_out_prompts_never_appear_in_training_even_with_few_instances(paper
         paper.split("scan", train=1, iid=1, test=1, seed=0)
 
 
+def test_a_length_with_fewer_prompts_than_the_held_out_count_keeps_half_for_training(paper):
+    """Parity of 3 bits has 8 prompts: holding out all of them (10 asked) left training nothing to draw at that
+    length, and the pilot's parity run looped for 20 CPU-minutes before its first step."""
+    s = paper.split("parity", train=600, iid=10, test=1, seed=0)
+    iid = {e.prompt for e in s["iid"]}
+    held3 = [e for e in s["iid"] if e.length == 3]
+    assert len(held3) == 4 and len({e.prompt for e in held3}) == 4  # half of the 8, each once
+    assert {e.length for e in s["train"]} == set(range(3, 9)) and not {e.prompt for e in s["train"]} & iid
+    assert len({e.prompt for e in s["train"] if e.length == 3}) == 4  # the other half
+
+
 def test_the_paper_smoke_study_runs_and_refuses_a_learned_table(tmp_path):
     with benchmark_scripts("lengthgen"):
         import run as study

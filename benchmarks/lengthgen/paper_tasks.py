@@ -187,10 +187,15 @@ def _draw(task: PaperTask, rng: random.Random, lengths: Sequence[int], per_lengt
         seen: set[str] = set()
         made = 0
         misses = 0
+        excluded = 0
         while made < per_length:
             e = example(task, rng, n)
             if e.prompt in exclude:
+                excluded += 1
+                if excluded > 100 * EXHAUSTED:
+                    raise PosEncError(f"{task.name}: every prompt of length {n} drawn is excluded (held out)")
                 continue
+            excluded = 0
             if e.prompt in seen and misses < 20:
                 misses += 1
                 continue
@@ -198,6 +203,29 @@ def _draw(task: PaperTask, rng: random.Random, lengths: Sequence[int], per_lengt
             seen.add(e.prompt)
             out.append(e)
             made += 1
+    return out
+
+
+EXHAUSTED = 20  # draws in a row that find no new prompt: a length's prompts are taken to be all found
+
+
+def _held_out(task: PaperTask, rng: random.Random, lengths: Sequence[int], per_length: int) -> list[Example]:
+    """`per_length` distinct held-out examples at each train length; a length with fewer distinct prompts than that
+    (parity of 3 bits has 8) holds out half of those found, so training keeps the other half: holding out every one
+    left training nothing to draw at that length (the draw looped forever)."""
+    out: list[Example] = []
+    for n in lengths:
+        found: dict[str, Example] = {}
+        misses = 0
+        while len(found) < per_length and misses < EXHAUSTED:
+            e = example(task, rng, n)
+            if e.prompt in found:
+                misses += 1
+                continue
+            misses = 0
+            found[e.prompt] = e
+        kept = list(found.values())
+        out += kept if len(kept) == per_length else kept[:len(kept) // 2]
     return out
 
 
@@ -209,7 +237,7 @@ def split(name: str, *, train: int, iid: int, test: int, seed: int,
     task = task_of(name)
     train_lengths, test_lengths = lengths or (task.train_lengths, task.test_lengths)
     rng = random.Random(f"paper-{name}-{seed}")
-    held = _draw(task, rng, train_lengths, iid, frozenset())
+    held = _held_out(task, rng, train_lengths, iid)
     ood = _draw(task, rng, test_lengths, test, frozenset())
     per = -(-train // len(train_lengths))
     made = _draw(task, rng, train_lengths, per, frozenset(e.prompt for e in held))[:train]
