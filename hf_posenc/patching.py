@@ -8,6 +8,7 @@ checked before the first change; if an install still fails, the previous patch's
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
@@ -17,7 +18,7 @@ from .config import LayerMap, PosEncConfig, as_patch
 from .plan import plan
 from .recording import record
 from .sites.qk import ROTARY_MODULE
-from .state import STATE_ATTR, PatchState, own_config
+from .state import STATE_ATTR, PatchState, convert_held, own_config
 
 __all__ = ["ROTARY_MODULE", "PatchState", "describe", "describe_modules", "patch", "release_check",
            "transformers_model", "unpatch", "validate"]
@@ -81,11 +82,12 @@ def _apply(model: nn.Module, scheme: str | PosEncConfig | LayerMap | dict, optio
         previous.rollback()
         delattr(model, STATE_ATTR)
     shared = own_config(model)
-    state = PatchState(planned.config)
+    state = PatchState(planned.config, stock=planned.stock)
     compat.guard_hooks()
     try:
         sites.install(model, planned.stacks, state)
         record(model, planned, state)
+        state.set_attr(model, "_apply", functools.partial(convert_held, model, state), instance=True)
     except BaseException:
         state.rollback()
         for restore in reversed(shared):

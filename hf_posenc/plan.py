@@ -23,7 +23,7 @@ from .errors import PosEncError, Unsupported
 from .schemes.base import SCHEMES, ModelFacts, Scheme
 from .sites import Entry, StackPlan, stacks_refusal
 from .sites import layers as layer_site
-from .view import Stack, planned, read, stock
+from .view import ModelView, StockRead, StockStack, keep, planned, read, stock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +33,18 @@ class Plan:
     config: PosEncConfig | LayerMap
     stacks: tuple[StackPlan, ...]
     native: str  # the scheme the model was pretrained with (its first stack's), which `config.posenc` records
+    stock: StockRead | None = None  # a model's stock read, which its patch keeps (None: a config was planned)
 
 
 def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
     """The plan of `patch` on `subject` (a model, or its transformers config), or PosEncError naming what is wrong;
     changes nothing (a patched model is read as it was before its patch)."""
     subject = planned(subject)
-    view = read(subject)
+    kept = keep(subject) if isinstance(subject, nn.Module) else None
+    view = kept.view if kept is not None else read(subject)
     names = view.names(patch.stacks)
     if patch.layers is not None:
-        return _per_layer(stock(subject, view, names), patch, repr(view.model_type))
+        return _per_layer(_stacks(subject, kept, view, names), patch, repr(view.model_type), kept)
     spec = SCHEMES[patch.scheme]  # the config named a known scheme; every built-in is registered by now
     if (reason := stacks_refusal(view, spec, names)) is not None:
         supported = supported_schemes(subject)
@@ -50,20 +52,27 @@ def plan(subject: Any, patch: PosEncConfig | LayerMap) -> Plan:
         raise Unsupported(f"{what} cannot take scheme {spec.name!r} ({reason})"
                           f"{'' if view.two_stacks else '; supported: ' + (', '.join(supported) or 'none')}",
                           spec.name, reason, supported)
-    return _whole(spec, stock(subject, view, names), patch)
+    return _whole(spec, _stacks(subject, kept, view, names), patch, kept)
 
 
-def _whole(spec: Scheme, stacks: tuple[Stack, ...], patch: PosEncConfig) -> Plan:
+def _stacks(subject: Any, kept: StockRead | None, view: ModelView, names: tuple[str | None, ...]
+            ) -> tuple[StockStack, ...]:
+    """The stacks `names` as the stock model has them: from a model's stock read, else off a config's model."""
+    return kept.named(names) if kept is not None and names else stock(subject, view, names)
+
+
+def _whole(spec: Scheme, stacks: tuple[StockStack, ...], patch: PosEncConfig, kept: StockRead | None) -> Plan:
     """One entry per stack, over every layer: an encoder-decoder's stacks take the same options, resolved against
     the first."""
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
     resolved, length = _resolve(spec, patch.replace(stacks=names) if names else patch, stacks[0].facts)
     found = tuple(StackPlan(stack.name, stack.adapter, (Entry(spec, resolved, stack.adapter, stack.facts, length),))
                   for stack in stacks)
-    return Plan(resolved, found, stacks[0].adapter.native)
+    return Plan(resolved, found, stacks[0].adapter.native, kept)
 
 
-def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: str) -> Plan:
+def _per_layer(stacks: tuple[StockStack, ...], patch: PosEncConfig | LayerMap, name: str, kept: StockRead | None
+               ) -> Plan:
     """The entries of a per-layer patch in each stack: an encoder-decoder's stacks take the same."""
     planned = []
     for stack in stacks:
@@ -72,7 +81,8 @@ def _per_layer(stacks: tuple[Stack, ...], patch: PosEncConfig | LayerMap, name: 
         planned.append(StackPlan(stack.name, stack.adapter, entries, per_layer=True))
     resolved = layer_patch([entry.config for entry in planned[0].entries])
     names = tuple(stack.name for stack in stacks) if stacks[0].name is not None else None
-    return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native)
+    return Plan(resolved.replace(stacks=names) if names else resolved, tuple(planned), stacks[0].adapter.native,
+                kept)
 
 
 def _layer_entries(model: nn.Module, adapter: Adapter, patch: PosEncConfig | LayerMap, name: str,

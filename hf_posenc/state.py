@@ -109,6 +109,9 @@ class PatchState:
     # rebuilt from new `rope_parameters` in the config (sites.qk), nothing else of the positions changed
     rebuilt_rotary: bool = False
     notes: dict[str, Any] = field(default_factory=dict)  # what an install measured, recorded in config.posenc
+    # the model as read before its patch (`hf_posenc.view.StockRead`), so reading a patched model never unpatches it;
+    # None in a state pickled before patches kept it (the view reads that once, patch off)
+    stock: Any = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A state pickled before `native` was named `config_only` (torch.save of a patched model) reads alike."""
@@ -141,6 +144,16 @@ class PatchState:
         """Put back, first to last, the same objects `rollback` took off."""
         for record in self.undo:
             record()
+
+
+def convert_held(model: nn.Module, state: PatchState, fn: Callable, recurse: bool = True) -> nn.Module:
+    """`Module._apply` of a patched model (what `.to()`, `.half()`, `.cuda()` call): its modules, then the stock
+    modules its patch took out and holds, so that `unpatch` puts them back on the model's device and dtype."""
+    type(model)._apply(model, fn, recurse)
+    for record in state.undo:
+        if isinstance(record, Restore) and isinstance(record.held, nn.Module):
+            record.held._apply(fn, recurse)
+    return model
 
 
 def own_config(model: nn.Module) -> list[Restore]:

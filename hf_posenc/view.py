@@ -6,8 +6,9 @@ A *view* has the same shape for every model: a decoder-only or encoder-only mode
 its own, of which those that read text are what a patch takes by default. This module is the only one that knows
 where an adapter comes from (the hand-written one of the model type in `adapters.base.ADAPTERS`, else the generic one
 discovery reads off the model), that a config is read off its model built on the meta device, and that a patched
-model is read as it was before its patch. `read` gives the structure (cached per config and model class), `stock`
-the stacks of one instance with their modules and stock facts (read per call: they hold the model's tables).
+model is read as it was before its patch: from the stock read its patch kept (`StockRead`, on its `PatchState`),
+never by taking the patch off. `read` gives the structure (cached per config and model class), `stock` the stacks of
+one instance with their modules and stock facts (read per call: they hold the model's tables as they are now).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from . import adapters, compat, schemes  # noqa: F401  (import registers them)
-from .adapters.base import ADAPTERS, Adapter
+from .adapters.base import ADAPTERS, Adapter, Tables
 from .adapters.discover import discover
 from .adapters.generic import adapter_from, generic_adapter
 from .adapters.meta import meta_model
@@ -35,14 +36,23 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """One attention stack as read: its name (None: the model's one stack; else an encoder-decoder's "encoder" or
-    "decoder", `config.STACKS`) and adapter, as `read` finds it (cached per config); for one instance (`stock`), also
-    its module (a config's model built on the meta device) and stock facts. A plan's stacks are `sites.StackPlan`s."""
+    """One attention stack as read (cached per config): its name (None: the model's one stack; else an
+    encoder-decoder's "encoder" or "decoder", `config.STACKS`) and adapter. A plan's stacks are `sites.StackPlan`s."""
 
     name: str | None
     adapter: Adapter
-    module: nn.Module | None = None
-    facts: ModelFacts | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StockStack:
+    """One stack of an instance as its stock model has it (`stock`): its module (a config's model built on the meta
+    device), its facts, and the modules its own position tables live in (which a patch takes out and keeps)."""
+
+    name: str | None
+    adapter: Adapter
+    module: nn.Module
+    facts: ModelFacts
+    tables: Tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,20 +130,34 @@ def model_type_of(model_or_config: Any) -> str:
     return model_type
 
 
+@dataclasses.dataclass(frozen=True)
+class StockRead:
+    """A patched model as it was before its patch, kept on its `PatchState` (`keep`) so that reading it never takes
+    the patch off: its view, and its stacks with their stock facts less their tensors, which are read when asked off
+    the stack's table modules (the patch's records hold those it replaced, and move them with the model: `.to()`,
+    `.half()`) and its token embeddings now."""
+
+    view: ModelView
+    stacks: tuple[StockStack, ...]
+
+    def named(self, names: tuple[str | None, ...]) -> tuple[StockStack, ...]:
+        """The stacks `names`, their facts' tensors read now."""
+        stacks = {stack.name: stack for stack in self.stacks}
+        return tuple(dataclasses.replace(stacks[n], facts=stacks[n].tables.read(stacks[n].facts, stacks[n].module))
+                     for n in names)
+
+
 def read(subject: Any, one_stack: bool = False) -> ModelView:
     """The view of `subject` (a model, or a transformers config read as its causal LM), or PosEncError naming what
     could not be placed. `one_stack`: a speech LM read whole, as one stack (what `catalog.adapter_for` answers)."""
+    if not one_stack and (kept := _kept(subject)) is not None:
+        return kept.view
     config = getattr(subject, "config", subject)
     one_stack = one_stack and is_seq2seq(subject)  # a model of one stack reads alike either way: one discovery
     key = (type(subject) if isinstance(subject, nn.Module) else None, one_stack)
     if (cached := CACHE.get(config, key)) is not None:
         return cached
-    state = _as_stock(subject)
-    try:
-        view = _two_stacks(subject) if not one_stack and is_seq2seq(subject) else _one_stack(subject)
-    finally:
-        if state is not None:
-            state.reapply()
+    view = _two_stacks(subject) if not one_stack and is_seq2seq(subject) else _one_stack(subject)
     return CACHE.put(config, view, key)
 
 
@@ -145,7 +169,7 @@ def planned(subject: Any) -> Any:
     return subject
 
 
-def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple[Stack, ...]:
+def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple[StockStack, ...]:
     """The stacks `names` of `subject` (read by `read` into `view`), each with its module and the facts of its stock
     model. A config's are read off its model on the meta device, without weights: no tables to read, so a scheme
     sizes its codes as it would for unit-scale embeddings."""
@@ -156,27 +180,43 @@ def stock(subject: Any, view: ModelView, names: tuple[str | None, ...]) -> tuple
         model = _stock_meta(subject, adapter)
         facts = dataclasses.replace(adapter.facts(model), position_table=None, token_embeddings=None,
                                     device=torch.device("cpu"))
-        return (Stack(None, adapter, model, facts),)
-    state = _as_stock(subject)
-    try:
-        found = []
-        for name in names:
-            adapter = view.adapter(name)
-            module = subject if name is None else stack_module(subject, name)
-            found.append(Stack(name, adapter, module, adapter.facts(module)))
-    finally:
-        if state is not None:
-            state.reapply()
+        return (StockStack(None, adapter, model, facts, Tables()),)
+    if (kept := _kept(subject)) is not None:
+        return kept.named(names)
+    found = []
+    for name in names:
+        adapter = view.adapter(name)
+        module = subject if name is None else stack_module(subject, name)
+        found.append(StockStack(name, adapter, module, adapter.facts(module), adapter.tables(module)))
     return tuple(found)
 
 
-def _as_stock(subject: Any) -> PatchState | None:
-    """Take a patched model's patch off while it is read (the same objects, put back by `PatchState.reapply`): its
-    state, None for a stock model or a config."""
-    state = getattr(subject, STATE_ATTR, None)
-    if state is not None:
+def keep(model: nn.Module) -> StockRead:
+    """The stock read of `model` (stock now, or patched by a patch that kept one) that a plan reads and the patch
+    keeps: every stack it has, so that any of them can be patched later."""
+    if (kept := _kept(model)) is not None:
+        return kept
+    view = read(model)
+    stacks = stock(model, view, tuple(stack.name for stack in view.stacks))
+    return StockRead(view, tuple(dataclasses.replace(stack, facts=dataclasses.replace(
+        stack.facts, position_table=None, bias_table=None, token_embeddings=None)) for stack in stacks))
+
+
+def _kept(subject: Any) -> StockRead | None:
+    """A patched model's stock read, None for a stock model or a config. A state pickled before patches kept one
+    (`torch.save` of a patched model) is read once with its patch off, and keeps it from then on."""
+    state: PatchState | None = getattr(subject, STATE_ATTR, None)
+    if state is None:
+        return None
+    if state.stock is None:
         state.rollback()
-    return state
+        delattr(subject, STATE_ATTR)
+        try:
+            state.stock = keep(subject)
+        finally:
+            state.reapply()
+            setattr(subject, STATE_ATTR, state)
+    return state.stock
 
 
 def _one_stack(subject: Any) -> ModelView:
@@ -322,5 +362,5 @@ def _refuse_non_text(subject: Any, model_type: str) -> None:
                           "`hf-posenc list --model-types` shows what is supported")
 
 
-__all__ = ["CACHE", "ConfigCache", "ModelView", "Stack", "is_seq2seq", "model_type_of", "not_text",
-           "planned", "read", "stack_module", "stock", "text_stacks"]
+__all__ = ["CACHE", "ConfigCache", "ModelView", "Stack", "StockRead", "StockStack", "is_seq2seq", "keep",
+           "model_type_of", "not_text", "planned", "read", "stack_module", "stock", "text_stacks"]

@@ -6,6 +6,7 @@ or to one block (attention) or to the attention module (q/k projections).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -124,6 +125,25 @@ class NativeBias:
 
 
 @dataclass(frozen=True)
+class Tables:
+    """The modules a model's own position tables live in (None where it has none): its position slot and its
+    bucket table (T5). A patch takes them out of the model and its records hold them since, so a patched model's
+    stock facts are read off them (`hf_posenc.view.StockRead`) without taking the patch off."""
+
+    slot: nn.Module | None = None
+    buckets: nn.Module | None = None
+
+    def read(self, facts: ModelFacts, model: nn.Module) -> ModelFacts:
+        """`facts` with these tables' values, and `model`'s token embeddings, dtype and device, as they are now."""
+        table, embeddings = _table(self.slot), model.get_input_embeddings().weight
+        buckets = self.buckets.weight if self.buckets is not None else None
+        return dataclasses.replace(
+            facts, position_table=_values(table) if table is not None else None,
+            bias_table=_values(buckets) if buckets is not None else None, token_embeddings=_values(embeddings),
+            dtype=embeddings.dtype, device=embeddings.device)
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where positions enter one family, as a composition of small records: its blocks, its position slot, what its
     token embeddings carry, its rotation, where q and k leave their projections, its native bias; and what the
@@ -142,17 +162,16 @@ class Adapter:
     bias: NativeBias = NativeBias()
     gaps: Mapping[str, str] = field(default_factory=dict)  # mechanism -> why it cannot be done here yet
 
-    def facts(self, model: nn.Module) -> ModelFacts:
-        # what needs no config first, then the config's (one pass over each)
+    def tables(self, model: nn.Module) -> Tables:
+        """The modules `model`'s own position tables live in now."""
         base = model.base_model
-        slot = get_module(base, self.slot.path) if self.slot else None
-        # a learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's
-        # axial factors (a ParameterList), which no table-reading scheme takes
-        table = next((t for t in (getattr(slot, "weight", None), getattr(slot, "weights", None))
-                      if isinstance(t, torch.Tensor)), None)
-        embeddings = model.get_input_embeddings().weight
-        buckets = get_module(base, self.bias.table).weight if self.bias.table else None
-        values = [_values(t) if t is not None else None for t in (table, embeddings, buckets)]
+        return Tables(get_module(base, self.slot.path) if self.slot else None,
+                      get_module(base, self.bias.table) if self.bias.table else None)
+
+    def facts(self, model: nn.Module) -> ModelFacts:
+        """What a scheme may know about `model` (read off its config, its tables and its token embeddings now)."""
+        tables = self.tables(model)
+        table, embeddings = _table(tables.slot), model.get_input_embeddings().weight
         position_offset = self.slot.offset(model.config) if self.slot else 0
         ids_offset = 0 if self.slot and self.slot.adds_offset else position_offset
         config = compat.text_config(model.config)
@@ -166,7 +185,7 @@ class Adapter:
             or config.hidden_size // heads
         if rope and self.rotation.layer_types:  # options resolve against the full-attention layers (Gemma 2/3)
             rope = dict(rope.get("full_attention") or rope[self.rotation.layer_types[0]])
-        return ModelFacts(
+        return tables.read(ModelFacts(
             # where input codes are added: the table's width (OPT-350m projects its 512-wide tokens to 1024
             # before adding positions), else the tokens' (ELECTRA: embedding_size)
             hidden_size=(table if table is not None else embeddings).shape[-1],
@@ -178,15 +197,10 @@ class Adapter:
             causal=self.causal,
             rope_parameters=rope,
             alibi_scale=self.bias.alibi_scale,
-            position_table=values[0],
             position_offset=position_offset,
             ids_offset=ids_offset,
-            bias_table=values[2],
             bias_max_distance=getattr(config, "relative_attention_max_distance", None) if self.bias.table else None,
-            token_embeddings=values[1],
-            dtype=embeddings.dtype,
-            device=embeddings.device,
-        )
+        ), model)
 
     def ids_offset(self, config: Any) -> int:
         """What position ids passed to the model add to a position (the offset unless the slot adds it)."""
@@ -231,6 +245,13 @@ def register_adapter(adapter: Adapter) -> Adapter:
             raise ValueError(f"model_type {model_type!r} already has adapter {ADAPTERS[model_type].name!r}")
     ADAPTERS.update(dict.fromkeys(adapter.model_types, adapter))
     return adapter
+
+
+def _table(slot: nn.Module | None) -> torch.Tensor | None:
+    """A learned table's weight, or a fixed table kept as a buffer (M2M100's `weights`); not Reformer's axial
+    factors (a ParameterList), which no table-reading scheme takes."""
+    return next((t for t in (getattr(slot, "weight", None), getattr(slot, "weights", None))
+                 if isinstance(t, torch.Tensor)), None)
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ class ModelFacts:
     max_positions: int
     causal: bool
     rope_parameters: dict[str, Any] | None  # the model's own, if it rotates natively
-    position_table: torch.Tensor | None  # the model's own learned table (raw rows), if it has one
+    position_table: torch.Tensor | None = None  # the model's own learned table (raw rows), if it has one
     position_offset: int = 0  # table row of position 0 (RoBERTa: padding_idx + 1)
     ids_offset: int = 0  # what position ids handed to the model add to a position (the row, unless its slot adds it)
     bias_table: torch.Tensor | None = None  # the model's own (buckets, heads) relative bias table (T5)
