@@ -378,19 +378,24 @@ def test_a_bf16_run_then_an_fp32_run_in_one_process(assets, tmp_path):
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.parametrize("sft", [False, True], ids=["Trainer", "SFTTrainer"])
 @pytest.mark.parametrize("objective", ["lm", "lm+distill"])
-def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective):
+def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective, sft):
     """Two rows, one padded to a third of its length: accumulated as two micro-batches of one row, the step's loss
-    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective divides by), as in
-    one micro-batch of both rows, not the mean of the two rows' means."""
+    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective and TRL's fused
+    head divide by), as in one micro-batch of both rows, not the mean of the two rows' means; on Trainer (the rows
+    padded here) and on TRL's SFTTrainer (which pads them)."""
+    import datasets
     from transformers import TrainingArguments
+    from trl import SFTConfig
 
     from hf_posenc.train import objectives
     from hf_posenc.train.inputs import Rows
-    from hf_posenc.train.trainer import PosEncTrainer
+    from hf_posenc.train.trainer import PosEncSFTTrainer, PosEncTrainer
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "o",
                                                                         objective=objective)))
+    tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(assets["model"])
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0  # the second row: 8 tokens, then padding
@@ -401,11 +406,18 @@ def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective)
         model = tiny_model("llama")
         objective_, _ = objectives.build(recipe, model)
         hf_posenc.patch(model, "alibi")
-        args = TrainingArguments(output_dir=str(tmp_path / f"t{micro}"), max_steps=1, per_device_train_batch_size=micro,
-                                 gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none",
-                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
-        trainer = PosEncTrainer(model=model, args=args, train_dataset=rows, objective=objective_,
-                                data_collator=lambda batch: {k: torch.stack([b[k] for b in batch]) for k in batch[0]})
+        settings = dict(output_dir=str(tmp_path / f"t{micro}{sft}"), max_steps=1, per_device_train_batch_size=micro,
+                        gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none", use_cpu=True,
+                        save_strategy="no", disable_tqdm=True, learning_rate=5e-5)
+        if sft:  # the rows unpadded: TRL makes the labels and pads them
+            texts = datasets.Dataset.from_dict({"input_ids": [ids[0].tolist(), ids[1, :8].tolist()]})
+            trainer = PosEncSFTTrainer(model=model, args=SFTConfig(**settings, gradient_checkpointing=False, bf16=False,
+                                                                   shuffle_dataset=False),
+                                       train_dataset=texts, processing_class=tokenizer, objective=objective_)
+        else:
+            trainer = PosEncTrainer(model=model, args=TrainingArguments(**settings), train_dataset=rows,
+                                    objective=objective_, data_collator=lambda batch: {
+                                        k: torch.stack([b[k] for b in batch]) for k in batch[0]})
         trainer.train()
         return trainer.state.log_history[0]["loss"]
 
