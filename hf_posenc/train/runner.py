@@ -31,7 +31,8 @@ from ..results import write_json
 from . import inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
 from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints, preflight
-from .trainer import LabelledProgress, PosEncSFTTrainer, PosEncTrainer, RecoveryCallback, StopOnSignal
+from .trainer import (LabelledProgress, PosEncSFTTrainer, PosEncTrainer, PositionalPieces, RecoveryCallback,
+                      StopOnSignal)
 
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
@@ -64,7 +65,7 @@ class Session:
     """A run's live parts, made by `_setup`, used by `_finish`."""
 
     recipe: Recipe
-    trainer: PosEncTrainer
+    trainer: PositionalPieces
     callback: RecoveryCallback
     record: results.Results
     tokenizer: Any
@@ -114,7 +115,7 @@ def _sft_fields(recipe: Recipe) -> dict[str, Any]:
                _default(f) != stock[f.name]}
     lm = recipe.model.task == "causal_lm"
     return {**changed, "max_length": recipe.data.seq_len, "packing": lm, "packing_strategy": "wrapped",
-            "completion_only_loss": not lm, "dataset_num_proc": None}
+            "completion_only_loss": not lm}
 
 
 def _default(field: dataclasses.Field) -> Any:
@@ -211,7 +212,7 @@ def _report_teacher(cloned_mib: float, fsdp: bool, world: int, main: bool) -> No
               f"copies of what trains in full); {cloned_mib:.1f} MiB cloned", flush=True)
 
 
-def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
+def _write_run_file(recipe: Recipe, trainer: PositionalPieces, latest: Path | None,
                     teacher: objectives.Teacher | None, original: dict[str, Any] | None) -> None:
     """Mark the folder unfinished until `_finish` (so that --overwrite may replace this run later, and nothing else;
     a rerun may start it over while it has no checkpoint: `run_folder.check_output`) and write run.json."""
@@ -221,7 +222,7 @@ def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
         "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
         "host": socket.gethostname(), "threads": torch.get_num_threads(),
-        "trainer": next(c.__name__ for c in type(trainer).__mro__ if c.__module__.startswith(("transformers.", "trl."))),
+        "trainer": next(c.__name__ for c in type(trainer).__mro__ if c.__module__.startswith(("transformers", "trl"))),
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "total_parameters": sum(p.numel() for p in trainer.model.parameters()),
         "resumed_from": str(latest) if latest else None,
