@@ -86,7 +86,7 @@ def training(out: Path) -> None:
     original = found["baselines"]["original (rope)"]["kjv held-out"]
     plots.loss_curve(curve, out / "loss.png", reference=("step 0", curve[0]["loss"]), curve=curve)
     plots.recovery_curve(curve, out / "curve.png", seq_len=128,
-                         reference={"perplexity": {key: {"perplexity": value} for key, value in original.items()}})
+                         reference=dict(original))
 
 
 def inspected(out: Path) -> None:
