@@ -96,7 +96,7 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
             args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode", "n") if k in cell}
             if (bounds := results.interval(cell, spec)) is not None:  # the rate's 95% Wilson interval
                 args.update(ci95_low=round(bounds[0], 4), ci95_high=round(bounds[1], 4))
-            if key.isdigit() and spec.key == "tokens":
+            if key.isdigit() and spec.unit == "tokens":
                 args["context_length"] = int(key)
             for field in spec.fields:
                 if isinstance(cell.get(field), (int, float)):

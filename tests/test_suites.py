@@ -149,7 +149,7 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
 
     # read here, where the suite is not imported, the file still prints every table
     assert "echo" not in SUITES
-    assert f"| {record.runs[0].label} | echo recall @ 32 |" in results.markdown(record.runs)
+    assert f"| {record.runs[0].label} | echo recall @ 32 |" in results.markdown(record.runs, record.tables())
 
 
 def test_settings_the_registered_suites_do_not_take_are_refused():
@@ -177,7 +177,7 @@ def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_p
                                      tasks=["posenc_sentiment"], device="cpu", task_manager=manager, limit=12)
     assert cell["value"] == direct["results"]["posenc_sentiment"]["acc,none"] and cell["n"] == 12
     assert cell["low"] <= cell["value"] <= cell["high"]
-    assert "| tiny alibi | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs)
+    assert "| tiny alibi | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs, record.tables())
     with pytest.raises(PosEncError, match="unknown lm-eval task 'posenc_sentimnt' \\(did you mean 'posenc_sentiment'"):
         evaluation.run_suites(model, char_tokenizer(), settings.replace(suites=["lm_eval:posenc_sentimnt"]),
                               tmp_path / "refused")

@@ -37,7 +37,8 @@ def described(record: results.Results) -> dict[str, results.Section]:
     ran = [found[0] for name in record.settings.get("suite", []) if (found := suite_of(name))]
     built: dict[str, results.Section] = {}
     for suite in [*ran, *SUITES.values()]:  # the suites it says it ran first: sst2's table is also rotten_tomatoes'
-        if (tables := held & set(suite.metrics)) and suite.name not in built:
+        tables = held & set(suite.metrics)
+        if (tables or suite in ran) and suite.name not in built:
             built[suite.name] = _section(suite, settings, record, tables)
             held -= tables
     return built

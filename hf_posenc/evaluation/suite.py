@@ -46,6 +46,12 @@ class Metric:
 METRICS: dict[str, Metric] = {}
 
 
+def registered_tables() -> dict[str, Table]:
+    """The schemas of every registered suite's tables (datasets not filled in): what a caller holding runs but no
+    results file (a benchmark script, a test) prints and plots them with."""
+    return {name: metric.table() for name, metric in METRICS.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Scoring:
     """What every suite scores with: the model and tokenizer, the context lengths, what all suites share."""
