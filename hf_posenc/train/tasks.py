@@ -101,8 +101,9 @@ def _answer_tables(task: str) -> Callable[..., Tables]:
     def tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
         tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
         loss = scores["loss_sum"].sum().item() / tokens
-        return {held_out.table(task): {recipe.data.dataset_name: {"exact_match": hits / n, **rate_fields(round(hits), n),
-                                                   "loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}}}
+        cell = {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss, "perplexity": math.exp(loss),
+                "tokens": int(tokens)}
+        return {held_out.table(task): {recipe.data.dataset_name: cell}}
 
     return tables
 
