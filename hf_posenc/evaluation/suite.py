@@ -3,7 +3,7 @@ registered with `register_suite` (here, beside the table it fills, `SUITES`) on 
 Torch-free: the command line builds its flags and refuses a typo from the table before anything heavy is imported.
 
 A suite says its name, its settings (a dataclass whose fields, with their help and domain, are its `eval`
-flags), the metric tables it writes (`results.Metric`: headline fields, rate, model-index task and dataset,
+flags), the metric tables it writes (`Metric`: headline fields, rate, direction, model-index task and dataset,
 plot), which models it takes, and the cells it scores. `SuiteSettings` is what `run_suites` takes: the suites,
 the lengths, what every suite shares, and each suite's own settings by field name.
 """
@@ -74,7 +74,7 @@ class Suite:
         help: one line for `--suite`'s help.
         Settings: a dataclass of its settings, each field `domains.option(default, help, domain)` (one `eval`
             flag each, `--field-name`, or `metadata["flag"]`); suites that share one class share its flags.
-        metrics: the results.json tables it writes, name -> `results.Metric`.
+        metrics: the results.json tables it writes, name -> `Metric` (written into each file as a `results.Table`).
         measured_by: the settings its numbers depend on (`compare` refuses files that differ there; `measured`
             says more where a name is not enough).
         encoder_decoder: what the model's config must say (True: encoder-decoders only, False: not them,
