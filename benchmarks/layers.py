@@ -42,6 +42,7 @@ import torch
 
 import hf_posenc
 from hf_posenc import plots, results
+from hf_posenc.evaluation.suite import METRICS
 from hf_posenc.data import long_text
 from hf_posenc.evaluation import passkey, perplexity_by_length
 from hf_posenc.evaluation.ruler import HAYSTACK, ruler_scores
@@ -208,13 +209,13 @@ def run(args: argparse.Namespace) -> None:
                     runs[label].put(metric, length, {"skipped": f"0/{args.samples} at {zero_at[label, metric]}"})
                     continue
                 if (done := runs[label].metrics.get(metric, {}).get(str(length))) is not None:  # --resume
-                    if "skipped" not in done and done.get(results.METRICS[metric].rate or "") == 0:
+                    if "skipped" not in done and done.get(METRICS[metric].rate or "") == 0:
                         zero_at[label, metric] = length
                     continue
                 start = time.perf_counter()
                 cell = measure(bench, arm_model, length)
                 cell["seconds"] = round(time.perf_counter() - start, 1)
-                rate = results.METRICS[metric].rate
+                rate = METRICS[metric].rate
                 if rate is not None and cell.get(rate) == 0:
                     zero_at[label, metric] = length
                 runs[label].put(metric, length, cell)
@@ -260,7 +261,7 @@ def _shown(metric: str, cell: dict[str, Any] | None) -> str:
         return "–"
     if "skipped" in cell:
         return f"skipped ({str(cell['skipped'])[:60]})"
-    rate = results.METRICS[metric].rate
+    rate = METRICS[metric].rate
     return f"{cell['perplexity']:.4g}" if rate is None else results.format_rate(cell[rate], cell["n"], cell["low"],
                                                                                  cell["high"])
 

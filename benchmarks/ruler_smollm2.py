@@ -33,6 +33,7 @@ import torch
 
 import hf_posenc
 from hf_posenc import plots, results
+from hf_posenc.evaluation.suite import registered_tables
 from hf_posenc.evaluation.ruler import HAYSTACK, ruler_scores
 from hf_posenc.loading import load
 
@@ -130,8 +131,9 @@ def _recovered(folder: str) -> torch.nn.Module:
 
 def write_report(record: results.Results, out: Path) -> None:
     """The heat-map and a Markdown table (a row per arm and task, a column per length)."""
-    tables = [m for m in results.METRICS if m.startswith("ruler ") and any(m in run.metrics for run in record.runs)]
-    plots.heatmap(record.runs, tables, out.with_suffix(".png"), results.METRICS[tables[0]].plot)
+    schemas = registered_tables()
+    tables = {m: t for m, t in schemas.items() if m.startswith("ruler ") and any(m in run.metrics for run in record.runs)}
+    plots.heatmap(record.runs, tables, out.with_suffix(".png"), next(iter(tables.values())).plot)
     lengths = sorted({int(k) for run in record.runs for m in tables for k in run.metrics.get(m, {})})
     lines = ["| model | task | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
              "|---|---|" + "---|" * len(lengths)]

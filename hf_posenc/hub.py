@@ -26,7 +26,7 @@ from . import loading, results, writing, sites
 from .catalog import get_scheme
 from .config import LayerMap, PosEncConfig
 from .errors import PosEncError
-from .evaluation.suite import suite_of
+from .evaluation import load_results
 from .folders import MARKER, gguf_mark
 from .models import display_name, origin, provenance
 
@@ -60,11 +60,6 @@ def _hub_id(name: Any) -> str | None:
     return name if isinstance(name, str) and HUB_ID.match(name) and not os.path.exists(name) else None
 
 
-def _dataset_label(name: str) -> str:
-    """A dataset name fit for a public card: a local file or folder is named by its basename only."""
-    return Path(name).name if os.path.exists(name) else name
-
-
 def auto_classes(config: dict[str, Any]) -> list[str]:
     """The transformers Auto classes that build the architecture saved in a config.json dict."""
     architectures = writing.stock_architectures(config)
@@ -93,40 +88,21 @@ def _skipped(cell: dict[str, Any]) -> str:
     return f"skipped: {reason[:120]}"
 
 
-def _dataset(record: results.Results, metric: str, key: str) -> dict[str, Any]:
-    """Model-index dataset fields of one table cell: the held-out data of a training run, else what eval read."""
-    if record.kind == "train":
-        data = record.settings
-        name = _dataset_label(data.get("dataset_name", "?"))
-        return {"dataset_type": name, "dataset_name": f"{name} (held out from training)",
-                "dataset_config": data.get("dataset_config"), "dataset_split": data.get("dataset_test_split")}
-    spec = results.metric(metric)
-    if spec.dataset is None:  # a table whose suite names no dataset: the table is the dataset
-        return {"dataset_type": metric, "dataset_name": metric}
-    return spec.dataset(key, record.settings)
-
-
-def _setting(metric: str, key: str) -> str:
-    unit = results.metric(metric).key
-    return f"{key} {unit}" if key.isdigit() and unit else key
-
-
 def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
     """Model-index entries for the run that describes the published model."""
     entries = []
-    for metric, spec in results.tables([run]):
+    for metric, spec in results.described([run], record.tables()):
         for key, cell in run.cells(metric):
             args = {k: cell[k] for k in ("stride", "target", "windows", "trials", "examples", "mode", "n") if k in cell}
-            if "low" in cell:  # the rate's 95% Wilson interval
-                args.update(ci95_low=round(cell["low"], 4), ci95_high=round(cell["high"], 4))
-            if key.isdigit() and spec.key == "tokens":
+            if (bounds := results.interval(cell, spec)) is not None:  # the rate's 95% Wilson interval
+                args.update(ci95_low=round(bounds[0], 4), ci95_high=round(bounds[1], 4))
+            if key.isdigit() and spec.unit == "tokens":
                 args["context_length"] = int(key)
             for field in spec.fields:
                 if isinstance(cell.get(field), (int, float)):
                     entries.append(EvalResult(
-                        task_type=spec.task[0], task_name=spec.task[1] or metric,
-                        **_dataset(record, metric, key),
-                        metric_type=field, metric_name=f"{results.field_name(metric, field)} @ {_setting(metric, key)}",
+                        task_type=spec.task[0], task_name=spec.task[1] or metric, **spec.dataset(metric, key),
+                        metric_type=field, metric_name=f"{results.field_name(metric, field)} @ {results.setting(spec, key)}",
                         metric_value=round(cell[field], 4), metric_args=args or None))
     return entries
 
@@ -134,17 +110,18 @@ def _entries(record: results.Results, run: results.Run) -> list[EvalResult]:
 def _table(record: results.Results) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
     """A card table of one results file: a column per run, a row per metric, key and headline field."""
     rows = []
-    for metric, spec in results.tables(record.runs):
+    for metric, spec in results.described(record.runs, record.tables()):
         keys = sorted({key for run in record.runs for key in run.metrics.get(metric, {})}, key=results.key_order)
         for key in keys:
             for field in spec.fields:
                 values = []
                 for run in record.runs:
                     cell = run.metrics.get(metric, {}).get(key)
+                    bounds = results.interval(cell, spec) if cell is not None else None
                     values.append("–" if cell is None else _skipped(cell) if field not in cell
-                                  else results.format_rate(cell[field], cell["n"], cell["low"], cell["high"])
-                                  if field == spec.rate and "low" in cell else _fmt(cell[field]))
-                rows.append((results.field_name(metric, field), _setting(metric, key), values))
+                                  else results.format_rate(cell[field], cell[spec.n], *bounds)
+                                  if field == spec.rate and bounds and spec.n in cell else _fmt(cell[field]))
+                rows.append((results.field_name(metric, field), results.setting(spec, key), values))
     return [run.label for run in record.runs], rows
 
 
@@ -152,10 +129,8 @@ def _hub_datasets(recipe: dict[str, Any], records: list[results.Results]) -> lis
     """Hub datasets a card can link: what the recipe trained on and what eval read, minus the texts
     the package builds offline and local files."""
     names = [recipe.get("dataset_name")]
-    for record in records:
-        if record.kind == "eval":  # what each suite it ran read from the Hub (suites say; offline data is not)
-            ran = [found[0] for name in record.settings.get("suite", []) if (found := suite_of(name))]
-            names += [name for suite in ran for name in suite.hub_datasets(record.settings)]
+    for record in records:  # what each suite read from the Hub, as its section says (offline data is not)
+        names += [name for section in record.suites.values() for name in section.hub_datasets]
     return sorted({name for name in names if isinstance(name, str) and (_hub_id(name) or not re.search(r"[./\\]", name))})
 
 
@@ -187,7 +162,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
         raise PosEncError(f"{folder} is not a folder; give a model, run or eval output folder")
     config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
     run_info = _read_json(folder / "run.json") if (folder / "run.json").is_file() else {}
-    found = [(path.relative_to(folder).as_posix(), results.load(path))
+    found = [(path.relative_to(folder).as_posix(), load_results(path))
              for path in _published_files(folder, "results.json")]
     if not config and not found and not run_info:
         raise PosEncError(f"{folder} has no config.json, run.json or results.json: nothing to describe")
@@ -205,8 +180,7 @@ def model_card(folder: str | os.PathLike, base_model: str | None = None, *, repo
     model_name = (repo_id or folder.resolve().name).split("/")[-1]
     entries = [entry for record, run in indexed for entry in _entries(record, run)]
     tables = [{"source": source, "kind": record.kind, **dict(zip(("columns", "rows"), _table(record))),
-               "note": results.scored_places(record.settings) if "perplexity_mode" in record.settings
-               and any(run.metrics.get("perplexity") for run in record.runs) else None}
+               "note": " ".join(record.notes()) or None}
               for source, record in found]
 
     posenc_view = None

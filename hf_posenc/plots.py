@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-from .results import METRICS, Plot, Run, tables
+from .results import Plot, Run, Table, described
 
 __all__ = ["DRAWERS", "alibi_bias", "depth_heatmap", "encoding", "four_terms", "heatmap", "legend_outside", "lines",
            "loss_curve", "position_energy", "pyplot", "recovery_curve", "results_by_length", "rotary", "save",
@@ -87,28 +87,28 @@ def dodged(runs: Sequence[Run], metric: str, field: str) -> list[tuple[float, st
     return drawn
 
 
-def results_by_length(runs: Sequence[Run], out: str | Path) -> list[Path]:
-    """One PNG per `Plot` the runs' metric tables declare (every table with an equal plot in one figure, drawn
-    by `DRAWERS[plot.kind]` or the plot's own callable); tables whose cells were all skipped draw nothing.
-    Returns the files written."""
+def results_by_length(runs: Sequence[Run], schemas: Mapping[str, Table], out: str | Path) -> list[Path]:
+    """One PNG per `Plot` the runs' metric tables declare in `schemas` (every table with an equal plot in one
+    figure, drawn by `DRAWERS[plot.kind]` or the plot's own callable; a kind not known here, a plug-in's drawer
+    read back from a file, as lines); tables whose cells were all skipped draw nothing. Returns the files written."""
     out, written = Path(out), []
-    figures: dict[Plot, list[str]] = {}
-    for name, metric in tables(list(runs)):
-        if metric.plot is not None:
-            figures.setdefault(metric.plot, []).append(name)
-    for plot, names in figures.items():
-        field = plot.field or METRICS[names[0]].fields[0]
-        drawn = [name for name in names if any(series(run, name, field)[0] for run in runs)]
+    figures: dict[Plot, dict[str, Table]] = {}
+    for name, table in described(list(runs), schemas):
+        if table.plot is not None:
+            figures.setdefault(table.plot, {})[name] = table
+    for plot, held in figures.items():
+        field = plot.field or next(iter(held.values())).fields[0]
+        drawn = {name: table for name, table in held.items() if any(series(run, name, field)[0] for run in runs)}
         if drawn:
-            draw = DRAWERS[plot.kind] if isinstance(plot.kind, str) else plot.kind
+            draw = DRAWERS.get(plot.kind, lines) if isinstance(plot.kind, str) else plot.kind
             written.append(draw(runs, drawn, out / plot.file, plot))
     return written
 
 
-def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+def lines(runs: Sequence[Run], tables: Mapping[str, Table], path: Path, plot: Plot) -> Path:
     """A line per run and table over the numeric keys, the rate's 95% Wilson interval as error bars."""
-    plt = pyplot()
-    field = plot.field or METRICS[names[0]].fields[0]
+    plt, names = pyplot(), list(tables)
+    field = plot.field or tables[names[0]].fields[0]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in names:
         drawn = [run for run in runs if series(run, name, field)[0]]
@@ -126,7 +126,7 @@ def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> 
     ax.set(xlabel=plot.xlabel, ylabel=plot.ylabel, title=plot.title)
     if plot.log_y:
         ax.set_yscale("log")
-    elif METRICS[names[0]].rate == field:
+    elif tables[names[0]].rate == field:
         ax.set_ylim(-0.05, 1.05)
     if plot.log_x:
         ax.set_xscale("log", base=2)
@@ -134,11 +134,12 @@ def lines(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> 
     return save(fig, path)
 
 
-def depth_heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+def depth_heatmap(runs: Sequence[Run], tables: Mapping[str, Table], path: Path, plot: Plot) -> Path:
     """One run: a length x depth heat-map of each cell's `by_depth` rates; several: `lines`."""
+    names = list(tables)
     drawn = [run for run in runs if any(series(run, name, plot.field)[0] for name in names)]
     if len(drawn) != 1:
-        return lines(drawn, names, path, plot)
+        return lines(drawn, tables, path, plot)
     run, plt = drawn[0], pyplot()
     cells = {int(key): cell for key, cell in run.cells(names[0]) if "by_depth" in cell}
     lengths = sorted(cells)
@@ -157,10 +158,11 @@ def depth_heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: P
     return save(fig, path)
 
 
-def heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -> Path:
+def heatmap(runs: Sequence[Run], tables: Mapping[str, Table], path: Path, plot: Plot) -> Path:
     """One heat-map of rates: a row per run and table, a column per key, each cell its value and 95% Wilson
     interval (n in the title when all cells share it); rows name the table without the words all share."""
-    plt, field = pyplot(), plot.field or METRICS[names[0]].fields[0]
+    names = list(tables)
+    plt, field = pyplot(), plot.field or tables[names[0]].fields[0]
     rows = [(run, m) for run in runs for m in names if run.metrics.get(m)]
     lengths = sorted({int(key) for run, m in rows for key, _ in run.cells(m)})
     cells = [[run.metrics[m].get(str(L), {}) for L in lengths] for run, m in rows]
@@ -184,7 +186,7 @@ def heatmap(runs: Sequence[Run], names: Sequence[str], path: Path, plot: Plot) -
 
 
 # how a `Plot` of a metric table is drawn, by its `kind`
-DRAWERS: dict[str, Callable[[Sequence[Run], Sequence[str], Path, Plot], Path]] = {
+DRAWERS: dict[str, Callable[[Sequence[Run], Mapping[str, Table], Path, Plot], Path]] = {
     "lines": lines, "depth_heatmap": depth_heatmap, "heatmap": heatmap}
 
 
@@ -205,12 +207,12 @@ def loss_curve(log: Sequence[dict[str, float]], path: str | Path, *, reference: 
     return save(fig, path)
 
 
-def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, reference: dict[str, Any] | None = None,
+def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, reference: Mapping[str, float] | None = None,
                    seq_len: int | None = None, held_out: str = "the held-out text",
                    final: tuple[int, dict[str, float]] | None = None) -> Path:
     """Held-out perplexity against optimizer steps, one line per scored window length (tokens on the top axis,
     training CPU seconds at the last point: the three grow together, so one panel shows them); `reference` the
-    original model's metrics (dotted), `final` (step, perplexity by length) the evaluation after training. The
+    original model's perplexity by length (dotted), `final` (step, perplexity by length) the evaluation after training. The
     axes say which tokens are scored: every token of windows of the recipe's held-out text, which is not what
     the eval and demo tables score (fixed target tokens after a growing context)."""
     fig, ax = pyplot().subplots(figsize=(7.5, 4.8))
@@ -222,8 +224,8 @@ def recovery_curve(curve: Sequence[dict[str, Any]], path: str | Path, *, referen
             steps, values = [*steps, final[0]], [*values, final[1][length]]
         trained = " (the training length)" if str(seq_len) == length else ""
         line, = ax.plot(steps, values, marker="o", ms=3, label=f"windows of {length} tokens{trained}")
-        if reference and length in reference.get("perplexity", {}):
-            ax.axhline(reference["perplexity"][length]["perplexity"], color=line.get_color(), linestyle=":",
+        if reference and length in reference:
+            ax.axhline(reference[length], color=line.get_color(), linestyle=":",
                        label=f"before the swap, windows of {length} tokens")
     if curve and curve[-1]["step"]:
         per_step = curve[-1]["tokens"] / curve[-1]["step"]

@@ -2,24 +2,24 @@
 
 A file holds one or more runs -- an evaluation has one; a training run has the original model, the
 swapped model before training and after; the demo one per scheme. Every run keeps its numbers in
-metric tables, keyed the same way wherever they come from. Which tables there are, and how each reads
-(its headline fields, what its keys count, which field is a rate, its model-index task and dataset, its
-plot), is not written here: each evaluation suite declares the tables it writes (`Metric`, registered
-with the suite; `hf-posenc eval --help` and docs/guide/eval.md list them), and `METRICS` here is their table.
-A table no registered suite declares (a plug-in not imported now) still prints: `metric` reads its
-numeric fields off the cells.
+metric tables, keyed the same way wherever they come from.
+
+A file describes itself (format 4): beside the numbers it holds one `Section` per suite that measured them -- its
+settings, what measured it (the suite's name, version and packages), what its numbers depend on (`measured`, which
+`compare` checks), notes a reader needs beside its tables, the Hub datasets it read, and each of its tables' schema
+as data (`Table`: headline fields, what the keys count, the rate and its n and interval fields, `higher_is_better`,
+the model-index task and dataset of each key, the plot). So a card, a comparison, a plot or a table of a file
+written by a suite that is not installed now reads the same as one whose suite is (as lm-eval's results carry each
+task's config and `higher_is_better`). Nothing here knows a suite: the suites (`hf_posenc.evaluation`) write the
+sections. Formats 2 and 3 (numbers only) still load; `hf_posenc.evaluation.load_results` gives them the built-in
+suites' schemas. A table no section describes still prints: `Table.read_off` reads its numeric fields off the cells.
 
 Every rate (passkey accuracy, exact match, classification accuracy, RULER score) carries its trial
 count `n` and 95% Wilson interval `low`, `high` (`hf_posenc.stats`) in the same cell; tables print
-them as `0.83 [0.55, 0.95] (n=12)`. Format 3 added them (and the RULER tables) to format 2, which is
-still read: its rates print without an interval.
+them as `0.83 [0.55, 0.95] (n=12)`. Format 3 added them to format 2, whose rates print without an interval.
 
 A cell that could not be measured is {"skipped": reason}. Files are replaced atomically, so a crash
 leaves the last complete version, and `load` refuses any other format with a message naming it.
-
-Perplexity cells say how they were measured (`mode`, see `evaluation.PERPLEXITY_MODES`; eval and demo
-also record `perplexity_mode` and `target_tokens` in their settings). Format-2 files written before
-modes existed have neither and were measured on the first L tokens; `compare` flags or refuses mixing them.
 """
 
 from __future__ import annotations
@@ -38,15 +38,13 @@ from typing import Any, Callable, Literal, Mapping
 from .errors import PosEncError
 from .stats import intervals_overlap
 
-__all__ = ["FORMAT", "METRICS", "READS", "RULER_TASKS", "Metric", "Plot", "Results", "Run", "field_name",
-           "format_rate", "interval", "interval_notes", "key_order", "load", "markdown", "metric", "run_label", "tables",
-           "versions", "write_json"]
+__all__ = ["FORMAT", "READS", "Plot", "Results", "Run", "Section", "Table", "described", "field_name",
+           "format_rate", "interval", "interval_notes", "key_order", "load", "markdown", "run_label", "versions",
+           "write_json"]
 
-FORMAT = 3
-READS = (2, 3)  # format 2 is format 3 without n/low/high and RULER tables
-# RULER's synthetic tasks (Hsieh et al. 2024) as lm-eval 0.4.13 ships them; one metric table each.
-RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
+FORMAT = 4
+READS = (2, 3, 4)  # format 3 is format 4 without sections; format 2 is format 3 without n/low/high and RULER tables
+N, INTERVAL = "n", ("low", "high")  # a rate's trial count and 95% Wilson interval, beside it in the cell
 Kind = Literal["eval", "train", "demo"]
 KINDS: tuple[str, ...] = Kind.__args__
 
@@ -56,7 +54,8 @@ class Plot:
     """A figure of one or more metric tables (every table with an equal `Plot` goes into one file).
 
     `kind` names one of `hf_posenc.plots.DRAWERS` ("lines", "depth_heatmap", "heatmap"), so a suite's module
-    imports no plotting library; a callable `(runs, tables, path) -> path` draws its own figure instead.
+    imports no plotting library; a callable `(runs, tables, path) -> path` draws its own figure instead (the file
+    records its name; read back without it, the figure is drawn as lines).
     """
 
     file: str
@@ -68,43 +67,74 @@ class Plot:
     log_x: bool = False
     log_y: bool = False
 
+    def to_dict(self) -> dict[str, Any]:
+        kind = self.kind if isinstance(self.kind, str) else f"{self.kind.__module__}.{self.kind.__qualname__}"
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "kind": kind}
+
 
 @dataclasses.dataclass(frozen=True)
-class Metric:
-    """How a metric table reads: the headline fields of a cell, what its keys count, which field is a rate
-    whose n and Wilson interval the cell carries; its model-index task (type, name) and dataset (a function of
-    the cell's key and the eval settings -> `EvalResult` dataset fields), and its plot."""
+class Table:
+    """How a metric table reads, as data: its headline fields, what its keys count (`unit`), which field is a rate
+    (whose trial count `n` and 95% interval `interval` fields the cell carries), which fields are better higher,
+    its model-index task (type, name), the model-index dataset of each key it holds, and its plot."""
 
     fields: tuple[str, ...]
-    key: str
+    unit: str = ""
     rate: str | None = None
+    higher_is_better: dict[str, bool] = dataclasses.field(default_factory=dict)
+    n: str | None = None
+    interval: tuple[str, str] | None = None
     task: tuple[str, str] = ("text-generation", "")
-    dataset: Callable[[str, Mapping[str, Any]], dict[str, Any]] | None = None
+    datasets: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     plot: Plot | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "plot": self.plot.to_dict() if self.plot else None}
 
-# results.json metric table -> how it reads, written by suites (`evaluation.suite.register_suite`) and training tasks
-METRICS: dict[str, Metric] = {}
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Table:
+        plot, interval = data.get("plot"), data.get("interval")
+        return cls(**{**data, "fields": tuple(data["fields"]), "task": tuple(data["task"]),
+                      "interval": tuple(interval) if interval else None, "plot": Plot(**plot) if plot else None})
+
+    @classmethod
+    def read_off(cls, name: str, cells: Mapping[str, Mapping[str, Any]]) -> Table:
+        """A table no section describes (a format-2/3 file of a suite not installed now): every numeric field,
+        keys without a unit, the first field as the rate when the cells carry a Wilson interval."""
+        fields = dict.fromkeys(f for cell in cells.values() for f, v in cell.items()
+                               if isinstance(v, (int, float)) and f not in (N, *INTERVAL))
+        rated = any(INTERVAL[0] in cell for cell in cells.values())
+        rate = next(iter(fields), None) if rated else None
+        return cls(tuple(fields), rate=rate, n=N if rate else None, interval=INTERVAL if rate else None,
+                   task=("other", name))
+
+    def dataset(self, name: str, key: str) -> dict[str, Any]:
+        """The model-index dataset of one key; a table that names none is its own dataset."""
+        return self.datasets.get(key) or {"dataset_type": name, "dataset_name": name}
 
 
-def register_metric(name: str, metric: Metric) -> Metric:
-    """A results.json metric table that is not (only) a suite's, e.g. what a training task writes; the
-    same table registered twice must read the same."""
-    if METRICS.get(name, metric) != metric:
-        raise ValueError(f"metric table {name!r} is already registered as {METRICS[name]}")
-    METRICS.setdefault(name, metric)
-    return metric
+@dataclasses.dataclass
+class Section:
+    """What one suite wrote into a file: who measured (`suite`, `version`, `packages`), with which `settings`, what
+    its numbers depend on (`measured`: `compare` refuses files that differ there), `notes` to print beside its
+    tables, the Hub datasets it read, and its tables' schemas."""
 
+    suite: str
+    version: str = ""
+    packages: dict[str, str] = dataclasses.field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    measured: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    hub_datasets: list[str] = dataclasses.field(default_factory=list)
+    tables: dict[str, Table] = dataclasses.field(default_factory=dict)
 
-def metric(name: str, cells: Mapping[str, Mapping[str, Any]] | None = None) -> Metric:
-    """The registered `Metric` of a table, else one read off its cells: every numeric field, keys without a
-    unit, the first field as the rate when the cells carry a Wilson interval (n, low, high)."""
-    if name in METRICS:
-        return METRICS[name]
-    fields = dict.fromkeys(f for cell in (cells or {}).values() for f, v in cell.items()
-                           if isinstance(v, (int, float)) and f not in ("n", "low", "high"))
-    rated = any("low" in cell for cell in (cells or {}).values())
-    return Metric(tuple(fields), "", next(iter(fields), None) if rated else None, task=("other", name))
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tables": {name: t.to_dict() for name, t in self.tables.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Section:
+        return cls(**{**data, "tables": {name: Table.from_dict(t) for name, t in data.get("tables", {}).items()}})
 
 
 def key_order(key: str) -> tuple[int, int | str]:
@@ -123,8 +153,6 @@ class Run:
     seconds: float | None = None
 
     def put(self, metric: str, key: int | str, cell: dict[str, Any]) -> None:
-        if metric not in METRICS:
-            raise PosEncError(f"unknown metric table {metric!r}; results hold {', '.join(METRICS)}")
         self.metrics.setdefault(metric, {})[str(key)] = cell
 
     def cells(self, metric: str) -> list[tuple[str, dict[str, Any]]]:
@@ -142,6 +170,7 @@ class Results:
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     runs: list[Run] = dataclasses.field(default_factory=list)
     details: dict[str, Any] = dataclasses.field(default_factory=dict)  # kind-specific facts (train: steps, ranks)
+    suites: dict[str, Section] = dataclasses.field(default_factory=dict)  # each suite's section, by its name
     versions: dict[str, str] = dataclasses.field(default_factory=lambda: versions())
     started: str = dataclasses.field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     wall_time_s: float = 0.0
@@ -159,8 +188,16 @@ class Results:
                 return run
         raise PosEncError(f"no run {label!r} in these results; runs: {', '.join(r.label for r in self.runs)}")
 
+    def tables(self) -> dict[str, Table]:
+        """The schema of every table the sections describe, in the sections' order."""
+        return {name: table for section in self.suites.values() for name, table in section.tables.items()}
+
+    def notes(self) -> list[str]:
+        """What the sections say beside their tables, each once."""
+        return list(dict.fromkeys(note for section in self.suites.values() for note in section.notes))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "suites": {name: s.to_dict() for name, s in self.suites.items()}}
 
     def save(self, path: str | os.PathLike, *, complete: bool = False) -> Path:
         self.wall_time_s = round(time.perf_counter() - self._clock, 2)
@@ -201,8 +238,11 @@ def load(path: str | os.PathLike) -> Results:
                           f"{', '.join(map(str, READS))}: rerun the command that wrote it")
     try:
         runs = [Run(**run) for run in data.pop("runs")]
-        return Results(**data, runs=runs)
-    except (KeyError, TypeError) as err:
+        sections = {name: Section.from_dict(section) for name, section in data.pop("suites", {}).items()}
+        if sections and data["format"] < 4:
+            raise TypeError("suite sections before format 4")
+        return Results(**data, runs=runs, suites=sections)
+    except (KeyError, TypeError, AttributeError) as err:
         raise PosEncError(f"{path} is not a valid format-{data['format']} results file ({err})") from err
 
 
@@ -246,11 +286,11 @@ def field_name(metric: str, field: str) -> str:
     return metric if field == metric else f"{metric} {field.replace('_', ' ')}"
 
 
-def _value(cell: dict[str, Any], field: str, rate: str | None = None) -> str:
+def _value(cell: dict[str, Any], field: str, table: Table) -> str:
     if field not in cell:
         return f"skipped ({str(cell.get('skipped', '?'))[:60]})"
-    if field == rate and "n" in cell:
-        return format_rate(cell[field], cell["n"], cell["low"], cell["high"])
+    if (bounds := interval(cell, table)) is not None and field == table.rate:
+        return format_rate(cell[field], cell[table.n], *bounds) if table.n in cell else f"{cell[field]:.4g}"
     return f"{cell[field]:.4g}"
 
 
@@ -259,72 +299,60 @@ def format_rate(value: float, n: int, low: float, high: float) -> str:
     return f"{value:.2f} [{low:.2f}, {high:.2f}] (n={n})"
 
 
-def interval(cell: dict[str, Any], metric: str | Metric) -> tuple[float, float] | None:
+def interval(cell: dict[str, Any], table: Table) -> tuple[float, float] | None:
     """The 95% interval of a cell's rate, or None (not a rate, skipped, or a format-2 cell)."""
-    rate = (METRICS[metric] if isinstance(metric, str) else metric).rate
-    return (cell["low"], cell["high"]) if rate in cell and "low" in cell else None
+    if table.rate not in cell or not table.interval or table.interval[0] not in cell:
+        return None
+    return cell[table.interval[0]], cell[table.interval[1]]
 
 
-def tables(runs: list[Run]) -> list[tuple[str, Metric]]:
-    """The metric tables the runs hold, registered ones in the registry's order, then any others."""
+def described(runs: list[Run], schemas: Mapping[str, Table]) -> list[tuple[str, Table]]:
+    """The metric tables the runs hold with their schemas: described ones in `schemas`' order, then any others
+    (read off their cells)."""
     held = {name: cells for run in runs for name, cells in run.metrics.items()}
-    return [(name, metric(name, held[name])) for name in sorted(held, key=[*METRICS, *held].index)]
+    order = [*schemas, *held]
+    return [(name, schemas[name] if name in schemas else Table.read_off(name, held[name]))
+            for name in sorted(held, key=order.index)]
 
 
-def cell_text(table: str, key: int | str, cell: dict[str, Any]) -> str:
+def setting(table: Table, key: str) -> str:
+    """A table key as tables print it: '2048 tokens', 'rotten_tomatoes'."""
+    return f"{key} {table.unit}" if key.isdigit() and table.unit else key
+
+
+def cell_text(name: str, table: Table, key: int | str, cell: dict[str, Any]) -> str:
     """One finished cell in a line, as a progress log prints it: 'perplexity @ 2048 tokens: 11.38'."""
-    spec = metric(table, {str(key): cell})
-    unit = f" {spec.key}" if str(key).isdigit() and spec.key else ""
-    values = ", ".join(f"{field_name(table, f)} {_value(cell, f, spec.rate)}" for f in spec.fields) or "done"
-    return f"{table} @ {key}{unit}: {values}"
+    values = ", ".join(f"{field_name(name, f)} {_value(cell, f, table)}" for f in table.fields) or "done"
+    return f"{name} @ {setting(table, str(key))}: {values}"
 
 
-def markdown(runs: list[Run]) -> str:
+def markdown(runs: list[Run], schemas: Mapping[str, Table]) -> str:
     """One Markdown row per run, table, key and headline field: | run | metric | value |."""
     lines = ["| run | metric | value |", "|---|---|---|"]
-    held = tables(runs)
+    held = described(runs, schemas)
     for run in runs:
-        for metric, spec in held:
-            for key, cell in run.cells(metric):
-                unit = f" {spec.key}" if key.isdigit() and spec.key else ""
-                for field in spec.fields:
-                    lines.append(f"| {run.label} | {field_name(metric, field)} @ {key}{unit} | "
-                                 f"{_value(cell, field, spec.rate)} |")
+        for name, table in held:
+            for key, cell in run.cells(name):
+                for field in table.fields:
+                    lines.append(f"| {run.label} | {field_name(name, field)} @ {setting(table, key)} | "
+                                 f"{_value(cell, field, table)} |")
     return "\n".join(lines)
 
 
-def scored_places(settings: dict[str, Any]) -> str:
-    """What a perplexity table scored, said beside it: in same_target mode the windows' end places and the number
-    of target tokens follow from the whole set of lengths (the longest sets the room left before the first end,
-    the shortest the default target), so the same model at the same length scores differently in a run with
-    another set of lengths (7.54 in one eval, 10.90 in the demo)."""
-    mode, lengths = settings.get("perplexity_mode", "same_target"), settings.get("lengths") or []
-    where = f"{settings.get('max_windows')} windows of {settings.get('text', 'the text')}"
-    if mode == "same_target":
-        return (f"perplexity scored the same last {settings.get('target_tokens')} tokens of {where} at every length; "
-                f"where those windows end depends on the set of lengths ({', '.join(map(str, lengths))}): compare "
-                "only runs with the same lengths, text, windows and targets (eval --compare checks it)")
-    return (f"perplexity scored sliding windows from the start of {settings.get('text', 'the text')} (each length "
-            f"other tokens; stride {settings.get('stride') or 'the length'}, at most {settings.get('max_windows')} "
-            "windows)")
-
-
-def interval_notes(runs: list[Run]) -> list[str]:
+def interval_notes(runs: list[Run], schemas: Mapping[str, Table]) -> list[str]:
     """For every table cell two or more runs measured as a rate, whether each pair's 95% intervals
     overlap (the runs are not shown to differ) or are apart (they differ at that level)."""
     notes = []
-    for metric, spec in tables(runs):
-        keys = sorted({key for run in runs for key, _ in run.cells(metric)}, key=key_order)
+    for name, table in described(runs, schemas):
+        keys = sorted({key for run in runs for key, _ in run.cells(name)}, key=key_order)
         for key in keys:
-            measured = [(run.label, cell) for run in runs if (cell := run.metrics.get(metric, {}).get(key))
-                        and interval(cell, spec)]
+            measured = [(run.label, cell) for run in runs if (cell := run.metrics.get(name, {}).get(key))
+                        and interval(cell, table) and table.n in cell]
             for i, (a, ca) in enumerate(measured):
                 for b, cb in measured[i + 1:]:
-                    overlap = intervals_overlap(interval(ca, spec), interval(cb, spec))
-                    unit = f" {spec.key}" if key.isdigit() and spec.key else ""
+                    overlap = intervals_overlap(interval(ca, table), interval(cb, table))
                     verdict = ("intervals overlap: not shown to differ" if overlap
                                else "intervals apart: they differ (95%)")
-                    notes.append(f"{field_name(metric, spec.rate)} @ {key}{unit}: {a} "
-                                 f"{format_rate(ca[spec.rate], ca['n'], ca['low'], ca['high'])} vs {b} "
-                                 f"{format_rate(cb[spec.rate], cb['n'], cb['low'], cb['high'])}: {verdict}")
+                    notes.append(f"{field_name(name, table.rate)} @ {setting(table, key)}: {a} "
+                                 f"{_value(ca, table.rate, table)} vs {b} {_value(cb, table.rate, table)}: {verdict}")
     return notes

@@ -406,14 +406,15 @@ def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved
                          "--ppl-mode", mode, "--target-tokens", "6", "--no-baseline", "--out", str(out)]) == 0
         paths.append(out / "results.json")
     same, sliding = (results.load(path) for path in paths)
-    assert same.settings["perplexity_mode"] == "same_target" and same.settings["target_tokens"] == 6
-    assert sliding.settings["perplexity_mode"] == "sliding" and sliding.settings["target_tokens"] is None
+    same_settings, sliding_settings = same.suites["perplexity"].settings, sliding.suites["perplexity"].settings
+    assert same_settings["perplexity_mode"] == "same_target" and same_settings["target_tokens"] == 6
+    assert sliding_settings["perplexity_mode"] == "sliding" and sliding_settings["target_tokens"] is None
     cells = same.runs[0].metrics["perplexity"]
     assert cells["16"]["targets"] == cells["48"]["targets"] and cells["48"]["tokens"] == 2 * 6
-    with pytest.raises(PosEncError, match=r"measured differently \(method.*--mixed"):
+    with pytest.raises(PosEncError, match=r"measured differently \(.*perplexity.method.*--mixed"):
         evaluation.compare(paths, tmp_path / "refused")
     table = evaluation.compare(paths, tmp_path / "cmp", mixed=True)
-    assert "method=the last T tokens of windows" in table and "method=sliding windows" in table
+    assert "perplexity.method=the last T tokens of windows" in table and "perplexity.method=sliding windows" in table
 
 
 @pytest.mark.parametrize("argv,message", [

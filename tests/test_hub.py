@@ -20,6 +20,7 @@ from huggingface_hub import ModelCard
 import hf_posenc as hp
 from hf_posenc import cli, hub, plots, results, writing
 from hf_posenc.errors import PosEncError
+from hf_posenc.evaluation import older
 
 def _output(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
@@ -42,8 +43,10 @@ def _eval_results(model: str, posenc: dict | None) -> results.Results:
         "classification": {"rotten_tomatoes": {"accuracy": 0.625, "f1": 0.6, "examples": 40, "mode": "zero-shot"}},
         "copy": {"2": {"exact_match": 1.0}, "4": {"exact_match": 0.25}},
     })
-    return results.Results("eval", model, runs=[run], complete=True, settings={
+    record = results.Results("eval", model, runs=[run], complete=True, settings={
         "suite": ["perplexity", "passkey", "rotten_tomatoes", "copy"], "lengths": [64, 128], "text": "kjv"})
+    record.suites = older.described(record)  # the sections the suites write (run_suites)
+    return record
 
 
 @pytest.fixture
@@ -55,7 +58,7 @@ def saved(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     record = _eval_results("openai-community/gpt2", hp.describe(model).to_dict())
     (folder / "eval").mkdir()
     record.save(folder / "eval" / "results.json", complete=True)
-    assert plots.results_by_length(record.runs, folder / "eval")
+    assert plots.results_by_length(record.runs, record.tables(), folder / "eval")
     (folder / "checkpoints" / "step-2").mkdir(parents=True)
     (folder / "checkpoints" / "step-2" / "optimizer.bin").write_bytes(b"\0" * 64)
     return folder, model
@@ -203,7 +206,7 @@ def test_cards_name_base_model_license_datasets_and_the_baseline(tmp_path, saved
     posenc = {"format": 1, "scheme": "alibi", "options": {"max_bias": 8.0}, "from": "rope"}
     cell = {"perplexity": 12.5, "loss": 2.5, "tokens": 63, "windows": 1, "stride": 64}
     record = results.Results("eval", "smollm2", complete=True, settings={"suite": ["perplexity", "sst2"],
-                                                                        "text": "wikitext", "dtype": "float32"},
+                                                                        "text": "wikitext", "dtype": "float32"}, format=3,
                              runs=[results.Run("smollm2 alibi()", "alibi", {}, posenc, {"perplexity": {"64": cell}}),
                                    results.Run("smollm2 (unpatched)", metrics={"perplexity": {"64": {**cell,
                                                                                                    "perplexity": 4.0}}})])

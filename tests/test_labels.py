@@ -13,6 +13,7 @@ from test_train import recipe_dict, tiny_assets, write_recipe
 from transformers import AutoTokenizer
 
 import hf_posenc as hp
+from hf_posenc.evaluation.suite import registered_tables
 from hf_posenc import cli, hub, plots, results
 
 
@@ -96,7 +97,7 @@ def test_identical_series_are_drawn_apart_and_say_so(tmp_path):
     drawn = plots.dodged(runs, "passkey", "accuracy")
     assert [label for _, label, _ in drawn] == ["yarn x2", "original (same as yarn x2; shifted)", "alibi"]
     assert drawn[0][0] == drawn[2][0] == 1.0 < drawn[1][0] and drawn[0][2] != drawn[1][2]
-    assert (tmp_path / "passkey.png") in plots.results_by_length(runs, tmp_path)
+    assert (tmp_path / "passkey.png") in plots.results_by_length(runs, registered_tables(), tmp_path)
 
 
 def test_the_card_of_an_eval_of_the_packaged_model_states_its_provenance_and_scored_places(tmp_path):
@@ -105,7 +106,7 @@ def test_the_card_of_an_eval_of_the_packaged_model_states_its_provenance_and_sco
     cell = {"perplexity": 12.5, "loss": 2.5, "tokens": 63, "windows": 1, "target": 32}
     settings = {"suite": ["perplexity"], "lengths": [64, 128], "text": "kjv", "perplexity_mode": "same_target",
                 "target_tokens": 32, "max_windows": 4, "dtype": "float32"}
-    record = results.Results("eval", "smollm2", complete=True, settings=settings, runs=[
+    record = results.Results("eval", "smollm2", complete=True, settings=settings, format=3, runs=[
         results.Run(results.run_label("smollm2", "alibi", {}), "alibi", {}, posenc, {"perplexity": {"64": cell}}),
         results.Run("smollm2 (unpatched)", metrics={"perplexity": {"64": {**cell, "perplexity": 4.0}}})])
     folder.mkdir()
@@ -113,7 +114,7 @@ def test_the_card_of_an_eval_of_the_packaged_model_states_its_provenance_and_sco
     text = hub.model_card(folder).text
     assert "| metric | setting | smollm2 alibi | smollm2 (unpatched) |" in text and "alibi()" not in text
     assert "4-bit GGUF `SmolLM2-135M-Instruct.Q4_1.gguf`" in text and "dequantized to fp32" in text
-    assert "Scored places: perplexity scored the same last 32 tokens of 4 windows of kjv" in text
+    assert "\nperplexity scored the same last 32 tokens of 4 windows of kjv" in text
 
 
 def test_a_card_of_a_model_not_from_a_packaged_gguf_claims_no_provenance(tmp_path):
@@ -137,8 +138,8 @@ def test_compare_states_the_scored_places_and_refuses_files_whose_places_differ(
     assert "longest_length differ" in capsys.readouterr().err and not (tmp_path / "refused").exists()
     assert cli.main(["eval", "--compare", *paths.values(), "--mixed", "--out", str(tmp_path / "mixed")]) == 0
     table = (tmp_path / "mixed" / "compare.md").read_text()
-    assert "Scored places:\n- perplexity scored the same last 8 tokens" in table
+    assert "Notes:\n- perplexity scored the same last 8 tokens" in table
     assert "set of lengths (16, 32)" in table and "set of lengths (16, 48)" in table
-    assert f"[1] {paths['16,32']}: longest_length=32" in table
+    assert f"[1] {paths['16,32']}: perplexity.longest_length=32" in table
     assert cli.main(["eval", "--compare", paths["16,32"], "--out", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "compare.md").read_text().count("- perplexity scored") == 1

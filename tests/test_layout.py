@@ -433,7 +433,7 @@ PREFIX_METHODS = ("startswith", "endswith", "removeprefix", "removesuffix")
 def suite_words() -> set[str]:
     from hf_posenc import evaluation  # noqa: F401  (import registers the built-in suites)
     from hf_posenc.evaluation.suite import SUITES
-    from hf_posenc.results import METRICS
+    from hf_posenc.evaluation.suite import METRICS
 
     names = {alias for suite in SUITES.values() for alias in (suite.name, *suite.aliases)}
     return names | set(METRICS) - set(SUITE_WORDS_ELSEWHERE)
@@ -481,3 +481,41 @@ def suite_name_uses(names: set[str], exempt: dict[tuple[str, str], str]) -> list
 def test_no_module_outside_evaluation_branches_on_or_tables_a_suite_name():
     """What a suite is (its flags, tables, model-index entry, plot) is asked of the suite, not of its name."""
     assert suite_name_uses(suite_words(), SUITE_WORDS_IN) == []
+
+
+def named_strings(module: str) -> list[tuple[int, str]]:
+    """Every string constant of a module's code, docstrings left out: (line, text)."""
+    tree = parse(module)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+# Where a suite's or table's name stands in a module outside hf_posenc/evaluation meaning that suite, said why:
+# (module, word) -> the reason. Everything else asks the suite or reads the file's sections.
+SUITE_NAMES_SAID = {
+    ("hf_posenc.cli.demo", "perplexity"): "the demo runs and prints the perplexity suite, as a user names it",
+    ("hf_posenc.cli.demo", "passkey"): "the demo runs and prints the passkey suite, as a user names it",
+    ("hf_posenc.plots", "perplexity"): "a field of training's recovery-curve rows (details.curve), not a table",
+    ("hf_posenc.train.tasks", "perplexity"): "a cell's field; the table is `evaluation.held_out.table`'s",
+    ("hf_posenc.metrics.perplexity_by_length.perplexity_by_length", "perplexity"): "the evaluate module's field",
+    ("hf_posenc.tiny_decoder", "completion"): "TRL's prompt-completion column",
+    **{(f"hf_posenc.integrations.{module}", "lm_eval"): "the lm-evaluation-harness package (import name, cache)"
+       for module in ("lm_eval_data", "lm_eval_index")},
+}
+
+
+def test_no_module_outside_evaluation_names_a_suite_or_a_metric_table():
+    """A grep, not only for branches: a suite's name, or a metric table's (perplexity included), appears in no
+    module outside hf_posenc/evaluation but where `SUITE_NAMES_SAID` or the words meaning other things say why;
+    what a suite is (direction, notes, scored places, datasets) is the suite's, and results files carry it."""
+    from hf_posenc.evaluation import held_out
+
+    words = suite_words() | {name for name, _ in held_out.TABLES.values()} - set(SUITE_WORDS_ELSEWHERE)
+    found = [f"{module}:{line} {text!r}" for module in MODULES
+             if not (module == "hf_posenc.evaluation" or module.startswith("hf_posenc.evaluation."))
+             for line, text in named_strings(module)
+             if text in words and (module, text) not in SUITE_WORDS_IN and (module, text) not in SUITE_NAMES_SAID]
+    assert found == []

@@ -121,8 +121,7 @@ def test_a_run_killed_mid_suite_leaves_its_cells_and_a_folder_its_rerun_replaces
 
 BOOM = '''
 """`boom`: one cell, then the error a suite of one's own can raise half-way."""
-from hf_posenc.evaluation.suite import Suite, register_suite
-from hf_posenc.results import Metric
+from hf_posenc.evaluation.suite import Metric, Suite, register_suite
 
 
 class Boom(Suite):

@@ -23,7 +23,8 @@ from conftest import benchmark_scripts, tiny_model
 from test_train import REPO
 
 import hf_posenc as hp
-from hf_posenc import analysis, plots, results
+from hf_posenc.evaluation.suite import registered_tables
+from hf_posenc import analysis, evaluation, plots, results
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -76,8 +77,8 @@ def ids(length: int = 12) -> torch.Tensor:
 
 
 def by_length(out: Path) -> None:
-    runs = [run for name in ("yarn", "alibi", "t5") for run in results.load(RESULTS / "smollm2_16k" / f"{name}.json").runs]
-    plots.results_by_length(runs, out)
+    runs = [run for name in ("yarn", "alibi", "t5") for run in evaluation.load_results(RESULTS / "smollm2_16k" / f"{name}.json").runs]
+    plots.results_by_length(runs, registered_tables(), out)
 
 
 def training(out: Path) -> None:
@@ -86,7 +87,7 @@ def training(out: Path) -> None:
     original = found["baselines"]["original (rope)"]["kjv held-out"]
     plots.loss_curve(curve, out / "loss.png", reference=("step 0", curve[0]["loss"]), curve=curve)
     plots.recovery_curve(curve, out / "curve.png", seq_len=128,
-                         reference={"perplexity": {key: {"perplexity": value} for key, value in original.items()}})
+                         reference=dict(original))
 
 
 def inspected(out: Path) -> None:
@@ -151,13 +152,13 @@ def test_the_check_finds_a_legend_inside_a_panel(drawn: list[Any], tmp_path: Pat
 def test_long_row_names_leave_the_panel_its_width(drawn: list[Any], tmp_path: Path) -> None:
     """An eval of an untrained patched folder names a row 'p1 (its own weights, rope positions) = smollm2
     (original model)': on one legend line it left the panel no width (matplotlib: 'axes sizes collapsed to zero')."""
-    runs = [run for name in ("yarn", "alibi") for run in results.load(RESULTS / "smollm2_16k" / f"{name}.json").runs]
+    runs = [run for name in ("yarn", "alibi") for run in evaluation.load_results(RESULTS / "smollm2_16k" / f"{name}.json").runs]
     long = ["p1 (as loaded)", "p1 (its own weights, rope positions) = smollm2 (original model)"]
     relabelled = [dataclasses.replace(run, label=label) for run, label in zip(runs, long)]
     assert len(relabelled) == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plots.results_by_length(relabelled, tmp_path)
+        plots.results_by_length(relabelled, registered_tables(), tmp_path)
     for fig in drawn:
         fig.canvas.draw()
         panel = fig.axes[0].get_window_extent()

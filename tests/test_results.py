@@ -14,6 +14,7 @@ import hf_posenc as hp
 from hf_posenc import cli, data, evaluation, hub, results
 from hf_posenc.cli import demo
 from hf_posenc.errors import PosEncError
+from hf_posenc.evaluation import held_out, older
 
 
 def _record() -> results.Results:
@@ -21,7 +22,10 @@ def _record() -> results.Results:
     run.put("perplexity", 64, {"perplexity": 9.5, "loss": 2.25, "tokens": 63, "windows": 1, "stride": 64})
     run.put("perplexity", 128, {"skipped": "IndexError: index out of range"})
     run.put("copy", 2, {"exact_match": 0.5})
-    return results.Results("eval", "tiny", settings={"lengths": [64, 128]}, runs=[run])
+    record = results.Results("eval", "tiny", settings={"suite": ["perplexity", "copy"], "lengths": [64, 128]},
+                             runs=[run])
+    record.suites = older.described(record)  # the sections the suites write (run_suites)
+    return record
 
 
 def test_results_round_trip_through_save_and_load(tmp_path):
@@ -33,8 +37,6 @@ def test_results_round_trip_through_save_and_load(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # written through a temp file, renamed
     with pytest.raises(PosEncError, match="no run 'after training' in these results; runs: tiny yarn"):
         loaded.run("after training")
-    with pytest.raises(PosEncError, match="unknown metric table 'ppl'; results hold perplexity, passkey"):
-        loaded.runs[0].put("ppl", 64, {})
     with pytest.raises(PosEncError, match="kind must be one of eval, train, demo"):
         results.Results("benchmark", "tiny")
 
@@ -43,7 +45,7 @@ def test_results_round_trip_through_save_and_load(tmp_path):
     ({"format": 1, "label": "x", "model": "m", "results": {"ppl": {}}}, r"results format 1 \(hf-posenc 0.1 `eval`\)"),
     ({"scheme": "alibi", "before": {"loss": 1.0}, "after": {"loss": 0.5}}, "without a format field .*`train` or `demo`"),
     ({"model": "smollm2", "runs": [{"label": "x", "results": {"ppl": {}}}]}, "without a format field"),
-    ({"format": 4, "kind": "eval"}, "results format 4, from a newer hf-posenc"),
+    ({"format": 5, "kind": "eval"}, "results format 5, from a newer hf-posenc"),
     ({"format": 2, "kind": "eval", "model": "m", "runs": [], "surprise": 1}, "not a valid format-2 results file"),
     ([1, 2], "not a results file: it holds a JSON list"),
 ])
@@ -58,8 +60,9 @@ def test_format_2_files_still_load_and_print_without_intervals(tmp_path):
     run = {"label": "m", "metrics": {"passkey": {"1024": {"accuracy": 0.5, "trials": 2}}}}
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"format": 2, "kind": "eval", "model": "m", "runs": [run]}))
-    loaded = results.load(path)
-    assert loaded.format == 2 and "| m | passkey accuracy @ 1024 tokens | 0.5 |" in results.markdown(loaded.runs)
+    loaded = evaluation.load_results(path)
+    assert loaded.format == 2 and "| m | passkey accuracy @ 1024 tokens | 0.5 |" in results.markdown(
+        loaded.runs, loaded.tables())
 
 
 def test_a_card_refuses_an_old_results_file_instead_of_guessing(tmp_path):
@@ -79,7 +82,8 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
                      "--steps", "2", "--recipe", demo.RECIPE, "--out", str(out)]) == 0
     record = results.load(out / "results.json")
     assert record.kind == "demo" and record.complete
-    assert record.settings["perplexity_mode"] == "same_target" and record.settings["target_tokens"] == 8
+    measured = record.suites["perplexity"].settings
+    assert measured["perplexity_mode"] == "same_target" and measured["target_tokens"] == 8
     labels = ["original (rope)", "yarn x2", "alibi, no training", "alibi, 2 recovery steps"]
     assert [run.label for run in record.runs] == labels
     model = hp.patch(tiny_model("llama"), "yarn", factor=2.0)
@@ -96,7 +100,8 @@ def test_demo_runs_the_whole_flow_and_its_numbers_match_a_direct_computation(tmp
     assert table[-1].startswith("Scored places: perplexity scored the same last 8 tokens of 2 windows of kjv")
     assert table[3].startswith(f"| yarn x2 | {expected[16]['perplexity']:.2f} | {expected[48]['perplexity']:.2f} |")
     # passkey: 2 keys x 5 depths per length (48 one-character tokens are too few for its prompt: skipped)
-    assert record.settings["trials"] * len(record.settings["depths"]) == 10
+    passkey = record.suites["passkey"].settings
+    assert passkey["trials"] * len(passkey["depths"]) == 10
     assert "skipped" in yarn.metrics["passkey"]["48"] and table[3].endswith("| skipped | skipped |")
     assert (out / "perplexity.png").stat().st_size > 1000 and (out / "inspect" / "rotary.png").stat().st_size > 1000
     # the recovered model reloads patched, its card carries its eval results as model-index, the repo is staged
@@ -116,9 +121,11 @@ def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):
     eval_path = _record().save(tmp_path / "eval.json", complete=True)
     train = results.Results("train", "tiny", runs=[results.Run("after training", "alibi")])
     train.runs[0].put("perplexity", 32, {"perplexity": 3.5, "loss": 1.25, "tokens": 31, "windows": 1, "stride": 32})
+    train.settings = {"task": "causal_lm", "dataset_name": "kjv"}
+    train.suites = {held_out.NAME: held_out.section(train)}  # as the runner describes its tables
     train_path = train.save(tmp_path / "train.json")
     # sliding windows of a text vs held-out training blocks: not the same measurement, so not by default
-    with pytest.raises(PosEncError, match=r"measured differently \(.*method.*\).*--mixed"):
+    with pytest.raises(PosEncError, match=r"measured differently \(perplexity measured by differ\).*--mixed"):
         evaluation.compare([eval_path, train_path], tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     table = evaluation.compare([eval_path, train_path], tmp_path / "cmp", mixed=True)
@@ -126,7 +133,7 @@ def test_compare_reads_eval_train_and_demo_results_alike(tmp_path):
     assert "| tiny yarn(factor=2) [1] | perplexity @ 128 tokens | skipped (IndexError" in table
     assert "| after training [2] | perplexity @ 32 tokens | 3.5 |" in table
     assert "| tiny yarn(factor=2) [1] | copy exact match @ 2 digits | 0.5 |" in table
-    assert f"[2] {train_path}: method=held-out blocks of the training data" in table
+    assert "perplexity measured by=held_out" in table
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [r["kind"] for r in saved["results"]] == ["eval", "train"]
     assert (tmp_path / "cmp" / "perplexity.png").is_file() and (tmp_path / "cmp" / "length_generalization.png").is_file()

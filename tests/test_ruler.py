@@ -13,6 +13,8 @@ import pytest
 
 from conftest import tiny_model
 from hf_posenc import PosEncError, cli, results
+from hf_posenc.evaluation.names import RULER_TASKS
+from hf_posenc.evaluation.suite import registered_tables
 from hf_posenc.evaluation import SuiteSettings, compare, run_suites
 from hf_posenc.evaluation import ruler as ruler_mod
 from hf_posenc.evaluation.suite import parse_suites
@@ -42,14 +44,14 @@ def test_wilson_refuses_impossible_counts_and_rates_print_with_n():
     assert results.format_rate(cell["accuracy"], cell["n"], cell["low"], cell["high"]) == "0.83 [0.55, 0.95] (n=12)"
     run = results.Run("m")
     run.put("passkey", 1024, cell)
-    assert "| m | passkey accuracy @ 1024 tokens | 0.83 [0.55, 0.95] (n=12) |" in results.markdown([run])
+    assert "| m | passkey accuracy @ 1024 tokens | 0.83 [0.55, 0.95] (n=12) |" in results.markdown([run], registered_tables())
 
 
 def test_compare_says_whether_intervals_overlap(tmp_path):
     paths = []
     for name, hits in [("a", 18), ("b", 4), ("c", 15)]:
         record = results.Results("eval", name, settings={"suite": ["passkey"], "depths": [0.5], "trials": 20,
-                                                          "seed": 0, "dtype": "float32"})
+                                                          "seed": 0, "dtype": "float32"}, format=3)  # as format 3 wrote
         run = results.Run(name)
         run.put("passkey", 1024, {"accuracy": hits / 20, "trials": 20, **rate_fields(hits, 20)})
         record.runs.append(run)
@@ -68,7 +70,7 @@ def test_compare_says_whether_intervals_overlap(tmp_path):
 
 def test_ruler_suite_names_parse_and_mistakes_name_the_allowed_tasks():
     assert parse_suites(["ruler:niah_single_1", "vt", "ppl"]) == ["ruler:niah_single_1,vt", "perplexity"]
-    assert ruler_tasks(parse_suites(["ruler"])) == list(results.RULER_TASKS)
+    assert ruler_tasks(parse_suites(["ruler"])) == list(RULER_TASKS)
     with pytest.raises(PosEncError, match="unknown RULER task 'nosuch'; choose from niah_single_1, .*, fwe"):
         parse_suites(["ruler:nosuch"])
     with pytest.raises(PosEncError, match="'qa_squad' is not offline: it needs SQuAD"):
@@ -128,10 +130,10 @@ def test_suite_writes_each_task_and_length_with_n_and_interval(tiny_ruler):
     for task in TASKS:
         cell = run.metrics[f"ruler {task}"][str(LENGTH)]
         assert cell["n"] == 3 and cell["low"] <= cell["score"] <= cell["high"]
-    assert run.metrics["ruler niah_single_2"][str(LENGTH)]["haystack"] == "kjv" == record.settings["haystack"]
+    assert run.metrics["ruler niah_single_2"][str(LENGTH)]["haystack"] == "kjv" == record.suites["ruler"].settings["haystack"]
     assert results.load(out / "results.json").runs[0].metrics == run.metrics
     assert (out / "ruler.png").stat().st_size > 10_000
-    assert f"ruler niah_single_1 score @ {LENGTH} tokens | 0.00 [0.00, 0.56] (n=3)" in results.markdown(record.runs)
+    assert f"ruler niah_single_1 score @ {LENGTH} tokens | 0.00 [0.00, 0.56] (n=3)" in results.markdown(record.runs, record.tables())
 
 
 def test_prompts_fill_the_requested_length_within_the_tasks_step(tiny_ruler):
@@ -204,7 +206,8 @@ def test_cards_carry_rates_with_n_and_interval(tmp_path):
     run.put("passkey", 1024, {"accuracy": 0.5, "trials": 20, "by_depth": {}, **rate_fields(10, 20)})
     folder = tmp_path / "eval-yarn"
     folder.mkdir()
-    results.Results("eval", "smollm2", runs=[run], settings={"suite": ["passkey", "ruler:niah_single_2"]}).save(
+    results.Results("eval", "smollm2", runs=[run], settings={"suite": ["passkey", "ruler:niah_single_2"]},
+                    format=3).save(
         folder / "results.json", complete=True)
     card = hub.model_card(folder)
     assert "| ruler niah_single_2 score | 1024 tokens | 0.70 [0.40, 0.89] (n=10) |" in card.text

@@ -25,8 +25,8 @@ ECHO = '''
 import dataclasses
 
 from hf_posenc.domains import at_least, option
-from hf_posenc.evaluation.suite import Suite, register_suite
-from hf_posenc.results import Metric, Plot
+from hf_posenc.evaluation.suite import Metric, Suite, register_suite
+from hf_posenc.results import Plot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,8 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
     assert ran.returncode == 0, ran.stderr
     assert "| echo recall @ 16 tokens |" in ran.stdout
     record = results.load(out / "results.json")
-    assert record.complete and record.settings["suite"] == ["echo", "perplexity"] and record.settings["echo_trials"] == 6
+    assert record.complete and record.settings["suite"] == ["echo", "perplexity"]
+    assert record.suites["echo"].settings["echo_trials"] == 6 and record.suites["echo"].measured["echo_trials"] == 6
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     expected = {"llama (unpatched)": model}
     patched = hp.patch(transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), "yarn", factor=2.0)
@@ -139,17 +140,51 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
     assert "echo recall @ 16 tokens: " in table  # the interval notes of the two runs
     assert (tmp_path / "cmp" / "echo.png").stat().st_size > 1000
 
-    # the model card: its table row, its model-index entry (task and dataset from the suite), its plot
-    carded = hf_posenc_cli("card", "--suite-module", str(suite_file), str(out))
+    # another run with another setting of its own, then the plug-in uninstalled: its file and its dist-info gone
+    other = tmp_path / "fewer"
+    assert hf_posenc_cli("eval", "--suite-module", str(suite_file), "--model", folder, "--suite", "echo", "--lengths",
+                         "16,32", "--echo-trials", "3", "--no-baseline", "--out", str(other)).returncode == 0
+    suite_file.unlink()
+    (dist / "METADATA").unlink()
+    (dist / "entry_points.txt").unlink()
+
+    # the model card: its table row, its model-index entry (task, dataset and unit from the file), its plot
+    carded = hf_posenc_cli("card", str(out))
     assert carded.returncode == 0, carded.stderr
     card = (out / "README.md").read_text()
     for piece in ["name: echo recall @ 16 tokens", "name: Echo recall", "type: echo", "Echo prompts (throwaway)",
                   "| echo recall | 32 tokens |", "![echo.png](echo.png)"]:
         assert piece in card, piece
 
-    # read here, where the suite is not imported, the file still prints every table
+    # the comparison refuses files whose echo settings differ, naming the setting, as it would with the suite here
+    refused = hf_posenc_cli("eval", "--compare", str(out / "results.json"), str(other / "results.json"),
+                            "--out", str(tmp_path / "cmp2"))
+    assert refused.returncode == 2 and "echo.echo_trials" in refused.stderr, refused.stderr
+
+    # read here, where the suite is not imported, the file still prints every table with its unit and interval
     assert "echo" not in SUITES
-    assert f"| {record.runs[0].label} | echo recall @ 32 |" in results.markdown(record.runs)
+    loaded = evaluation.load_results(out / "results.json")
+    assert (f"| {record.runs[0].label} | echo recall @ 32 tokens | "
+            f"{results.format_rate(cell['recall'], 6, cell['low'], cell['high'])} |") in results.markdown(
+        loaded.runs, loaded.tables())
+    assert loaded.suites["echo"].tables["echo"].higher_is_better == {"recall": True}
+
+
+BROKEN = {"raises.py": "raise RuntimeError('no such backend')\n",
+          "clashes.py": ECHO.replace('name = "echo"', 'name = "passkey"')}
+
+
+def test_a_broken_or_clashing_plug_in_is_skipped_by_name_and_the_built_in_suites_run(saved_tiny, tmp_path):  # noqa: F811
+    for name, text in BROKEN.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    flags = [item for name in BROKEN for item in ("--suite-module", str(tmp_path / name))]
+    ran = hf_posenc_cli("eval", *flags, "--model", saved_tiny("llama"), "--suite", "ppl", "--lengths", "16",
+                        "--max-windows", "1", "--no-baseline", "--out", str(tmp_path / "out"))
+    assert ran.returncode == 0, ran.stderr
+    assert f"suite module {tmp_path / 'raises.py'} skipped: RuntimeError: no such backend" in ran.stderr
+    assert f"suite module {tmp_path / 'clashes.py'} skipped: ValueError: suite 'passkey' is already registered" \
+        in ran.stderr
+    assert "| perplexity @ 16 tokens |" in ran.stdout
 
 
 def test_settings_the_registered_suites_do_not_take_are_refused():
@@ -177,7 +212,7 @@ def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_p
                                      tasks=["posenc_sentiment"], device="cpu", task_manager=manager, limit=12)
     assert cell["value"] == direct["results"]["posenc_sentiment"]["acc,none"] and cell["n"] == 12
     assert cell["low"] <= cell["value"] <= cell["high"]
-    assert "| tiny alibi | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs)
+    assert "| tiny alibi | lm_eval value @ posenc_sentiment acc | " in results.markdown(record.runs, record.tables())
     with pytest.raises(PosEncError, match="unknown lm-eval task 'posenc_sentimnt' \\(did you mean 'posenc_sentiment'"):
         evaluation.run_suites(model, char_tokenizer(), settings.replace(suites=["lm_eval:posenc_sentimnt"]),
                               tmp_path / "refused")

@@ -86,7 +86,9 @@ class PositionSlot:
     are added to the token embeddings in the layer-loop pre-hook."""
 
     path: str
-    offset: Callable[[Any], int] = no_offset  # table row of position 0
+    # table row of position 0: a module-level function or a `FixedOffset`, which pickle (a patched model's
+    # `torch.save` holds its adapter, in the stock read its patch keeps)
+    offset: Callable[[Any], int] = no_offset
     # The slot adds `offset` itself (OPT, BART): position ids and max_position_embeddings count from position 0,
     # not from the table's first row (RoBERTa).
     adds_offset: bool = False

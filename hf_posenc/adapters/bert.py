@@ -3,7 +3,15 @@
 RoBERTa numbers positions from `padding_idx + 1`; DistilBERT has no token types.
 """
 
+from typing import Any
+
 from .base import Adapter, Blocks, Embeddings, PositionSlot, QKTap, register_adapter
+
+
+def after_padding(config: Any) -> int:
+    """RoBERTa's row of position 0: the one after its padding row."""
+    return config.pad_token_id + 1
+
 
 BERT = register_adapter(
     Adapter(
@@ -25,7 +33,7 @@ ROBERTA = register_adapter(
         native="learned",
         causal=False,
         blocks=Blocks(layers="encoder.layer", attention="attention.self"),
-        slot=PositionSlot("embeddings.position_embeddings", offset=lambda config: config.pad_token_id + 1),
+        slot=PositionSlot("embeddings.position_embeddings", offset=after_padding),
         embeddings=Embeddings(token_type_ids=True, other=("embeddings.token_type_embeddings",)),
         qk=QKTap(projections=("query", "key")),
     )

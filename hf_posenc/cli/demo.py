@@ -98,11 +98,8 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
     from ..patching import patch, unpatch
 
     out = clear_out(args.out, "demo", [args.model], until_finished=True)  # complete once every step below is
-    settings = {"lengths": args.lengths, "text": "kjv", "perplexity_mode": "same_target",
-                "target_tokens": args.target_tokens, "max_windows": args.windows, "depths": list(PASSKEY_DEPTHS),
-                "trials": PASSKEY_TRIALS,
-                "recovery_steps": args.steps}
-    record = results.Results("demo", args.model, settings=settings)
+    # the suites' settings are in their sections, which the first model scored gives the whole record
+    record = results.Results("demo", args.model, settings={"lengths": args.lengths, "recovery_steps": args.steps})
     with waiting(f"loading {display_name(args.model)}{LOADING.get(args.model, '')}"):
         model, tokenizer = load(args.model, dtype=torch.float32)
     print(f"{display_name(args.model)}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; "
@@ -114,7 +111,8 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
         status(f"scoring {label}: perplexity at {args.lengths}, then passkey")
         if scheme is not None:
             patch(model, scheme, **options)
-        record.runs.append(_score(model, tokenizer, label, scheme, options, out / "scores" / _slug(label), args))
+        record.runs.append(_score(model, tokenizer, label, scheme, options, out / "scores" / _slug(label), args,
+                                  record))
         record.save(out / "results.json")  # what finished survives an interrupt, and --overwrite can replace it
         unpatch(model)
         print(_row(record.runs[-1], args.lengths), flush=True)
@@ -132,7 +130,7 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
             model = from_pretrained(folder)  # the saved folder reloads patched: what a user of the card gets
         label = RECOVERED.format(steps=args.steps)
         # the recovered model's own eval results: the card's model-index; the original beside it (the baseline)
-        record.runs.append(_score(model, tokenizer, label, RECOVERS, {}, folder / "eval", args,
+        record.runs.append(_score(model, tokenizer, label, RECOVERS, {}, folder / "eval", args, record,
                                   baseline=record.runs[0]))
         print(_row(record.runs[-1], args.lengths), flush=True)
         if spread := _spread(args):
@@ -147,12 +145,12 @@ def _flow(args: argparse.Namespace, t0: float) -> int:
              " | ".join(f"passkey @ {n}" for n in args.lengths) + " |"
     table = "\n".join([header, "|---" * (2 * len(args.lengths) + 1) + "|",
                        *(_row(run, args.lengths) for run in record.runs)])
-    table += f"\n\nScored places: {results.scored_places(record.settings)}."
+    table += "".join(f"\n\nScored places: {note}." for note in record.notes())
     if args.steps and (spread := _spread(args)):
         table += f"\n\n{spread}"
     record.save(out / "results.json", complete=True)
     (out / "results.md").write_text(table + "\n")
-    plots.results_by_length(record.runs, out)
+    plots.results_by_length(record.runs, record.tables(), out)
     where = {"results (all runs)": out / "results.json", "table": out / "results.md",
              "plots": out / "perplexity.png", **where}
     print(f"\n{table}\n")
@@ -168,9 +166,9 @@ def _slug(label: str) -> str:
 
 
 def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: dict[str, Any], out: Path,
-           args: argparse.Namespace, baseline: results.Run | None = None) -> results.Run:
+           args: argparse.Namespace, record: results.Results, baseline: results.Run | None = None) -> results.Run:
     """One model's perplexity (same targets) and passkey, as the eval suites score it, written to `out` under
-    `label` (with `baseline`'s run beside it: the card's baseline column)."""
+    `label` (with `baseline`'s run beside it: the card's baseline column); `record` takes the suites' sections."""
     from .. import plots
     from ..evaluation import SuiteSettings, run_suites
 
@@ -181,10 +179,11 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
     scored = run_suites(model, tokenizer, settings, out)
     run = scored.runs[0]
     run.label, run.seconds = label, round(time.perf_counter() - t0, 1)
+    record.suites = record.suites or scored.suites
     if baseline is not None:
         scored.runs.append(baseline)
     scored.save(out / "results.json", complete=True)  # as labelled here, not `smollm2 alibi`
-    plots.results_by_length(scored.runs, out)
+    plots.results_by_length(scored.runs, scored.tables(), out)
     return run
 
 

@@ -98,10 +98,10 @@ def check(args: argparse.Namespace) -> None:
     sources = {"--model": args.model, **{f"--compare {path}": path for path in args.compare or []}}
     check_out(args.out, args.overwrite, sources=sources, command="eval --compare" if args.compare else "eval")
     if args.compare:
-        from .. import results
+        from ..evaluation import load_results
         from ..evaluation.comparing import differing_settings
 
-        args.records = [results.load(path) for path in args.compare]  # a PNG or a missing file fails here
+        args.records = [load_results(path) for path in args.compare]  # a PNG or a missing file fails here
         differing_settings(args.records, args.mixed)
         return
     if not args.model:
@@ -178,9 +178,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out) if distributed else clear_out(args.out, "eval", [args.model], until_finished=True)
     record = run_suites(model, tokenizer, suite_settings(args, distributed), out)
     if state.is_main_process:
-        print(results.markdown(record.runs))
-        if "perplexity" in record.settings["suite"]:
-            print(results.scored_places(record.settings))
+        print(results.markdown(record.runs, record.tables()))
+        for note in record.notes():
+            print(note)
         print(f"wrote {Path(out) / 'results.json'} ({record.wall_time_s} s, {state.num_processes} process(es))")
     if not distributed:
         finished(out)

@@ -22,7 +22,8 @@ ENTRY_POINTS = "hf_posenc.suites"  # installed packages' suites: [project.entry-
 
 def import_suite_modules(argv: list[str] | None) -> None:
     """Import the suites of installed packages (entry points) and of every `--suite-module` in `argv`, so their
-    flags are in the parser and their names in `--suite`. A module that fails to import is a usage error."""
+    flags are in the parser and their names in `--suite`. A plug-in that fails to import or to register (a name or
+    table another suite has) is said by name on stderr and skipped: one broken plug-in never stops the others."""
     argv = argv or []
     named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--suite-module"]
     named += [a.partition("=")[2] for a in argv if a.startswith("--suite-module=")]
@@ -35,9 +36,8 @@ def import_suite_modules(argv: list[str] | None) -> None:
 def _import(name: str, load: Any) -> None:
     try:
         load()
-    except Exception as err:  # a plug-in's own failure, said in one line like every usage error
-        print(f"hf-posenc: error: suite module {name}: {type(err).__name__}: {err}", file=sys.stderr)
-        raise SystemExit(2) from err
+    except Exception as err:  # a plug-in's own failure, said in one line; the other suites run
+        print(f"hf-posenc: suite module {name} skipped: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 def _load(name: str) -> None:
@@ -53,7 +53,11 @@ def _load(name: str) -> None:
         raise PosEncError(f"{name} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path.stem]  # a module that failed is not imported
+        raise
 
 
 def _item_type(hint: Any) -> tuple[Any, bool]:

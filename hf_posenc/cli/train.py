@@ -115,7 +115,7 @@ def summary(record: Any, out: str) -> str:
     log = json.loads((Path(out) / "loss.json").read_text()) if (Path(out) / "loss.json").is_file() else []
     if log:
         lines[0] += f"; training loss {log[-1]['loss']:.4f} at step {log[-1]['step']}"
-    lines.append(results.markdown(record.runs))
+    lines.append(results.markdown(record.runs, record.tables()))
     saved = [name for name in ("config.json", "adapter") if (Path(out) / name).exists()]
     lines.append(f"wrote {out}/results.json" + (f" and the model ({', '.join(saved)}) in {out}" if saved else ""))
     return "\n".join(lines)

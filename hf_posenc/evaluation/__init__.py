@@ -15,6 +15,9 @@ aggregated by the evaluate modules in `hf_posenc/metrics/`; suites write `hf_pos
     suites/       the built-in suites, one module each, registered when this package is imported
     running       `run_suites`: the suites named, results.json as they run
     comparing     `compare` and what a results file's numbers depend on
+    sections      a suite's section of results.json: its settings, versions, notes and tables' schemas as data
+    older         `load_results`: results files of any format read, formats 2 and 3 given the built-in sections
+    held_out      training's held-out tables, described as a suite's (train writes the cells)
     processes     the same scores split over the processes of a launch (distributed=True)
 
 Importing this package registers the built-in suites (torch-free, so `hf-posenc eval --help` lists them at
@@ -38,6 +41,7 @@ _EXPORTS = {name: module for module, names in {
     "suite": ("Suite", "SuiteSettings", "parse_suites"),
     "running": ("run_suites",),
     "comparing": ("compare",),
+    "older": ("load_results",),
     "tasks": ("SENTIMENT_PROMPT", "classification", "length_generalization", "seq2seq_length_generalization"),
 }.items() for name in names}
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import PosEncError
-from ..results import RULER_TASKS
+
+# RULER's synthetic tasks (Hsieh et al. 2024) as lm-eval 0.4.13 ships them; one metric table each.
+RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe")
 
 # How `perplexity_by_length` picks the tokens it scores at each context length L.
 PERPLEXITY_MODES: dict[str, str] = {

@@ -19,6 +19,7 @@ from ..loading import inference_device_map, load
 from ..patching import describe, unpatch
 from ..progress import for_row, logged, waiting
 from ..seq2seq import is_seq2seq
+from . import sections
 from .processes import rank_and_world
 from .scoring import check_lengths
 from .suite import (Scoring, SuiteSettings, check_model_kind, check_one_process, check_settings, parse_suites,
@@ -62,10 +63,12 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
     name = s.name or type(model).__name__
     run = results.Run(results.run_label(name, s.scheme, s.options), s.scheme, dict(s.options),
                       getattr(model.config, "posenc", None) if describe(model) else None)
-    recorded = {key: value for suite, own, argument in planned for key, value in suite.recorded(own, argument).items()}
-    record = results.Results("eval", name, runs=[run], settings={
-        "suite": s.suites, "lengths": s.lengths, **recorded, "batch_size": s.batch_size, "seed": s.seed,
-        "dtype": s.dtype or str(model.dtype).removeprefix("torch.")}, details={"processes": world})
+    shared = {"lengths": s.lengths, "batch_size": s.batch_size, "seed": s.seed,
+              "dtype": s.dtype or str(model.dtype).removeprefix("torch.")}
+    record = results.Results("eval", name, runs=[run], settings={"suite": s.suites, **shared},
+                             details={"processes": world})
+    for suite, own, argument in planned:
+        record.suites[suite.name] = sections.section(suite, {**shared, **suite.recorded(own, argument)})
     path = out / "results.json"
 
     def save(complete: bool = False) -> None:
@@ -90,7 +93,7 @@ def run_suites(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, setti
         del original
     save(complete=True)
     if main:
-        plots.results_by_length(record.runs, out)
+        plots.results_by_length(record.runs, record.tables(), out)
     return record
 
 
@@ -100,7 +103,7 @@ def _measured(scoring: Scoring, planned: Planned, record: results.Results, run: 
     if not any(known is run for known in record.runs):
         record.runs.append(run)
     reset_peak_memory(scoring.model.device)
-    _score(scoring, planned, run, save)
+    _score(scoring, planned, record, run, save)
     record.details.setdefault("peak_memory_mb", {})[run.label] = peak_memory_mb(scoring.model.device)
 
 
@@ -142,15 +145,21 @@ def peak_memory_mb(device: torch.device) -> float:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
-def _score(scoring: Scoring, planned: Planned, run: results.Run, save: Callable[[], None]) -> None:
+def _score(scoring: Scoring, planned: Planned, record: results.Results, run: results.Run,
+           save: Callable[[], None]) -> None:
     """One run's suites, in the order asked, saving the record after every cell; bars named by the run, and
     one line a cell where bars do not show."""
     t0 = time.perf_counter()
     with for_row(run.label):
         for suite, own, argument in planned:
+            section = record.suites[suite.name]
             for table, key, cell in suite.cells(scoring, own, argument):
+                if table not in section.tables:
+                    raise PosEncError(f"suite {suite.name!r} wrote the table {table!r}, which its `metrics` do not "
+                                      f"declare (it declares {', '.join(section.tables) or 'none'})")
                 run.put(table, key, cell)
+                sections.wrote(section, suite, table, key)
                 save()
                 if scoring.progress:
-                    logged(f"eval: {run.label}: {results.cell_text(table, key, cell)} "
+                    logged(f"eval: {run.label}: {results.cell_text(table, section.tables[table], key, cell)} "
                            f"({time.perf_counter() - t0:.0f} s)")

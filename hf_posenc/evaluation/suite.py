@@ -3,7 +3,7 @@ registered with `register_suite` (here, beside the table it fills, `SUITES`) on 
 Torch-free: the command line builds its flags and refuses a typo from the table before anything heavy is imported.
 
 A suite says its name, its settings (a dataclass whose fields, with their help and domain, are its `eval`
-flags), the metric tables it writes (`results.Metric`: headline fields, rate, model-index task and dataset,
+flags), the metric tables it writes (`Metric`: headline fields, rate, direction, model-index task and dataset,
 plot), which models it takes, and the cells it scores. `SuiteSettings` is what `run_suites` takes: the suites,
 the lengths, what every suite shares, and each suite's own settings by field name.
 """
@@ -12,13 +12,44 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from ..domains import domain_of
 from ..errors import PosEncError
-from ..results import METRICS, Metric
+from ..results import INTERVAL, N, Plot, Table
 
 Cell = tuple[str, "int | str", dict[str, Any]]  # (metric table, key, cell)
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """How a suite's metric table reads: the headline fields of a cell, what its keys count, which field is a rate
+    whose n and Wilson interval the cell carries, the fields where lower is better (perplexity, loss), its
+    model-index task (type, name) and dataset (a function of the cell's key and the suite's settings ->
+    `EvalResult` dataset fields), and its plot. Written into each results file as a `results.Table`."""
+
+    fields: tuple[str, ...]
+    key: str
+    rate: str | None = None
+    task: tuple[str, str] = ("text-generation", "")
+    dataset: Callable[[str, Mapping[str, Any]], dict[str, Any]] | None = None
+    plot: Plot | None = None
+    lower_is_better: tuple[str, ...] = ()
+
+    def table(self) -> Table:
+        """The schema a results file holds (its datasets filled in as keys are written: `dataset`)."""
+        return Table(self.fields, self.key, self.rate, {f: f not in self.lower_is_better for f in self.fields},
+                     N if self.rate else None, INTERVAL if self.rate else None, self.task, {}, self.plot)
+
+
+# results.json metric table -> how it reads, filled by `register_suite`: one meaning per table name across suites
+METRICS: dict[str, Metric] = {}
+
+
+def registered_tables() -> dict[str, Table]:
+    """The schemas of every registered suite's tables (datasets not filled in): what a caller holding runs but no
+    results file (a benchmark script, a test) prints and plots them with."""
+    return {name: metric.table() for name, metric in METRICS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +70,13 @@ class Suite:
 
     Attributes:
         name: what `--suite` takes; aliases: other names for it (`ppl`).
+        version: what results files record beside its numbers (change it when its numbers change).
         help: one line for `--suite`'s help.
         Settings: a dataclass of its settings, each field `domains.option(default, help, domain)` (one `eval`
             flag each, `--field-name`, or `metadata["flag"]`); suites that share one class share its flags.
-        metrics: the results.json tables it writes, name -> `results.Metric`.
-        measured_by: the settings its numbers depend on (`compare` refuses files that differ there).
+        metrics: the results.json tables it writes, name -> `Metric` (written into each file as a `results.Table`).
+        measured_by: the settings its numbers depend on (`compare` refuses files that differ there; `measured`
+            says more where a name is not enough).
         encoder_decoder: what the model's config must say (True: encoder-decoders only, False: not them,
             None: either): the check against the model, from config.json before any weights load.
         one_process: why it cannot be split over processes (`accelerate launch`), or "" when it can.
@@ -53,6 +86,7 @@ class Suite:
 
     name: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
+    version: ClassVar[str] = "1"
     help: ClassVar[str] = ""
     Settings: ClassVar[type | None] = None
     metrics: ClassVar[Mapping[str, Metric]] = {}
@@ -77,6 +111,15 @@ class Suite:
         """What results.json records of this suite's settings (default: every field, tuples as lists)."""
         values = dataclasses.asdict(settings) if settings is not None else {}
         return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+    def measured(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """What its numbers depend on, from its recorded settings and the shared ones (lengths, seed, dtype): a
+        results file keeps it, and `compare` refuses files whose values differ (default: the `measured_by` ones)."""
+        return {key: settings.get(key) for key in self.measured_by}
+
+    def notes(self, settings: Mapping[str, Any]) -> list[str]:
+        """What a reader must know beside its tables (printed under them, in the card and the comparison)."""
+        return []
 
     def hub_datasets(self, settings: Mapping[str, Any]) -> list[str]:
         """The Hub datasets it read, given a results file's settings (a card links them)."""

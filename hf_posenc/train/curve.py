@@ -1,10 +1,11 @@
-"""The recovery curve: held-out perplexity every `eval_every_steps` optimizer steps, against steps,
-tokens, and the wall and CPU seconds spent training (evaluation and checkpoints not counted)."""
+"""The recovery curve's clock: the wall and CPU seconds spent training (evaluation and checkpoints not counted),
+against which held-out perplexity is kept every `eval_every_steps` optimizer steps (a row each:
+`evaluation.held_out.curve_point`)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -44,11 +45,3 @@ class Clock:
         self.pause()
         cpu = float(reduce(torch.tensor([self.cpu], dtype=torch.float32)).item())
         return self.base_wall + self.wall, self.base_cpu + cpu
-
-
-def point(step: int, tokens: int, wall: float, cpu: float, metrics: dict[str, Any], seq_len: int) -> dict[str, Any]:
-    """One row of `results.json`'s `details.curve`: perplexity at every scored length at this step."""
-    table = metrics["perplexity"]
-    return {"step": step, "tokens": tokens, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-            "loss": table[str(seq_len)]["loss"],
-            "perplexity": {length: cell["perplexity"] for length, cell in table.items()}}

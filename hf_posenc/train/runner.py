@@ -24,7 +24,7 @@ from trl import SFTConfig
 
 from .. import folders, plots, results
 from ..errors import PosEncError
-from ..evaluation import processes
+from ..evaluation import held_out, processes
 from ..patching import describe
 from ..progress import waiting
 from ..results import write_json
@@ -278,6 +278,7 @@ def _record(run: Session, after: dict[str, Any] | None, measured: dict[str, Any]
     record.runs = [results.Run(label, **(swapped if label != "original" else {}), metrics=metrics)
                    for label, metrics in (("original", measured["original"]), ("before training", measured["before"]),
                                           ("after training", after)) if metrics is not None]
+    record.suites = {held_out.NAME: held_out.section(record)}  # the tables described, as eval's are
     return record
 
 
@@ -292,7 +293,9 @@ def _plot(run: Session, log: list[dict[str, Any]]) -> None:
                 for label, step in (("before training", 0), ("after training", steps)) if label in losses],
         curve=points)
     if points:
-        after = next((r.metrics.get("perplexity", {}) for r in run.record.runs if r.label == "after training"), {})
-        held_out = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset_name).name}"
-        plots.recovery_curve(points, run.out / "curve.png", reference=run.callback.original, seq_len=recipe.data.seq_len,
-                             held_out=held_out, final=(steps, {n: c["perplexity"] for n, c in after.items()}))
+        after = next((r.metrics for r in run.record.runs if r.label == "after training"), {})
+        text = f"up to {recipe.data.max_eval_samples} held-out windows of {Path(recipe.data.dataset_name).name}"
+        original = run.callback.original
+        plots.recovery_curve(points, run.out / "curve.png", seq_len=recipe.data.seq_len, held_out=text,
+                             reference=held_out.perplexity_by_length(original) if original else None,
+                             final=(steps, held_out.perplexity_by_length(after)))

@@ -2,8 +2,8 @@
 
 The runner calls the entry of its task: which models it takes (checked from the config, before any
 weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores of a batch's logits (Trainer's
-`preprocess_logits_for_metrics`: it gathers them over processes), the metric tables those scores make (see
-`hf_posenc.results`), and the held-out loss the plots use. A new task is one more entry, not a branch in the loop.
+`preprocess_logits_for_metrics`: it gathers them over processes), the metric tables those scores make (named and
+described in results.json by `hf_posenc.evaluation.held_out`), and the held-out loss the plots use. A new task is one more entry, not a branch in the loop.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import transformers
 
 from ..errors import PosEncError
-from ..evaluation import classification, perplexity_by_length
+from ..evaluation import classification, held_out, perplexity_by_length
 from ..stats import rate_fields
 from . import inputs
 from .recipe import Recipe
@@ -54,7 +54,7 @@ def _lm_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inp
                                  mode="sliding", distributed=True) if e.perplexity_lengths else {}
     table[d.seq_len] = {"perplexity": math.exp(loss), "loss": loss, "tokens": samples * (d.seq_len - 1),
                         "windows": samples, "stride": d.seq_len}
-    return {"perplexity": {str(k): v for k, v in sorted(table.items())}}
+    return {held_out.table("causal_lm"): {str(k): v for k, v in sorted(table.items())}}
 
 
 def _classifier_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
@@ -67,7 +67,7 @@ def _classifier_tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, d
     d = recipe.data
     cell = classification(model, tokenizer, data.eval_raw, text_column=d.text_column, label_column=d.label_column,
                           batch_size=recipe.training.per_device_eval_batch_size, distributed=True)
-    return {"classification": {d.dataset_name: {**cell, "loss": scores["loss"].mean().item()}}}
+    return {held_out.table("classification"): {d.dataset_name: {**cell, "loss": scores["loss"].mean().item()}}}
 
 
 def _seq2seq_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
@@ -94,29 +94,34 @@ def _completion_scores(logits: torch.Tensor, labels: torch.Tensor) -> Scores:
     return {"loss_sum": loss.sum(dim=1), "tokens": scored.sum(dim=1).float(), "exact": exact.float()}
 
 
-def _answer_tables(table: str) -> Callable[..., Tables]:
-    """The `table` of per-token held-out loss and the rows' exact match (greedy decoding's, see
+def _answer_tables(task: str) -> Callable[..., Tables]:
+    """The table of `task` (`evaluation.held_out`): per-token held-out loss and the rows' exact match (greedy decoding's, see
     `_seq2seq_scores`), with n and its 95% Wilson interval."""
 
     def tables(model: torch.nn.Module, scores: Scores, recipe: Recipe, data: inputs.Prepared, tokenizer: Any) -> Tables:
         tokens, hits, n = scores["tokens"].sum().item(), scores["exact"].sum().item(), scores["exact"].numel()
         loss = scores["loss_sum"].sum().item() / tokens
-        return {table: {recipe.data.dataset_name: {"exact_match": hits / n, **rate_fields(round(hits), n),
-                                                   "loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}}}
+        cell = {"exact_match": hits / n, **rate_fields(round(hits), n), "loss": loss, "perplexity": math.exp(loss),
+                "tokens": int(tokens)}
+        return {held_out.table(task): {recipe.data.dataset_name: cell}}
 
     return tables
 
 
+def _loss(key: Callable[[Recipe], Any]) -> Callable[[Recipe, Tables], float]:
+    """The held-out loss of a recipe's tables: its task's table, at the `key` of the recipe."""
+    return lambda recipe, tables: tables[held_out.table(recipe.model.task)][str(key(recipe))]["loss"]
+
+
 TRAINING_TASKS: dict[str, Task] = {
-    "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables,
-                      lambda r, m: m["perplexity"][str(r.data.seq_len)]["loss"],
+    "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables, _loss(lambda r: r.data.seq_len),
                       encoder_decoder=False, original=True),
     "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
-                           lambda r, m: m["classification"][r.data.dataset_name]["loss"], head="classification"),
+                           _loss(lambda r: r.data.dataset_name), head="classification"),
     "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _answer_tables("seq2seq"),
-                    lambda r, m: m["seq2seq"][r.data.dataset_name]["loss"], encoder_decoder=True, head="seq2seq"),
-    "prompt_completion": Task(inputs.prepare_completion, _completion_scores, _answer_tables("completion"),
-                              lambda r, m: m["completion"][r.data.dataset_name]["loss"], encoder_decoder=False),
+                    _loss(lambda r: r.data.dataset_name), encoder_decoder=True, head="seq2seq"),
+    "prompt_completion": Task(inputs.prepare_completion, _completion_scores, _answer_tables("prompt_completion"),
+                              _loss(lambda r: r.data.dataset_name), encoder_decoder=False),
 }
 # task -> the transformers Auto classes' model types it loads (None: the class decides at load)
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}

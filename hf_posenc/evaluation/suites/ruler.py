@@ -9,9 +9,9 @@ from typing import Any
 
 from ...domains import at_least, option
 from ...errors import PosEncError
-from ..suite import Cell, Scoring, Suite, register_suite
-from ...results import RULER_TASKS, Metric, Plot
-from ..names import HAYSTACK, MAX_SAMPLES, parse_tasks
+from ...results import Plot
+from ..names import HAYSTACK, MAX_SAMPLES, RULER_TASKS, parse_tasks
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 
 PREFIX = "ruler "  # the tables: "ruler niah_single_1", ...
 

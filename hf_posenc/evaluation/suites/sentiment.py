@@ -11,8 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ...domains import at_least, option
-from ..suite import Cell, Scoring, Suite, register_suite
-from ...results import Metric
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 
 # suite -> (datasets name, config, split scored, model-index dataset name). rotten_tomatoes is the offline set
 # `hf_posenc.data.sentiment_dataset` builds; sst2 is GLUE's (Hub only; its test labels are hidden).

@@ -1,13 +1,11 @@
 """`seq2seq_copy`, `seq2seq_reverse`, `seq2seq_addition`: the synthetic tasks as input -> output pairs for
-encoder-decoders (`hf_posenc.data.seq2seq_pairs`), exact match by task length; the only suites those take.
-Also the `seq2seq` table that recipes with `model.task: seq2seq` write (held-out exact match and loss)."""
+encoder-decoders (`hf_posenc.data.seq2seq_pairs`), exact match by task length; the only suites those take."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...results import Metric, register_metric
-from ..suite import Cell, Scoring, Suite, register_suite
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 from .synthetic import LENGTH_GENERALIZATION, TASKS, SyntheticData, TaskSettings, exact_match
 
 PREFIX = "seq2seq_"
@@ -41,5 +39,3 @@ class Seq2SeqTask(Suite):
 
 for _task in TASKS:
     register_suite(Seq2SeqTask(_task))
-register_metric("seq2seq", Metric(("exact_match", "loss"), "dataset", "exact_match",
-                                  task=("text2text-generation", "Sequence to sequence")))

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...domains import at_least, option
-from ..suite import Cell, Scoring, Suite, register_suite
-from ...results import Metric, Plot
+from ...results import Plot
+from ..suite import Cell, Metric, Scoring, Suite, register_suite
 from ...stats import rate_fields
 
 TASKS = ("copy", "reverse", "addition")  # `hf_posenc.data.SYNTHETIC_TASKS`, named here without importing datasets
