@@ -18,8 +18,8 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather
 from transformers import EvalPrediction, Trainer, TrainerCallback
-from trl import SFTTrainer
 from transformers.trainer_callback import ExportableState, ProgressCallback
+from trl import SFTTrainer
 
 from ..evaluation import held_out
 from ..progress import bar
