@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import datasets
+import pyarrow as pa
 import torch
+from datasets.table import InMemoryTable
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from ..errors import PosEncError
@@ -17,6 +19,7 @@ from .pose import PoseCollator
 from .recipe import TASK_COLUMNS, Recipe
 
 BUILTIN = ("kjv", "sentiment")  # dataset_name names of the offline built-ins (no paths)
+ROW_BLOCKS = 1024  # blocks of a causal LM's row handed to TRL, which makes each row's labels in Python
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -91,11 +94,14 @@ def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
 
 
 def _stream(ids: torch.Tensor, seq_len: int, cap: int | None) -> datasets.Dataset:
-    """The token stream as one row, cut to whole `seq_len` blocks (at most `cap`): TRL's "wrapped" packing cuts it
-    into exactly those blocks (its "bfd" would fit documents into rows instead)."""
+    """The token stream cut to whole `seq_len` blocks (at most `cap`), as rows of up to `ROW_BLOCKS` blocks, straight
+    from its array (a corpus is no list of Python ints): TRL's "wrapped" packing cuts them into exactly those blocks
+    (its "bfd" would fit documents into rows instead)."""
     n = ids.numel() // seq_len
     n = min(n, cap) if cap else n
-    return datasets.Dataset.from_dict({"input_ids": [ids[: n * seq_len].tolist()]})
+    ends = [*range(0, n * seq_len, ROW_BLOCKS * seq_len), n * seq_len]
+    column = pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(ids[: n * seq_len].numpy()))
+    return datasets.Dataset(InMemoryTable(pa.table({"input_ids": column})))
 
 
 def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
