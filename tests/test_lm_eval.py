@@ -253,7 +253,7 @@ def test_the_suite_lists_only_lm_evals_metrics_and_hands_it_the_model_without_it
     level, log.level = log.level, logging.DEBUG
     try:
         settings = evaluation.SuiteSettings(["lm_eval:posenc_sentiment,posenc_kjv"], [64], name="tiny",
-                                            lm_eval_limit=2)
+                                            lm_eval={"lm_eval_limit": 2})
         record = evaluation.run_suites(model, char_tokenizer(), settings, tmp_path / "out")
     finally:
         log.removeHandler(kept)
