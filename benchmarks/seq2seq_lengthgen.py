@@ -58,7 +58,7 @@ def arm(model_type: str, scheme: str, assets: dict[str, Path], work: Path, args:
     model, tokenizer = load(str(out), task="seq2seq")
     lengths = test_lengths(args.train_max)
     settings = SuiteSettings([f"seq2seq_{args.task}"], [args.train_max], name=f"{model_type} {scheme}",
-                             task_lengths=lengths, examples=args.examples, seed=0)
+                             synthetic={"task_lengths": lengths, "examples": args.examples}, seed=0)
     scored = run_suites(model, tokenizer, settings, work / f"eval-{model_type}-{scheme}")
     cells = scored.runs[0].metrics[f"seq2seq_{args.task}"]
     for length in lengths:  # what the misses are: too short an answer (the EOS decision), or wrong digits

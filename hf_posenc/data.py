@@ -58,7 +58,7 @@ def _dataset_text_column(data: datasets.Dataset, text_column: str, source: str) 
     if text_column not in data.column_names:
         raise PosEncError(
             f"{source} has no column {text_column!r}; its columns are {data.column_names}. "
-            f"Pass text_column= (CLI: --text-column) naming the column that holds the text."
+            f"Pass text_column= (in `hf-posenc eval`, the suite's text-column flag) naming the column that holds the text."
         )
     return list(data[text_column])
 

@@ -108,9 +108,11 @@ def one_of(*choices: str) -> Domain:
     return Domain(str, choices=choices)
 
 
-def option(default: Any, help: str, domain: Domain | None = None) -> Any:
-    """A dataclass field with help text and its domain, peft-style."""
-    return dataclasses.field(default=default, metadata={"help": help, "domain": domain})
+def option(default: Any, help: str, domain: Domain | None = None, flag: str | None = None) -> Any:
+    """A dataclass field with help text and its domain, peft-style; `flag`: its name on the command line where
+    that is not the field's (a suite's `--GROUP.flag`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "domain": domain,
+                                                        **({"flag": flag} if flag else {})})
 
 
 def domain_of(field: dataclasses.Field) -> Domain | None:

@@ -181,7 +181,7 @@ def test_interrupt_says_what_was_saved_and_a_closed_pipe_is_quiet(tiny_folder, t
 
     out = tmp_path / "e"
     proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "eval", "--model", str(tiny_folder), "--suite",
-                             "passkey", "--lengths", "64", "--trials", "20000", "--out", str(out)],
+                             "passkey", "--lengths", "64", "--passkey.trials", "20000", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while not (out / "results.json").exists() and time.time() < deadline and proc.poll() is None:

@@ -1,6 +1,6 @@
 """The Markdown files read right as files, as a new user reads them on GitHub or in an editor: the generated tables
 are in them and current, every in-repo link and anchor of README.md and docs/ resolves, and every `hf-posenc eval`
-option is in the evaluation guide (`--trials` / `--depths` were only in `--help`)."""
+option is in the evaluation guide (`--passkey.trials` / `--passkey.depths` were only in `--help`)."""
 
 from __future__ import annotations
 

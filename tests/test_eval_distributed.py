@@ -75,8 +75,8 @@ def test_scores_split_over_two_processes_equal_one_process(tmp_path, model_dir):
 @pytest.mark.slow
 def test_eval_command_on_two_processes_writes_the_one_process_results(tmp_path, model_dir):
     argv = ["eval", "--model", model_dir, "--patch", "t5", "--opt", "init_std=0.5", "--suite", "ppl,passkey,copy",
-            "--lengths", "48,400", "--max-windows", "5", "--batch-size", "2", "--depths", "0,1", "--trials", "2",
-            "--task-lengths", "2", "--examples", "3", "--no-baseline"]
+            "--lengths", "48,400", "--perplexity.max-windows", "5", "--batch-size", "2", "--passkey.depths", "0,1", "--passkey.trials", "2",
+            "--synthetic.task-lengths", "2", "--synthetic.examples", "3", "--no-baseline"]
     assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
     code = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "two"), "--accelerate-config",
@@ -105,7 +105,7 @@ def test_options_reach_the_launched_processes_unchanged():
     parser = argparse.ArgumentParser()
     eval_.make_parser(parser)
     argv = ["--model", "smollm2", "--patch", "yarn", "--opt", "factor=2", "--opt", "beta_fast=16", "--suite", "ppl",
-            "--lengths", "64,128", "--text-config", "x", "--compare", "a.json", "b.json", "--dtype", "bfloat16",
+            "--lengths", "64,128", "--perplexity.text-config", "x", "--compare", "a.json", "b.json", "--dtype", "bfloat16",
             "--out", "out/x", "--accelerate-config", "cpu_2proc"]
     args = parser.parse_args(argv)
     forwarded = eval_._argv(args)
@@ -147,7 +147,7 @@ def test_a_patched_model_loads_spread_by_device_map_auto(tmp_path):
 def test_the_original_model_row_over_two_processes_equals_one_process(tmp_path, model_dir):
     folder = tmp_path / "llama-alibi"
     assert cli.main(["patch", model_dir, "alibi", "--out", str(folder)]) == 0  # its marker names model_dir
-    argv = ["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "48,96", "--max-windows", "3"]
+    argv = ["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "48,96", "--perplexity.max-windows", "3"]
     assert cli.main([*argv, "--out", str(tmp_path / "one")]) == 0
     code = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, *argv, "--out", str(tmp_path / "two"), "--accelerate-config",

@@ -47,7 +47,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 def test_a_piped_eval_announces_its_plan_scores_identical_weights_once_and_logs_each_cell(folders, tmp_path):
     out = tmp_path / "out"
     proc = _cli("eval", "--model", str(folders["patched"]), "--suite", "ppl,passkey", "--lengths", "16,32",
-                "--max-windows", "1", "--trials", "1", "--out", str(out), cwd=tmp_path)
+                "--perplexity.max-windows", "1", "--passkey.trials", "1", "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     own, same = "patched (as loaded)", "patched (its own weights, rope positions) = model (original model)"
     # the plan, before anything loads: two rows (not three), each suite's cells, an estimate
@@ -64,7 +64,7 @@ def test_a_piped_eval_announces_its_plan_scores_identical_weights_once_and_logs_
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert [run["label"] for run in runs] == [own, same]
     original = _cli("eval", "--model", str(folders["model"]), "--suite", "ppl", "--lengths", "16,32",
-                    "--max-windows", "1", "--out", str(tmp_path / "original"), cwd=tmp_path)
+                    "--perplexity.max-windows", "1", "--out", str(tmp_path / "original"), cwd=tmp_path)
     assert original.returncode == 0, original.stderr[-3000:]
     alone = json.loads((tmp_path / "original" / "results.json").read_text())["runs"][0]
     assert alone["metrics"]["perplexity"] == runs[1]["metrics"]["perplexity"]
@@ -96,7 +96,7 @@ def test_warnings_only_for_lengths_a_chosen_suite_reads(folders, tmp_path, capsy
         eval_.check(cli.build_parser(argv).parse_args(argv))
         return capsys.readouterr().err
 
-    lengthgen = plan("--suite", "lengthgen", "--symbol-lengths", "3,5", "--shots", "0")
+    lengthgen = plan("--suite", "lengthgen", "--lengthgen.symbol-lengths", "3,5", "--lengthgen.shots", "0")
     assert "lengthgen: 8 cells at ~16, 24 tokens" in lengthgen and "trained range" not in lengthgen, lengthgen
     assert "512" not in lengthgen and "--lengths" not in lengthgen, lengthgen
     ppl = plan("--suite", "ppl,lengthgen")
@@ -105,7 +105,7 @@ def test_warnings_only_for_lengths_a_chosen_suite_reads(folders, tmp_path, capsy
 
 def test_bars_in_a_terminal_are_named_by_row(folders, tmp_path):
     code, out = in_terminal([str(BIN / "hf-posenc"), "eval", "--model", str(folders["patched"]), "--suite", "ppl",
-                             "--lengths", "16", "--max-windows", "1", "--out", "tty"], tmp_path)
+                             "--lengths", "16", "--perplexity.max-windows", "1", "--out", "tty"], tmp_path)
     assert code == 0, out[-3000:]
     # 80 columns (the fallback of a 0 x 0 terminal): a long row name is shortened, the cell kept whole
     named = bars(out)

@@ -324,7 +324,7 @@ def saved_tiny(tmp_path):
 def test_eval_command_keeps_results_when_a_later_length_fails(saved_tiny, tmp_path):
     out = tmp_path / "run"
     code = cli.main(["eval", "--model", saved_tiny("gpt2"), "--suite", "ppl", "--lengths", "32,128",
-                     "--max-windows", "2", "--out", str(out)])
+                     "--perplexity.max-windows", "2", "--out", str(out)])
     record = results.load(out / "results.json")
     assert code == 0 and record.complete is True and record.kind == "eval"
     (run,) = record.runs
@@ -361,7 +361,7 @@ def test_results_on_disk_survive_a_crash_in_a_later_suite(tmp_path):
     model = tiny_model("llama")
     with pytest.raises(PosEncError, match="pad_token"):
         evaluation.run_suites(model, char_tokenizer(pad=False),
-                              evaluation.SuiteSettings(["ppl", "rotten_tomatoes"], [16, 32], max_windows=1), tmp_path)
+                              evaluation.SuiteSettings(["ppl", "rotten_tomatoes"], [16, 32], perplexity={"max_windows": 1}), tmp_path)
     record = results.load(tmp_path / "results.json")
     assert record.complete is False
     assert set(record.runs[0].metrics["perplexity"]) == {"16", "32"}
@@ -378,8 +378,8 @@ def test_eval_command_patches_and_compares(saved_tiny, tmp_path):
     for name, extra in [("orig", []), ("yarn", ["--patch", "yarn", "--opt", "factor=2"])]:
         out = tmp_path / name
         assert cli.main(["eval", "--model", folder, *extra, "--suite", "ppl,passkey,copy", "--lengths", "64,400",
-                         "--max-windows", "1", "--depths", "0,1", "--trials", "1", "--task-lengths", "2,3",
-                         "--examples", "3", "--out", str(out)]) == 0
+                         "--perplexity.max-windows", "1", "--passkey.depths", "0,1", "--passkey.trials", "1", "--synthetic.task-lengths", "2,3",
+                         "--synthetic.examples", "3", "--out", str(out)]) == 0
         runs.append(out / "results.json")
     (orig,), (yarn, baseline) = results.load(runs[0]).runs, results.load(runs[1]).runs
     assert yarn.scheme == "yarn" and yarn.posenc["options"]["factor"] == 2.0 and yarn.posenc["from"] == "rope"
@@ -402,8 +402,8 @@ def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved
     folder, paths = saved_tiny("llama"), []
     for mode in ("same_target", "sliding"):
         out = tmp_path / mode
-        assert cli.main(["eval", "--model", folder, "--suite", "ppl", "--lengths", "16,48", "--max-windows", "2",
-                         "--ppl-mode", mode, "--target-tokens", "6", "--no-baseline", "--out", str(out)]) == 0
+        assert cli.main(["eval", "--model", folder, "--suite", "ppl", "--lengths", "16,48", "--perplexity.max-windows", "2",
+                         "--perplexity.mode", mode, "--perplexity.target-tokens", "6", "--no-baseline", "--out", str(out)]) == 0
         paths.append(out / "results.json")
     same, sliding = (results.load(path) for path in paths)
     same_settings, sliding_settings = same.suites["perplexity"].settings, sliding.suites["perplexity"].settings
@@ -423,10 +423,10 @@ def test_eval_records_the_perplexity_mode_and_compare_refuses_mixing_modes(saved
     (["--lengths", "512,0"], "positive integer"),
     (["--lengths", "1k"], "comma-separated integers"),
     (["--opt", "factor=2"], "--opt and --layers need --patch SCHEME"),
-    (["--suite", "passkey", "--depths", "0.5,2"], "depths in [0, 1]"),
-    (["--lengths", "16,48", "--target-tokens", "16"], "--target-tokens: the tokens scored per window must be in 1..15"),
-    (["--ppl-mode", "first"], "unknown perplexity mode 'first'; choose from same_target"),
-    (["--stride", "8"], "a stride applies to the sliding perplexity mode"),
+    (["--suite", "passkey", "--passkey.depths", "0.5,2"], "depths in [0, 1]"),
+    (["--lengths", "16,48", "--perplexity.target-tokens", "16"], "--perplexity.target-tokens: the tokens scored per window must be in 1..15"),
+    (["--perplexity.mode", "first"], "unknown perplexity mode 'first'; choose from same_target"),
+    (["--perplexity.stride", "8"], "a stride applies to the sliding perplexity mode"),
 ])
 def test_eval_command_bad_input(argv, message, saved_tiny, tmp_path, capsys):
     code = cli.main(["eval", "--model", saved_tiny("llama"), *argv, "--out", str(tmp_path / "x")])
@@ -446,7 +446,7 @@ def test_load_model_names_the_install_command_for_a_missing_package(monkeypatch)
 def test_smollm2_end_to_end(tmp_path):
     out = tmp_path / "smol"
     code = cli.main(["eval", "--model", "smollm2", "--suite", "ppl,passkey,rotten_tomatoes", "--lengths", "300",
-                     "--max-windows", "1", "--depths", "0.5", "--trials", "1", "--limit", "16", "--out", str(out)])
+                     "--perplexity.max-windows", "1", "--passkey.depths", "0.5", "--passkey.trials", "1", "--sentiment.limit", "16", "--out", str(out)])
     metrics = results.load(out / "results.json").runs[0].metrics
     sentiment = metrics["classification"]["rotten_tomatoes"]
     assert code == 0

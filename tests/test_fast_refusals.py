@@ -43,7 +43,9 @@ def _refused(argv: list[str], **env: str) -> tuple[dict, str]:
     assert report["code"] == 2, done.stderr
     assert report["opened"] == [], f"weights files were opened: {report['opened']}"
     assert not report["torch"], "torch was imported before the refusal"
-    assert report["seconds"] < 1.0, f"refused after {report['seconds']:.2f} s"
+    # well under 1 s on an idle machine, 1.2 s at load 7.5; the Hub client's retries took 23 s: a bound between
+    # the two (torch not imported and no weights opened are what the refusal is checked by)
+    assert report["seconds"] < 10, f"refused after {report['seconds']:.2f} s"
     return report, done.stderr
 
 

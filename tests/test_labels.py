@@ -26,7 +26,7 @@ def test_the_baseline_of_a_patched_folder_is_named_for_what_it_is_and_the_origin
     folder = tmp_path / "tiny-alibi"
     assert cli.main(["patch", str(assets["model"]), "alibi", "--out", str(folder)]) == 0
     capsys.readouterr()
-    assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+    assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1",
                      "--out", str(tmp_path / "eval")]) == 0
     printed = capsys.readouterr()
     record = results.load(tmp_path / "eval" / "results.json")
@@ -53,7 +53,7 @@ def test_a_trained_folder_is_scored_beside_the_model_it_was_trained_from(tmp_pat
                                                            learning_rate=1e-2, max_eval_samples=2))
     assert cli.main(["train", str(recipe)]) == 0
     capsys.readouterr()
-    assert cli.main(["eval", "--model", str(run), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+    assert cli.main(["eval", "--model", str(run), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1",
                      "--out", str(tmp_path / "eval")]) == 0
     record = results.load(tmp_path / "eval" / "results.json")
     labels = [r.label for r in record.runs]
@@ -74,7 +74,7 @@ def test_an_original_model_out_of_reach_is_said_in_one_line(tmp_path, capsys, mo
     (folder / "README.md").write_text(str(hub.model_card(folder, "owner/tiny-base")))  # `hf-posenc card`'s card
     capsys.readouterr()
     started = time.monotonic()
-    assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+    assert cli.main(["eval", "--model", str(folder), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1",
                      "--out", str(tmp_path / "eval")]) == 0
     printed = capsys.readouterr()
     lines = [line for line in printed.err.splitlines() if "original model" in line]
@@ -128,8 +128,8 @@ def test_compare_states_the_scored_places_and_refuses_files_whose_places_differ(
     paths = {}
     for lengths in ("16,32", "16,48"):
         out = tmp_path / lengths.replace(",", "-")
-        assert cli.main(["eval", "--model", str(model), "--suite", "ppl", "--lengths", lengths, "--max-windows", "2",
-                         "--target-tokens", "8", "--out", str(out)]) == 0
+        assert cli.main(["eval", "--model", str(model), "--suite", "ppl", "--lengths", lengths, "--perplexity.max-windows", "2",
+                         "--perplexity.target-tokens", "8", "--out", str(out)]) == 0
         paths[lengths] = str(out / "results.json")
     a, b = (results.load(path).runs[0].metrics["perplexity"]["16"] for path in paths.values())
     assert a["perplexity"] != b["perplexity"]  # the same model, length, windows and target: other places

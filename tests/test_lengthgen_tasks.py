@@ -153,7 +153,7 @@ def test_eval_suite_scores_a_causal_lm_by_length(tmp_path):
     folder = _tiny_decoder(tmp_path / "m")
     out = tmp_path / "eval"
     assert cli.main(["eval", "--model", str(folder), "--suite", "lengthgen:reverse,sort", "--lengths", "32",
-                     "--symbol-lengths", "2,5,40", "--per-length", "3", "--shots", "1", "--out", str(out)]) == 0
+                     "--lengthgen.symbol-lengths", "2,5,40", "--lengthgen.per-length", "3", "--lengthgen.shots", "1", "--out", str(out)]) == 0
     run = results.load(out / "results.json").runs[0]
     assert set(run.metrics) == {"lengthgen sort", "lengthgen reverse"}
     cell = run.metrics["lengthgen sort"]["5"]

@@ -228,9 +228,10 @@ def test_a_task_whose_data_is_not_here_is_refused_before_the_model_loads_naming_
     assert "tasks whose data is here: posenc_kjv, posenc_passkey, posenc_sentiment, and RULER's through --suite " \
         "ruler:<task> (niah_single_1," in done.stderr
     assert "Retrying" not in done.stderr and not (tmp_path / "out").exists()
-    # measured 1.3 s (offline) and 1.6 s (a Hub that refuses) on a 2-core machine shared with other jobs;
-    # before, lm-eval indexed its tasks (15-20 s), the model loaded and the Hub client retried for 23 s more
-    assert report["seconds"] < 5, f"refused after {report['seconds']:.1f} s"
+    # measured 1.3 s (offline) and 1.6 s (a Hub that refuses) on a 2-core machine shared with other jobs, 5.1 s at
+    # load 7.5; before, lm-eval indexed its tasks (15-20 s), the model loaded and the Hub client retried for 23 s
+    # more (38 s or over): a bound between the two, not a speed target (benchmarks hold those)
+    assert report["seconds"] < 15, f"refused after {report['seconds']:.1f} s"
 
 
 class _Kept(logging.Handler):
@@ -253,7 +254,7 @@ def test_the_suite_lists_only_lm_evals_metrics_and_hands_it_the_model_without_it
     level, log.level = log.level, logging.DEBUG
     try:
         settings = evaluation.SuiteSettings(["lm_eval:posenc_sentiment,posenc_kjv"], [64], name="tiny",
-                                            lm_eval_limit=2)
+                                            lm_eval={"lm_eval_limit": 2})
         record = evaluation.run_suites(model, char_tokenizer(), settings, tmp_path / "out")
     finally:
         log.removeHandler(kept)

@@ -53,9 +53,9 @@ def test_a_long_length_is_announced_and_an_interrupted_run_is_replaced_by_its_re
     assert json.loads((out / folders.MARKER).read_text())["complete"] is False
 
     # the next mistake is the one reported, not the folder
-    typo = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "0", "--out",
+    typo = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "0", "--out",
                  str(out), cwd=tmp_path)
-    assert typo.returncode == 2 and "--max-windows" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
+    assert typo.returncode == 2 and "--perplexity.max-windows" in typo.stderr and "not empty" not in typo.stderr, typo.stderr
 
     # the rerun takes its own incomplete folder back without --overwrite; a short run is not warned about
     rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--out", str(out), cwd=tmp_path)
@@ -73,10 +73,10 @@ def test_a_failed_run_leaves_a_folder_its_rerun_replaces(tiny, tmp_path, capsys)
     from hf_posenc import cli
 
     out = tmp_path / "out"
-    small = ["eval", "--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1",
+    small = ["eval", "--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1",
              "--out", str(out)]
     # a text that cannot be read offline fails after the folder was begun
-    assert cli.main([*small, "--text", "no-such-owner/no-such-dataset"]) != 0
+    assert cli.main([*small, "--perplexity.text", "no-such-owner/no-such-dataset"]) != 0
     assert json.loads((out / folders.MARKER).read_text())["complete"] is False
     capsys.readouterr()
     assert cli.main(small) == 0  # the same command, fixed, without --overwrite
@@ -142,7 +142,7 @@ def test_a_suite_that_raises_leaves_what_finished_and_says_how_to_rerun(tiny, tm
     (tmp_path / "boom.py").write_text(BOOM)
     out = tmp_path / "out"
     failed = _eval("--suite-module", str(tmp_path / "boom.py"), "--model", str(tiny), "--suite", "ppl,boom",
-                   "--lengths", "16,32", "--max-windows", "1", "--out", str(out), cwd=tmp_path)
+                   "--lengths", "16,32", "--perplexity.max-windows", "1", "--out", str(out), cwd=tmp_path)
     assert failed.returncode == 1 and "RuntimeError: boom after the first cell" in failed.stderr, failed.stderr
     assert f"the suites that finished are in {out / 'results.json'} (complete: false)" in failed.stderr
     assert "the same command run again replaces" in failed.stderr
@@ -150,7 +150,7 @@ def test_a_suite_that_raises_leaves_what_finished_and_says_how_to_rerun(tiny, tm
     assert set(cells["perplexity"]) == {"16", "32"} and cells["boom"] == {"16": {"value": 1.0}}
     assert json.loads((out / "results.json").read_text())["complete"] is False
 
-    rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--max-windows", "1", "--out",
+    rerun = _eval("--model", str(tiny), "--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1", "--out",
                   str(out), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "boom" not in json.dumps(_cells(out)) and json.loads((out / folders.MARKER).read_text())["complete"]
@@ -164,7 +164,7 @@ def test_the_estimate_counts_every_row_the_eval_will_score(tiny, tmp_path, capsy
     counted = {}
     for name, model, extra in [("plain", tiny, []), ("patched", tmp_path / "patched", []),
                                ("alone", tmp_path / "patched", ["--no-baseline"])]:
-        argv = ["eval", "--model", str(model), "--suite", "ppl", "--lengths", "16,4000", "--max-windows", "2", *extra,
+        argv = ["eval", "--model", str(model), "--suite", "ppl", "--lengths", "16,4000", "--perplexity.max-windows", "2", *extra,
                 "--out", str(tmp_path / "out")]
         args, _ = cli.build_parser(argv).parse_known_args(argv)
         capsys.readouterr()

@@ -25,7 +25,7 @@ import hf_posenc as hp
 from conftest import TINY, tiny_model
 from hf_posenc import cli, folders
 
-SMALL_EVAL = ["--suite", "ppl", "--lengths", "16,32", "--max-windows", "1", "--no-baseline"]
+SMALL_EVAL = ["--suite", "ppl", "--lengths", "16,32", "--perplexity.max-windows", "1", "--no-baseline"]
 # each command that takes --overwrite -> its argv, writing to {out}
 COMMANDS: dict[str, list[str]] = {
     "patch": ["patch", "{tiny}", "alibi", "--out", "{out}", "--overwrite"],

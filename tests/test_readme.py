@@ -72,12 +72,12 @@ def tiny_stand_ins(line: str, assets: dict[str, dict[str, Path]]) -> str:
     line = re.sub(r"(?<=[ =])smollm2(?= |$)", str(assets["llama"]["model"]), line)
     line = re.sub(r"(?<=[ =])minilm(?= |$)", str(assets["bert"]["model"]), line)
     line = re.sub(r"--lengths \S+", "--lengths 64,512", line)  # a tiny model's lengths, same suites
-    line = re.sub(r"--limit \d+", "--limit 40", line)
+    line = re.sub(r"--sentiment.limit \d+", "--sentiment.limit 40", line)
     # RULER: the tiny models' one-character tokens cannot fit vt's 500-token worked example (lm-eval's
     # generator never ends) and make the other generators slow; its two needle tasks, 2 samples each
     if "--suite ruler" in line:
-        line = re.sub(r"--(samples|gen-tokens) \d+", "", line)
-        line = re.sub(r"--suite ruler\S*", "--suite ruler:niah_single_1,niah_single_2 --samples 2 --gen-tokens 4", line)
+        line = re.sub(r"--ruler\.(samples|gen-tokens) \d+", "", line)
+        line = re.sub(r"--suite ruler\S*", "--suite ruler:niah_single_1,niah_single_2 --ruler.samples 2 --ruler.gen-tokens 4", line)
     if line == "hf-posenc doctor":  # every family x every site is ~1 min; every family with one scheme here
         line += " --schemes nope"
     if line.startswith("hf-posenc inspect "):  # the default paragraph is longer than a tiny model's 64 positions

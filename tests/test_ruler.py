@@ -79,8 +79,8 @@ def test_ruler_suite_names_parse_and_mistakes_name_the_allowed_tasks():
 
 @pytest.mark.parametrize("args,message", [
     (["--suite", "ruler:nosuch"], "unknown RULER task 'nosuch'; choose from niah_single_1, niah_single_2"),
-    (["--suite", "ruler", "--samples", "501"], "RULER makes 500 prompts per task and length"),
-    (["--suite", "ruler", "--samples", "0"], "--samples must be an integer >= 1, got 0"),
+    (["--suite", "ruler", "--ruler.samples", "501"], "RULER makes 500 prompts per task and length"),
+    (["--suite", "ruler", "--ruler.samples", "0"], "--ruler.samples must be an integer >= 1, got 0"),
     (["--suite", "ruler:vt", "--accelerate-config", "cpu_2proc"], "runs in one process"),
 ])
 def test_bad_ruler_options_exit_2_before_any_load(tmp_path, capsys, args, message):
@@ -119,7 +119,7 @@ TASKS = ["niah_single_1", "niah_single_2"]  # repeated-sentence and prose (KJV) 
 def tiny_ruler(tmp_path_factory):
     model, tokenizer = tiny_model("llama"), char_tokenizer()
     out = tmp_path_factory.mktemp("ruler")
-    settings = SuiteSettings([f"ruler:{','.join(TASKS)}"], [LENGTH], samples=3, gen_tokens=8, baseline=False)
+    settings = SuiteSettings([f"ruler:{','.join(TASKS)}"], [LENGTH], ruler={"samples": 3, "gen_tokens": 8}, baseline=False)
     record = run_suites(model, tokenizer, settings, out)
     return record, tokenizer, out
 
@@ -186,7 +186,7 @@ def test_nothing_is_downloaded_in_a_fresh_process(tmp_path):
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-c", GUARD, "eval", "--model", str(folder), "--suite",
-                           "ruler:niah_single_2", "--lengths", "512", "--samples", "2", "--gen-tokens", "4",
+                           "ruler:niah_single_2", "--lengths", "512", "--ruler.samples", "2", "--ruler.gen-tokens", "4",
                            "--no-baseline", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CONNECT ATTEMPTS: []" in proc.stderr

@@ -174,7 +174,7 @@ def test_pairs_have_the_requested_lengths(task):
 def test_exact_match_equals_a_hand_count_of_generated_outputs(trained, tmp_path):
     folder = str(trained["t5"]["out"])
     model, tokenizer = load(folder, task="seq2seq")
-    record = run_suites(model, tokenizer, SuiteSettings(["seq2seq_copy"], [8], task_lengths=[2, 4, 8], examples=12),
+    record = run_suites(model, tokenizer, SuiteSettings(["seq2seq_copy"], [8], synthetic={"task_lengths": [2, 4, 8], "examples": 12}),
                         tmp_path / "ev")
     cells = record.runs[0].metrics["seq2seq_copy"]
     for length in (2, 4, 8):
@@ -201,7 +201,7 @@ def tiny_assets_model(tmp_path: Path) -> torch.nn.Module:
 def test_cli_eval_on_a_saved_seq2seq_folder(trained, tmp_path, capsys):
     folder = str(trained["bart"]["out"])
     out = tmp_path / "ev"
-    assert cli.main(["eval", "--model", folder, "--suite", "seq2seq_copy", "--task-lengths", "2,8", "--examples", "6",
+    assert cli.main(["eval", "--model", folder, "--suite", "seq2seq_copy", "--synthetic.task-lengths", "2,8", "--synthetic.examples", "6",
                      "--out", str(out), "--no-baseline"]) == 0
     record = results.load(out / "results.json")
     assert record.complete and record.settings["suite"] == ["seq2seq_copy"]
@@ -224,8 +224,8 @@ def test_cli_patches_a_stock_seq2seq_folder(trained, tmp_path, capsys):
     stacks (a meta-device instance of the config), then the model is patched; a bad option writes nothing."""
     stock = str(trained["t5"]["assets"]["model"])
     out = tmp_path / "ev"
-    assert cli.main(["eval", "--model", stock, "--patch", "alibi", "--suite", "seq2seq_copy", "--task-lengths", "2",
-                     "--examples", "4", "--out", str(out), "--no-baseline"]) == 0
+    assert cli.main(["eval", "--model", stock, "--patch", "alibi", "--suite", "seq2seq_copy", "--synthetic.task-lengths", "2",
+                     "--synthetic.examples", "4", "--out", str(out), "--no-baseline"]) == 0
     run = results.load(out / "results.json").runs[0]
     assert run.posenc["scheme"] == "alibi" and run.posenc["stacks"] == ["encoder", "decoder"]
     assert cli.main(["patch", stock, "kerple", "--out", str(tmp_path / "k")]) == 0

@@ -33,7 +33,7 @@ from hf_posenc.results import Plot
 class EchoSettings:
     """echo: the first token recalled"""
 
-    echo_trials: int = option(3, "random prompts per length", at_least(1, int))
+    trials: int = option(3, "random prompts per length", at_least(1, int))  # the same field name as passkey's
 
 
 def _dataset(key, settings):
@@ -47,7 +47,7 @@ class Echo(Suite):
     metrics = {"echo": Metric(("recall",), "tokens", "recall", task=("text-generation", "Echo recall"),
                               dataset=_dataset, plot=Plot("echo.png", "lines", "Echo", "context length (tokens)",
                                                           "recall", log_x=True))}
-    measured_by = ("echo_trials", "seed")
+    measured_by = ("trials", "seed")
 
     def cells(self, scoring, settings, argument):
         import torch
@@ -56,7 +56,7 @@ class Echo(Suite):
 
         for length in scoring.lengths:
             generator = torch.Generator().manual_seed(scoring.seed + length)
-            ids = torch.randint(3, scoring.model.config.vocab_size, (settings.echo_trials, length), generator=generator)
+            ids = torch.randint(3, scoring.model.config.vocab_size, (settings.trials, length), generator=generator)
             with torch.no_grad():
                 hits = int((scoring.model(input_ids=ids).logits[:, -1].argmax(-1) == ids[:, 0]).sum())
             yield "echo", length, {"recall": hits / len(ids), **rate_fields(hits, len(ids))}
@@ -96,26 +96,26 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
     for help_text in (shown, installed):
         assert help_text.returncode == 0, help_text.stderr
         text = " ".join(help_text.stdout.split())
-        assert "suite echo: echo: the first token recalled --echo-trials ECHO_TRIALS random prompts" in text
+        assert "suite echo (--echo.*): echo: the first token recalled --echo.trials TRIALS random prompts" in text
         assert "suites, from: perplexity (ppl): perplexity by context length; passkey: " in text
         assert "; echo: first token recalled after a random prompt --suite-module" in text
     assert "echo" not in hf_posenc_cli("eval", "--help").stdout  # nothing leaks into a run without it
 
     # a bad value of its own flag is refused like a built-in's, before anything is written
     refused = hf_posenc_cli("eval", "--suite-module", str(suite_file), "--model", folder, "--suite", "echo",
-                            "--echo-trials", "0", "--out", str(out))
-    assert refused.returncode == 2 and "--echo-trials must be an integer >= 1, got 0" in refused.stderr
+                            "--echo.trials", "0", "--out", str(out))
+    assert refused.returncode == 2 and "--echo.trials must be an integer >= 1, got 0" in refused.stderr
     assert not out.exists()
 
     # runs, beside a built-in suite, on the patched model and the unpatched baseline
     ran = hf_posenc_cli("eval", "--suite-module", str(suite_file), "--model", folder, "--patch", "yarn", "--opt",
-                        "factor=2", "--suite", "echo,ppl", "--lengths", "16,32", "--echo-trials", "6",
-                        "--max-windows", "1", "--out", str(out))
+                        "factor=2", "--suite", "echo,ppl", "--lengths", "16,32", "--echo.trials", "6",
+                        "--perplexity.max-windows", "1", "--out", str(out))
     assert ran.returncode == 0, ran.stderr
     assert "| echo recall @ 16 tokens |" in ran.stdout
     record = results.load(out / "results.json")
     assert record.complete and record.settings["suite"] == ["echo", "perplexity"]
-    assert record.suites["echo"].settings["echo_trials"] == 6 and record.suites["echo"].measured["echo_trials"] == 6
+    assert record.suites["echo"].settings["trials"] == 6 and record.suites["echo"].measured["trials"] == 6
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     expected = {"llama (unpatched)": model}
     patched = hp.patch(transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), "yarn", factor=2.0)
@@ -143,7 +143,7 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
     # another run with another setting of its own, then the plug-in uninstalled: its file and its dist-info gone
     other = tmp_path / "fewer"
     assert hf_posenc_cli("eval", "--suite-module", str(suite_file), "--model", folder, "--suite", "echo", "--lengths",
-                         "16,32", "--echo-trials", "3", "--no-baseline", "--out", str(other)).returncode == 0
+                         "16,32", "--echo.trials", "3", "--no-baseline", "--out", str(other)).returncode == 0
     suite_file.unlink()
     (dist / "METADATA").unlink()
     (dist / "entry_points.txt").unlink()
@@ -159,7 +159,7 @@ def test_a_suite_in_one_file_is_listed_run_recorded_compared_carded_and_plotted(
     # the comparison refuses files whose echo settings differ, naming the setting, as it would with the suite here
     refused = hf_posenc_cli("eval", "--compare", str(out / "results.json"), str(other / "results.json"),
                             "--out", str(tmp_path / "cmp2"))
-    assert refused.returncode == 2 and "echo.echo_trials" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "echo.trials" in refused.stderr, refused.stderr
 
     # read here, where the suite is not imported, the file still prints every table with its unit and interval
     assert "echo" not in SUITES
@@ -179,7 +179,7 @@ def test_a_broken_or_clashing_plug_in_is_skipped_by_name_and_the_built_in_suites
         (tmp_path / name).write_text(text, encoding="utf-8")
     flags = [item for name in BROKEN for item in ("--suite-module", str(tmp_path / name))]
     ran = hf_posenc_cli("eval", *flags, "--model", saved_tiny("llama"), "--suite", "ppl", "--lengths", "16",
-                        "--max-windows", "1", "--no-baseline", "--out", str(tmp_path / "out"))
+                        "--perplexity.max-windows", "1", "--no-baseline", "--out", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stderr
     assert f"suite module {tmp_path / 'raises.py'} skipped: RuntimeError: no such backend" in ran.stderr
     assert f"suite module {tmp_path / 'clashes.py'} skipped: ValueError: suite 'passkey' is already registered" \
@@ -188,8 +188,35 @@ def test_a_broken_or_clashing_plug_in_is_skipped_by_name_and_the_built_in_suites
 
 
 def test_settings_the_registered_suites_do_not_take_are_refused():
-    with pytest.raises(PosEncError, match="unknown suite settings echo_trials; the registered suites take text, "):
-        evaluation.SuiteSettings(["ppl"], [16], echo_trials=3)
+    with pytest.raises(PosEncError, match="unknown suite settings group 'echo'; the registered suites' groups are "
+                                          "perplexity, passkey, "):
+        evaluation.SuiteSettings(["ppl"], [16], echo={"trials": 3})
+    with pytest.raises(PosEncError, match="unknown perplexity settings max_window; perplexity takes text, "):
+        evaluation.SuiteSettings(["ppl"], [16], perplexity={"max_window": 1})
+
+
+# a second throwaway suite whose setting has the same name as echo's (and passkey's): `trials`
+PARROT = ECHO.replace('name = "echo"', 'name = "parrot"').replace('{"echo": Metric', '{"parrot": Metric').replace(
+    'Plot("echo.png"', 'Plot("parrot.png"').replace('yield "echo"', 'yield "parrot"').replace(
+    "EchoSettings", "ParrotSettings").replace('"""echo: the first token recalled"""', '"""parrot: echo again"""')
+
+
+def test_two_plug_ins_may_name_a_setting_alike(saved_tiny, tmp_path):  # noqa: F811
+    """Each suite's flags live in its own group (`--echo.trials`, `--parrot.trials`, `--passkey.trials`): two
+    plug-ins written apart, and a built-in, name a field `trials` and each gets its own value."""
+    for name, text in (("echo_suite.py", ECHO), ("parrot_suite.py", PARROT)):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    ran = hf_posenc_cli("eval", "--suite-module", str(tmp_path / "echo_suite.py"), "--suite-module",
+                        str(tmp_path / "parrot_suite.py"), "--model", saved_tiny("llama"), "--suite",
+                        "echo,parrot,passkey", "--lengths", "16", "--echo.trials", "2", "--parrot.trials", "5",
+                        "--passkey.trials", "1", "--passkey.depths", "0.5", "--no-baseline", "--out", str(out))
+    assert ran.returncode == 0, ran.stderr
+    assert "suite module" not in ran.stderr  # neither plug-in skipped
+    record = results.load(out / "results.json")
+    assert {name: record.suites[name].settings["trials"] for name in ("echo", "parrot", "passkey")} == \
+        {"echo": 2, "parrot": 5, "passkey": 1}
+    assert record.runs[0].metrics["echo"]["16"]["n"] == 2 and record.runs[0].metrics["parrot"]["16"]["n"] == 5
 
 
 def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_path):
@@ -204,7 +231,7 @@ def test_any_lm_eval_task_runs_as_one_suite_with_the_numbers_lm_eval_gives(tmp_p
     folder = save_tiny(tmp_path / "tiny")
     model = hp.patch(transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), "alibi")
     settings = evaluation.SuiteSettings(["lm_eval:posenc_sentiment"], [64], name="tiny", scheme="alibi",
-                                        lm_eval_limit=12)
+                                        lm_eval={"lm_eval_limit": 12})
     record = evaluation.run_suites(model, char_tokenizer(), settings, tmp_path / "out")
     cell = record.runs[0].metrics["lm_eval"]["posenc_sentiment acc"]
     manager = TaskManager(include_path=str(integration.LM_EVAL_TASK_DIR), include_defaults=False)

@@ -71,13 +71,12 @@ def rows(args: argparse.Namespace, config: Any) -> list[str]:
 
 def plan(args: argparse.Namespace, config: Any) -> Plan:
     """The checked flags' plan (`args.values`: every suite setting)."""
-    from ..evaluation.suite import suite_of
+    from ..evaluation.suite import group_of, suite_of
 
     suites = []
     for name in args.suites:
         suite, argument = suite_of(name)
-        own = suite.Settings(**{f.name: args.values[f.name] for f in dataclasses.fields(suite.Settings)}) \
-            if suite.Settings else None
+        own = suite.Settings(**args.values[group_of(suite)]) if suite.Settings else None
         suites.append(Cells(name, suite.cell_sizes(own, argument, args.lengths)))
     return Plan(rows(args, config), suites)
 

@@ -174,8 +174,9 @@ def _score(model: Any, tokenizer: Any, label: str, scheme: str | None, options: 
 
     t0 = time.perf_counter()
     settings = SuiteSettings(["perplexity", "passkey"], args.lengths, name=args.model, scheme=scheme,
-                             options=options, max_windows=args.windows, target_tokens=args.target_tokens,
-                             depths=PASSKEY_DEPTHS, trials=PASSKEY_TRIALS)
+                             options=options,
+                             perplexity={"max_windows": args.windows, "target_tokens": args.target_tokens},
+                             passkey={"depths": PASSKEY_DEPTHS, "trials": PASSKEY_TRIALS})
     scored = run_suites(model, tokenizer, settings, out)
     run = scored.runs[0]
     run.label, run.seconds = label, round(time.perf_counter() - t0, 1)

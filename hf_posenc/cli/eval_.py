@@ -38,9 +38,9 @@ def make_parser(parser: argparse.ArgumentParser) -> None:
         "examples:\n"
         "  hf-posenc eval --model smollm2 --suite ppl,passkey --lengths 512,2048,16384 --out out/orig\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=4 --suite ppl --lengths 512,2048,16384 --out out/yarn4\n"
-        "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --limit 500 --out out/sentiment\n"
+        "  hf-posenc eval --model ./my-patched-model --suite rotten_tomatoes --sentiment.limit 500 --out out/sentiment\n"
         "  hf-posenc eval --model smollm2 --patch yarn --opt factor=2 --suite ruler --lengths 1024,4096 --out out/ruler\n"
-        "  hf-posenc eval --model out/t5-tiny-rope --suite seq2seq_copy --task-lengths 8,16,32 --examples 50 --out out/s2s\n"
+        "  hf-posenc eval --model out/t5-tiny-rope --suite seq2seq_copy --synthetic.task-lengths 8,16,32 --synthetic.examples 50 --out out/s2s\n"
         "  hf-posenc eval --compare out/orig/results.json out/yarn4/results.json --out out/compare\n"
     )
     parser.add_argument("--model", help="'smollm2' (offline package model), a saved folder or a Hub id")

@@ -70,45 +70,48 @@ def _item_type(hint: Any) -> tuple[Any, bool]:
 
 
 def add_suite_flags(parser: argparse.ArgumentParser) -> None:
-    """An argument group per suite settings class (titled by the suites that take it), a flag per field."""
+    """An argument group per settings group (titled by the suites that take it), a flag `--GROUP.FIELD` per field,
+    its value kept as `GROUP.FIELD` on the parsed arguments."""
     from ..evaluation.suite import flag, setting_groups
 
-    for settings, names in setting_groups().items():
-        group = parser.add_argument_group(f"suite {', '.join(names)}", (settings.__doc__ or "").strip() or None)
+    for name, (settings, suites) in setting_groups().items():
+        group = parser.add_argument_group(f"suite {', '.join(suites)} (--{name.replace('_', '-')}.*)",
+                                          (settings.__doc__ or "").strip() or None)
         hints = typing.get_type_hints(settings)
         for field in dataclasses.fields(settings):
             kind, many = _item_type(hints[field.name])
-            extra = {"metavar": field.metadata["metavar"]} if "metavar" in field.metadata else {}
+            extra = {"metavar": field.metadata.get("metavar", field.name.upper())}
             if typing.get_origin(hints[field.name]) is typing.Literal:
                 extra["choices"] = typing.get_args(hints[field.name])
             if kind is bool and not many:
-                group.add_argument(flag(field), dest=field.name, default=field.default,
+                group.add_argument(flag(name, field), dest=f"{name}.{field.name}", default=field.default,
                                    action=argparse.BooleanOptionalAction, help=field.metadata.get("help"))
                 continue
             default = ",".join(map(str, field.default)) if many else field.default
-            group.add_argument(flag(field), dest=field.name, type=str if many or kind not in (int, float) else kind,
-                               default=default, help=field.metadata.get("help"), **extra)
+            group.add_argument(flag(name, field), dest=f"{name}.{field.name}", default=default,
+                               type=str if many or kind not in (int, float) else kind,
+                               help=field.metadata.get("help"), **extra)
 
 
-def suite_values(args: argparse.Namespace, suites: list[str]) -> dict[str, Any]:
-    """Every suite setting from the flags (comma lists parsed, put back on `args`), each in its domain; then the
-    suites that run check their settings' relations (`Suite.check`). Returns the values by field name."""
-    from ..evaluation.suite import check_domains, setting_fields, suite_of
+def suite_values(args: argparse.Namespace, suites: list[str]) -> dict[str, dict[str, Any]]:
+    """Every suite setting from the flags (comma lists parsed), each in its domain; then the suites that run check
+    their settings' relations (`Suite.check`). Returns the values by group and field name."""
+    from ..evaluation.suite import check_domains, group_of, setting_groups, suite_of
 
-    values = {}
-    for name, (field, settings) in setting_fields().items():
-        value = getattr(args, name)
-        kind, many = _item_type(typing.get_type_hints(settings)[name])
-        if many and isinstance(value, str):
-            noun = name.replace("_", " ").removesuffix("s")
-            value = tuple(int_list(value, noun) if kind is int else float_list(value, noun))
-            setattr(args, name, list(value))
-        values[name] = value
-    built: dict[Any, Any] = {None: None}
-    for settings in dict.fromkeys(s for _, s in setting_fields().values()):
-        built[settings] = settings(**{f.name: values[f.name] for f in dataclasses.fields(settings)})
-        check_domains(built[settings])
-    for name in suites:
-        suite, _ = suite_of(name)
-        suite.check(built[suite.Settings], args.lengths)
+    values: dict[str, dict[str, Any]] = {}
+    built: dict[str, Any] = {}
+    for name, (settings, _) in setting_groups().items():
+        hints, own = typing.get_type_hints(settings), {}
+        for field in dataclasses.fields(settings):
+            value = getattr(args, f"{name}.{field.name}")
+            kind, many = _item_type(hints[field.name])
+            if many and isinstance(value, str):
+                noun = field.name.replace("_", " ").removesuffix("s")
+                value = tuple(int_list(value, noun) if kind is int else float_list(value, noun))
+            own[field.name] = value
+        values[name], built[name] = own, settings(**own)
+        check_domains(name, built[name])
+    for suite_name in suites:
+        suite, _ = suite_of(suite_name)
+        suite.check(built.get(group_of(suite)), args.lengths)
     return values

@@ -45,7 +45,7 @@ def check_mode(mode: str, stride: int | None = None) -> str:
                           + "; ".join(f"{name} ({what})" for name, what in PERPLEXITY_MODES.items()))
     if stride is not None and mode != "sliding":
         raise PosEncError(f"a stride applies to the sliding perplexity mode, not {mode!r}; pass mode='sliding' "
-                          f"(--ppl-mode sliding) with it, or no stride")
+                          f"(--perplexity.mode sliding) with it, or no stride")
     return mode
 
 

@@ -5,7 +5,12 @@ Torch-free: the command line builds its flags and refuses a typo from the table 
 A suite says its name, its settings (a dataclass whose fields, with their help and domain, are its `eval`
 flags), the metric tables it writes (`Metric`: headline fields, rate, direction, model-index task and dataset,
 plot), which models it takes, and the cells it scores. `SuiteSettings` is what `run_suites` takes: the suites,
-the lengths, what every suite shares, and each suite's own settings by field name.
+the lengths, what every suite shares, and each suite's own settings under its group's name.
+
+Each settings class is a *group* of its own, named by its suite (or by `Suite.group`, which the suites sharing one
+class give alike): its flags are `--GROUP.FIELD` (`--passkey.depths`, `--perplexity.max-windows`), so two suites,
+or two plug-ins written apart, may name a field alike. A dotted flag says which suite reads it where it is typed,
+lists under its suite in `--help`, and needs no prefix convention (`--ppl-mode`, `--lm-eval-limit`) to stay apart.
 """
 
 from __future__ import annotations
@@ -73,7 +78,9 @@ class Suite:
         version: what results files record beside its numbers (change it when its numbers change).
         help: one line for `--suite`'s help.
         Settings: a dataclass of its settings, each field `domains.option(default, help, domain)` (one `eval`
-            flag each, `--field-name`, or `metadata["flag"]`); suites that share one class share its flags.
+            flag each, `--GROUP.field-name`, or `--GROUP.` and `metadata["flag"]`).
+        group: the name of its settings' flags and of their values in `SuiteSettings` (default: its name); the
+            suites that share one settings class give one group (the sentiment suites: "sentiment").
         metrics: the results.json tables it writes, name -> `Metric` (written into each file as a `results.Table`).
         measured_by: the settings its numbers depend on (`compare` refuses files that differ there; `measured`
             says more where a name is not enough).
@@ -89,6 +96,7 @@ class Suite:
     version: ClassVar[str] = "1"
     help: ClassVar[str] = ""
     Settings: ClassVar[type | None] = None
+    group: ClassVar[str] = ""
     metrics: ClassVar[Mapping[str, Metric]] = {}
     measured_by: ClassVar[tuple[str, ...]] = ()
     encoder_decoder: ClassVar[bool | None] = False
@@ -149,12 +157,14 @@ def register_suite(suite: Suite) -> Suite:
     """
     if suite.name in SUITES:
         raise ValueError(f"suite {suite.name!r} is already registered")
-    owners = {f.name: other.Settings for other in SUITES.values() if other.Settings
-              for f in dataclasses.fields(other.Settings)}
-    for field in dataclasses.fields(suite.Settings) if suite.Settings else ():
-        if owners.get(field.name, suite.Settings) is not suite.Settings:
-            raise ValueError(f"suite {suite.name!r}: setting {field.name!r} is already "
-                             f"{owners[field.name].__name__}'s (one flag each); name it otherwise")
+    if suite.Settings is not None:
+        for other in SUITES.values():
+            if other.Settings is suite.Settings and group_of(other) != group_of(suite):
+                raise ValueError(f"suite {suite.name!r}: its settings {suite.Settings.__name__} are group "
+                                 f"{group_of(other)!r} (suite {other.name!r}); give it group = {group_of(other)!r}")
+            if other.Settings not in (None, suite.Settings) and group_of(other) == group_of(suite):
+                raise ValueError(f"suite {suite.name!r}: settings group {group_of(suite)!r} is suite "
+                                 f"{other.name!r}'s ({other.Settings.__name__}); name its group otherwise")
     for name, metric in suite.metrics.items():  # all checked before any is taken: no half-registered suite
         if METRICS.get(name, metric) != metric:
             raise ValueError(f"suite {suite.name!r}: metric table {name!r} is already registered as {METRICS[name]}")
@@ -168,38 +178,39 @@ def register_suite(suite: Suite) -> Suite:
     return suite
 
 
-def setting_fields() -> dict[str, tuple[dataclasses.Field, type]]:
-    """Every registered suite setting: field name -> (field, its settings class), in the suites' order."""
-    return {field.name: (field, suite.Settings) for suite in SUITES.values() if suite.Settings
-            for field in dataclasses.fields(suite.Settings)}
+def group_of(suite: Suite) -> str:
+    """The group of `suite`'s settings: its flags' `--GROUP.` and its key in `SuiteSettings`."""
+    return suite.group or suite.name
 
 
-def flag(field: dataclasses.Field) -> str:
-    """A setting's `eval` flag: `metadata["flag"]`, else `--` and the field's name with dashes."""
-    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+def setting_groups() -> dict[str, tuple[type, list[str]]]:
+    """Each settings group -> (its settings class, the suites that take it), in the suites' order: one `eval`
+    argument group each."""
+    groups: dict[str, tuple[type, list[str]]] = {}
+    for suite in SUITES.values():
+        if suite.Settings:
+            groups.setdefault(group_of(suite), (suite.Settings, []))[1].append(suite.name)
+    return groups
 
 
-def check_domains(settings: Any) -> None:
+def flag(group: str, field: dataclasses.Field) -> str:
+    """A setting's `eval` flag: `--GROUP.` and `metadata["flag"]` or the field's name, dashed."""
+    return f"--{group}.{field.metadata.get('flag') or field.name}".replace("_", "-")
+
+
+def check_domains(group: str, settings: Any) -> None:
     """Each setting within the domain its field declares (`domains.option`), named by its flag."""
     for field in dataclasses.fields(settings) if settings is not None else ():
         value, domain = getattr(settings, field.name), domain_of(field)
         if value is not None and domain is not None and domain.problem(value):
-            raise PosEncError(f"{flag(field)} must be {domain.text().replace('an int ', 'an integer ')}, got {value}")
+            raise PosEncError(f"{flag(group, field)} must be {domain.text().replace('an int ', 'an integer ')}, "
+                              f"got {value}")
 
 
 def check_settings(suite: Suite, settings: Any, lengths: Sequence[int]) -> None:
     """A suite's settings each within its domain, then the suite's own `check` of their relations."""
-    check_domains(settings)
+    check_domains(group_of(suite), settings)
     suite.check(settings, lengths)
-
-
-def setting_groups() -> dict[type, list[str]]:
-    """Each settings class -> the suites that take it, in the suites' order: one `eval` argument group each."""
-    groups: dict[type, list[str]] = {}
-    for suite in SUITES.values():
-        if suite.Settings:
-            groups.setdefault(suite.Settings, []).append(suite.name)
-    return groups
 
 
 def suite_names() -> str:
@@ -293,8 +304,9 @@ class SuiteSettings:
         distributed: split windows, prompts and sentences over the processes of the torch.distributed
             group (`accelerate launch`); every process must call `run_suites` alike, and gets the same
             results as one process would; only the first writes files.
-        **values: the suites' own settings by field name (`max_windows=1`, `samples=3`; `hf-posenc eval --help`
-            lists them by suite); a suite not run ignores them.
+        **values: the suites' own settings, by group and field name (`perplexity={"max_windows": 1}`,
+            `ruler={"samples": 3}`; `hf-posenc eval --help` lists them as `--GROUP.FIELD`); a suite not run
+            ignores its group.
     """
 
     suites: Sequence[str]
@@ -308,26 +320,28 @@ class SuiteSettings:
     baseline: bool
     original: str | None
     distributed: bool
-    values: dict[str, Any]
+    values: dict[str, dict[str, Any]]
 
     def __init__(self, suites: Sequence[str], lengths: Sequence[int], name: str | None = None,
                  scheme: str | None = None, options: dict[str, Any] | None = None, *, batch_size: int = 1,
                  seed: int = 0, dtype: str | None = None, baseline: bool = False, original: str | None = None,
-                 distributed: bool = False, **values: Any) -> None:
-        known = setting_fields()
-        if unknown := sorted(set(values) - set(known)):
-            raise PosEncError(f"unknown suite settings {', '.join(unknown)}; the registered suites take "
-                              f"{', '.join(known)}")
+                 distributed: bool = False, **values: Mapping[str, Any]) -> None:
+        groups = setting_groups()
+        for group, given in values.items():
+            if group not in groups:
+                raise PosEncError(f"unknown suite settings group {group!r}; the registered suites' groups are "
+                                  f"{', '.join(groups)}")
+            names = [field.name for field in dataclasses.fields(groups[group][0])]
+            if unknown := sorted(set(given) - set(names)):
+                raise PosEncError(f"unknown {group} settings {', '.join(unknown)}; {group} takes {', '.join(names)}")
+        values = {group: dict(given) for group, given in values.items()}
         self.suites, self.lengths, self.name, self.scheme = suites, lengths, name, scheme
         self.options, self.batch_size, self.seed, self.dtype = dict(options or {}), batch_size, seed, dtype
         self.baseline, self.original, self.distributed, self.values = baseline, original, distributed, values
 
     def of(self, suite: Suite) -> Any:
         """The suite's own settings (its `Settings` built from the values given, defaults for the rest)."""
-        if suite.Settings is None:
-            return None
-        names = {f.name for f in dataclasses.fields(suite.Settings)}
-        return suite.Settings(**{k: v for k, v in self.values.items() if k in names})
+        return suite.Settings(**self.values.get(group_of(suite), {})) if suite.Settings else None
 
     def replace(self, **changes: Any) -> SuiteSettings:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "values"}

@@ -2,8 +2,8 @@
 match by input length with n and 95% intervals; `lengthgen:sort,repeat` for some tasks (`copy` and `reverse` are
 also the names of the three-shot digit suites, so `lengthgen:copy,reverse` runs `lengthgen:copy` and the `reverse`
 suite: write `lengthgen:copy,lengthgen:reverse`). A model trained on a
-task (`benchmarks/lengthgen/`, its own tokenizer) is scored with `--shots 0`; a pretrained one is asked in-context
-(`--shots 3`: worked examples before each prompt). One table per task."""
+task (`benchmarks/lengthgen/`, its own tokenizer) is scored with `--lengthgen.shots 0`; a pretrained one is asked in-context
+(`--lengthgen.shots 3`: worked examples before each prompt). One table per task."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class Lengthgen(Suite):
 
     def check(self, settings: LengthgenSettings, lengths: Sequence[int]) -> None:
         if not settings.symbol_lengths or min(settings.symbol_lengths) < 1:
-            raise PosEncError(f"--symbol-lengths must be positive integers, got {list(settings.symbol_lengths)}")
+            raise PosEncError(f"--lengthgen.symbol-lengths must be positive integers, got {list(settings.symbol_lengths)}")
 
     def cell_sizes(self, settings: LengthgenSettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
         """Its own input lengths, not `--lengths`: an example of n symbols is about 2n + 2 words (prompt, answer,

@@ -38,7 +38,7 @@ class LmEvalSettings:
     """lm-eval tasks by name"""
 
     lm_eval_limit: int | None = option(None, "lm-eval: score only the first N documents of each task",
-                                       at_least(1, int))
+                                       at_least(1, int), flag="limit")
     num_fewshot: int | None = option(None, "lm-eval: few-shot examples per prompt (default: each task's own)",
                                      at_least(0, int))
 

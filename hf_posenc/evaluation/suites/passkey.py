@@ -40,7 +40,7 @@ class Passkey(Suite):
 
     def check(self, settings: PasskeySettings, lengths: Sequence[int]) -> None:
         if any(not 0 <= depth <= 1 for depth in settings.depths):
-            raise PosEncError(f"--depths: passkey needle depths in [0, 1], got {list(settings.depths)}")
+            raise PosEncError(f"--passkey.depths: passkey needle depths in [0, 1], got {list(settings.depths)}")
 
     def cell_sizes(self, settings: PasskeySettings, argument: str, lengths: Sequence[int]) -> list[tuple[int, int]]:
         return [(settings.trials * len(settings.depths), length) for length in lengths]

@@ -21,13 +21,13 @@ class PerplexitySettings:
     """perplexity by context length"""
 
     text: str = option("kjv", "long text for perplexity: 'kjv' (offline) or a datasets name")
-    text_config: str | None = option(None, "datasets config of --text (e.g. wikitext-103-raw-v1)")
-    text_column: str = option("text", "text column of a datasets --text")
-    stride: int | None = option(None, "--ppl-mode sliding: window stride (default: the length)", at_least(1, int))
+    text_config: str | None = option(None, "datasets config of --perplexity.text (e.g. wikitext-103-raw-v1)")
+    text_column: str = option("text", "text column of a datasets --perplexity.text")
+    stride: int | None = option(None, "--perplexity.mode sliding: window stride (default: the length)", at_least(1, int))
     max_windows: int | None = option(4, "perplexity windows per length (bounds the cost)", at_least(1, int))
     perplexity_mode: str = dataclasses.field(default=DEFAULT_MODE, metadata={
-        "flag": "--ppl-mode", "metavar": "MODE",
-        "help": "same_target (default): the same last --target-tokens tokens of windows ending at the same places "
+        "flag": "mode", "metavar": "MODE",
+        "help": "same_target (default): the same last --perplexity.target-tokens tokens of windows ending at the same places "
                 "are scored at every length, so only the context grows; sliding: windows from the start of the "
                 "text (each length scores other tokens)"})
     target_tokens: int | None = option(None, "same_target: tokens scored per window (default: half the shortest length)")
@@ -58,7 +58,7 @@ class Perplexity(Suite):
         check_mode(settings.perplexity_mode, settings.stride)
         target = settings.target_tokens
         if target is not None and not 0 < target < min(lengths):
-            raise PosEncError(f"--target-tokens: the tokens scored per window must be in 1..{min(lengths) - 1} "
+            raise PosEncError(f"--perplexity.target-tokens: the tokens scored per window must be in 1..{min(lengths) - 1} "
                               f"(below the shortest of --lengths), got {target}")
 
     def resolve(self, settings: PerplexitySettings, lengths: Sequence[int]) -> PerplexitySettings:

@@ -50,7 +50,7 @@ class Ruler(Suite):
 
     def check(self, settings: RulerSettings, lengths: Sequence[int]) -> None:
         if settings.samples > MAX_SAMPLES:
-            raise PosEncError(f"--samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {settings.samples}")
+            raise PosEncError(f"--ruler.samples: RULER makes {MAX_SAMPLES} prompts per task and length, got {settings.samples}")
 
     def recorded(self, settings: RulerSettings, argument: str) -> dict[str, Any]:
         return {**super().recorded(settings, argument), "haystack": HAYSTACK}

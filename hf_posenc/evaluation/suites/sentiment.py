@@ -37,6 +37,7 @@ CLASSIFICATION = Metric(("accuracy", "f1"), "dataset", "accuracy", task=("text-c
 
 class Sentiment(Suite):
     Settings = SentimentSettings
+    group = "sentiment"
     metrics = {"classification": CLASSIFICATION}
     measured_by = ("limit", "seed")
     order = 30

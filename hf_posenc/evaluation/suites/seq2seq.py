@@ -13,6 +13,7 @@ PREFIX = "seq2seq_"
 
 class Seq2SeqTask(Suite):
     Settings = TaskSettings
+    group = "synthetic"
     measured_by = ("examples", "seed")
     encoder_decoder = True
     order = 90

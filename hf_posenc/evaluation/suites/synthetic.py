@@ -45,6 +45,7 @@ def exact_match(scored: dict[str, Any], n: int) -> dict[str, Any]:
 
 class Synthetic(Suite):
     Settings = TaskSettings
+    group = "synthetic"
     measured_by = ("examples", "seed")
     order = 40
 
