@@ -3,8 +3,8 @@ TRL's SFTTrainer) + peft.
 
 The same code runs under every launcher (the command line lives in `hf_posenc.cli.train`):
 
-    accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml [--field value ...]
-    python -m hf_posenc.cli train RECIPE.yaml                   # one process
+    accelerate launch --config_file CFG -m hf_posenc.train --config RECIPE.yaml [--field value ...]
+    python -m hf_posenc.train --config RECIPE.yaml              # one process
     hf-posenc train RECIPE.yaml --accelerate-config cpu_2proc   # a shipped config, by name
 
     recipe      the recipe dataclasses (ours beside TrainingArguments) and their cross-field checks
