@@ -1,5 +1,6 @@
 """Data side of a recipe: load the source, check its columns, tokenize. A causal LM's packing, labels, completion-only
-masking and padding are TRL's `SFTTrainer`'s; the order and sharding are Trainer's."""
+masking and padding are TRL's `SFTTrainer`'s, the other tasks' padding transformers' collators'; the order and sharding
+are Trainer's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import datasets
 import pyarrow as pa
 import torch
 from datasets.table import InMemoryTable
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from ..errors import PosEncError
@@ -20,6 +22,7 @@ from .recipe import TASK_COLUMNS, Recipe
 
 BUILTIN = ("kjv", "sentiment")  # dataset_name names of the offline built-ins (no paths)
 ROW_BLOCKS = 1024  # blocks of a causal LM's row handed to TRL, which makes each row's labels in Python
+IGNORE_INDEX = -100  # label positions the loss skips (transformers' and torch's cross-entropy default)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -63,25 +66,12 @@ def load_raw(recipe: Recipe) -> datasets.DatasetDict:
 
 @dataclasses.dataclass
 class Prepared:
-    train: Any  # a causal LM's rows for TRL's SFTTrainer (a datasets.Dataset), else tensor rows (`Rows`)
-    eval: Any
+    train: datasets.Dataset  # token rows: a causal LM's for TRL's SFTTrainer to pack, or the task's rows
+    eval: datasets.Dataset
     eval_ids: torch.Tensor | None  # 1-D held-out token stream, for perplexity_by_length
     eval_raw: datasets.Dataset | None  # held-out rows as text, for the suite's classification metrics
-    collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None  # None: TRL's own collator
+    collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None  # None: SFTTrainer's own collator
     eval_collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None = None  # None: `collate`
-
-
-class Rows(torch.utils.data.Dataset):
-    """A list of per-example tensor dicts."""
-
-    def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.rows[i]
 
 
 def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
@@ -160,41 +150,40 @@ def _capped(ds: datasets.Dataset, cap: int | None) -> datasets.Dataset:
     return ds.select(range(min(cap, len(ds)))) if cap else ds
 
 
+def _encoded(ds: datasets.Dataset, tokenizer: Any, seq_len: int, text: str, labels: Callable[[datasets.Dataset], list]
+             ) -> datasets.Dataset:
+    """Rows of a text column tokenized and cut at `seq_len`, with their labels (padding is the collator's)."""
+    enc = tokenizer(list(ds[text]), truncation=True, max_length=seq_len)
+    return datasets.Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                                       "labels": labels(ds)})
+
+
 def prepare_classification(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Classification: one truncated row per text, its class id the label."""
+    """Classification: one truncated row per text, its class id the label; transformers' `DataCollatorWithPadding`
+    pads the batches."""
     d = recipe.data
     train_raw, eval_raw = row_splits(recipe, raw)
 
-    def rows(ds: datasets.Dataset) -> Rows:
-        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
-        return Rows([
-            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(label)}
-            for ids, mask, label in zip(enc["input_ids"], enc["attention_mask"], list(ds[d.label_column]))
-        ])
+    def rows(ds: datasets.Dataset) -> datasets.Dataset:
+        return _encoded(ds, tokenizer, d.seq_len, d.text_column, lambda ds: list(ds[d.label_column]))
 
-    pad = tokenizer.pad_token_id
     return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
-                    collate=lambda batch: _pad(batch, pad))
+                    collate=DataCollatorWithPadding(tokenizer))
 
 
 def prepare_seq2seq(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Seq2seq: the input column tokenized for the encoder, the target column as labels for the decoder
-    (the model shifts them into its decoder inputs itself; padded label positions are -100, which its
-    loss ignores)."""
+    """Seq2seq: the input column tokenized for the encoder, the target column as labels for the decoder (the model
+    shifts them into its decoder inputs itself); transformers' `DataCollatorForSeq2Seq` pads the labels with
+    IGNORE_INDEX, which the loss skips."""
     d = recipe.data
     train_raw, eval_raw = row_splits(recipe, raw)
 
-    def rows(ds: datasets.Dataset) -> Rows:
-        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
-        labels = tokenizer(text_target=list(ds[d.target_column]), truncation=True, max_length=d.seq_len)["input_ids"]
-        return Rows([
-            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(target)}
-            for ids, mask, target in zip(enc["input_ids"], enc["attention_mask"], labels)
-        ])
+    def rows(ds: datasets.Dataset) -> datasets.Dataset:
+        return _encoded(ds, tokenizer, d.seq_len, d.text_column, lambda ds: tokenizer(
+            text_target=list(ds[d.target_column]), truncation=True, max_length=d.seq_len)["input_ids"])
 
-    pad = tokenizer.pad_token_id
     return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
-                    collate=lambda batch: _pad(batch, pad))
+                    collate=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX))
 
 
 def prepare_completion(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
@@ -214,15 +203,3 @@ def prepare_completion(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any
     return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw, collate=None)
 
 
-IGNORE_INDEX = -100  # label positions the loss skips (transformers' and torch's cross-entropy default)
-
-
-def _pad(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad inputs and mask; labels are class ids (stacked) or token rows (padded with IGNORE_INDEX)."""
-
-    def padded(key: str, value: int) -> torch.Tensor:
-        width = max(b[key].numel() for b in batch)
-        return torch.stack([torch.nn.functional.pad(b[key], (0, width - b[key].numel()), value=value) for b in batch])
-
-    labels = padded("labels", IGNORE_INDEX) if batch[0]["labels"].ndim else torch.stack([b["labels"] for b in batch])
-    return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0), "labels": labels}

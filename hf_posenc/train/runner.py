@@ -31,8 +31,7 @@ from ..results import write_json
 from . import inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
 from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints, preflight
-from .trainer import (LabelledProgress, PosEncSFTTrainer, PosEncTrainer, PositionalPieces, RecoveryCallback,
-                      StopOnSignal)
+from .trainer import LabelledProgress, PositionalPieces, RecoveryCallback, StopOnSignal
 
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
@@ -78,14 +77,10 @@ class Session:
         return Path(self.recipe.training.output_dir)
 
 
-# the tasks that train a causal LM on TRL's SFTTrainer (its packing, completion-only loss, padding); the others on
-# Trainer
-SFT_TASKS = ("causal_lm", "prompt_completion")
-
-
 def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False,
                resumed: bool = False) -> TrainingArguments:
-    """The recipe's TrainingArguments fields as this run takes them (an `SFTConfig` for a causal LM): checkpoints in
+    """The recipe's TrainingArguments fields as this run takes them, in its trainer's arguments class (an `SFTConfig`
+    for a causal LM, `Seq2SeqTrainingArguments` for an encoder-decoder): checkpoints in
     `out/checkpoints`, the accumulation that makes `global_batch_size` on `world` processes, the launch's device,
     non-reentrant checkpointing unless the recipe says otherwise, evaluation every `eval_every_steps` and on start
     (`eval_before`) unless the recipe sets Trainer's own fields (a resumed run has its first evaluation).
@@ -95,9 +90,8 @@ def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: boo
     checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} \
         if fields.get("gradient_checkpointing") and not fields.get("gradient_checkpointing_kwargs") else {}
     every = {"eval_strategy": "steps", "eval_steps": p.eval_every_steps} if p.eval_every_steps else {}
-    cls, sft = TrainingArguments, {}
-    if recipe.model.task in SFT_TASKS:
-        cls, sft = SFTConfig, _sft_fields(recipe)
+    cls = tasks.TRAINING_TASKS[recipe.model.task].trainer.arguments
+    sft = _sft_fields(recipe) if cls is SFTConfig else {}
     return cls(**{
         "disable_tqdm": not sys.stderr.isatty(), **every, "eval_on_start": p.eval_before, **sft, **fields,
         **checkpointing, **({"eval_on_start": False} if resumed else {}), "output_dir": str(out / CHECKPOINTS),
@@ -153,9 +147,8 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
     student = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
     if teacher is not None:
         _report_teacher(teacher.freeze_trained() / 2**20, fsdp, world, joined.is_main_process)
-    sft = recipe.model.task in SFT_TASKS
     with inputs.quiet_datasets():  # SFTTrainer prepares the rows through `datasets.map`, a bar each
-        trainer = (PosEncSFTTrainer if sft else PosEncTrainer)(
+        trainer = task.trainer(
             model=student, args=args, train_dataset=data.train, eval_dataset=data.eval, data_collator=data.collate,
             processing_class=tokenizer, objective=objective, scores=task.scores, eval_collator=data.eval_collate,
             tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),

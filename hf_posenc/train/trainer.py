@@ -1,5 +1,6 @@
-"""The positional pieces that transformers' `Trainer` and TRL's `SFTTrainer` take (`PositionalPieces`, the trainers
-`PosEncTrainer` and `PosEncSFTTrainer`): the loss (`compute_loss`), the held-out tables as Trainer's evaluation
+"""The positional pieces that transformers' `Trainer` / `Seq2SeqTrainer` and TRL's `SFTTrainer` take
+(`PositionalPieces`; the trainers `PosEncTrainer`, `PosEncSeq2SeqTrainer`, `PosEncSFTTrainer`, each with the arguments
+class it takes): the loss (`compute_loss`), the held-out tables as Trainer's evaluation
 metrics, the recovery curve and the run's own measures (`RecoveryCallback`), the stop on Ctrl-C or SIGTERM
 (`StopOnSignal`), and a labelled progress bar. The loop, the evaluation loop, the optimizer and its schedule, gradient
 accumulation, clipping, checkpoints, resume, RNG state and reporting (`report_to`) are Trainer's; a causal LM's
@@ -17,9 +18,10 @@ from typing import Any, Callable
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather
-from transformers import EvalPrediction, Trainer, TrainerCallback
+from transformers import (EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainerCallback,
+                          TrainingArguments)
 from transformers.trainer_callback import ExportableState, ProgressCallback
-from trl import SFTTrainer
+from trl import SFTConfig, SFTTrainer
 
 from ..evaluation import held_out
 from ..progress import bar
@@ -129,12 +131,23 @@ class PositionalPieces:
 
 
 class PosEncTrainer(PositionalPieces, Trainer):
-    """transformers' `Trainer` with the positional pieces: classification and seq2seq recipes."""
+    """transformers' `Trainer` with the positional pieces: classification recipes."""
+
+    arguments = TrainingArguments
+
+
+class PosEncSeq2SeqTrainer(PositionalPieces, Seq2SeqTrainer):
+    """transformers' `Seq2SeqTrainer` with the positional pieces: encoder-decoder recipes (the held-out exact match
+    is greedy decoding's, from one teacher-forced forward: `tasks._seq2seq_scores`)."""
+
+    arguments = Seq2SeqTrainingArguments
 
 
 class PosEncSFTTrainer(PositionalPieces, SFTTrainer):
     """TRL's `SFTTrainer` with the positional pieces: causal-LM recipes (packing, labels, completion-only loss,
     padding and the training loss are TRL's)."""
+
+    arguments = SFTConfig
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """The run folder's model card is hf-posenc's (`hub`), written with the model; none into each checkpoint."""
