@@ -15,9 +15,11 @@ from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
+from hf_posenc.errors import PosEncError
 from hf_posenc.train import curve, inputs, load_recipe, modeling
 from hf_posenc.train.objectives import Objective, Teacher
 from hf_posenc.train.pose import PoseCollator, pose_position_ids
+from hf_posenc.train.recipe import DistillArguments, PoseArguments
 
 
 @pytest.fixture(scope="module")
@@ -295,8 +297,28 @@ def test_new_fields_from_the_command_line(tmp_path, assets):
     path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out"))
     recipe = load_recipe(path, ["--pose", "{target_length: 64, chunks: 3}", "--objective", "lm+distill",
                                 "--distill", "{temperature: 2}", "--eval_every_steps", "5"])
-    assert recipe.posenc.pose == {"target_length": 64, "chunks": 3} and recipe.posenc.eval_every_steps == 5
-    assert recipe.posenc.distill == {"temperature": 2.0, "weight": 1.0, "hidden_weight": 0.0}
+    assert recipe.posenc.pose == PoseArguments(64, 3) and recipe.posenc.eval_every_steps == 5
+    assert recipe.posenc.distill == DistillArguments(2.0, 1.0, 0.0)
+    assert recipe.to_dict()["pose"] == {"target_length": 64, "chunks": 3}  # as run.json holds it
+
+
+def test_pose_and_distill_are_typed_and_refused_by_key(tmp_path, assets):
+    """`pose` and `distill` are read into PoseArguments / DistillArguments; a mistake names the file and the key."""
+    for fields, pieces in [
+        ({"pose": {"target_lenght": 64}}, ["pose:", "'target_lenght'", "did you mean 'target_length'", "chunks (int"]),
+        ({"pose": {"chunks": 3}}, ["pose.target_length:", "required"]),
+        ({"pose": {"target_length": 64, "chunks": "three"}}, ["pose.chunks:", "expected a finite int", "'three'"]),
+        ({"objective": "distill", "distill": {"temperature": math.nan}}, ["distill.temperature:", "finite float"]),
+        ({"objective": "distill", "distill": {"weight": -1}}, ["distill.weight:", "must be >= 0", "got -1.0"]),
+        ({"pose": {"target_length": 64, "chunks": 0}}, ["pose.chunks:", "1..seq_len=32", "got 0"]),
+    ]:
+        path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", **fields))
+        with pytest.raises(PosEncError) as err:
+            load_recipe(path)
+        assert str(path) in str(err.value) and all(piece in str(err.value) for piece in pieces), str(err.value)
+    valid = {"pose": {"target_length": 64, "chunks": 3}, "objective": "distill", "distill": {"temperature": 2}}
+    recipe = load_recipe(write_recipe(tmp_path / "ok.yaml", recipe_dict(assets, tmp_path / "out", **valid)))
+    assert (recipe.posenc.pose, recipe.posenc.distill) == (PoseArguments(64, 3), DistillArguments(2.0, 1.0, 0.0))
 
 
 # --- a real run: PoSE + distillation + the curve ---

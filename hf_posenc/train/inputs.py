@@ -109,11 +109,10 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
             f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
         )
     train, evals = _stream(train_ids, d.seq_len, d.max_train_samples), _stream(eval_ids, d.seq_len, d.max_eval_samples)
-    if recipe.posenc.pose is None:
+    if (pose := recipe.posenc.pose) is None:
         return Prepared(train, evals, eval_ids, None, collate=None)
     # the held-out blocks keep plain positions (the collator sees training batches only): the model is scored as used
-    pose = recipe.posenc.pose
-    collate = PoseCollator(pose["target_length"], pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
+    collate = PoseCollator(pose.target_length, pose.chunks, recipe.training.seed, tokenizer.eos_token_id,
                            getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
     return Prepared(train, evals, eval_ids, None, collate=collate,
                     eval_collate=DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id))

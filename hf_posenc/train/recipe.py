@@ -14,13 +14,14 @@ import contextlib
 import dataclasses
 import json
 import math
-from typing import Any, Callable, Literal
+from typing import Any, Literal, TypeVar, get_type_hints
 
 import yaml
 
-from ..domains import matches
-from ..errors import PosEncError
+from ..domains import finite, matches
+from ..errors import PosEncError, did_you_mean
 
+T = TypeVar("T")
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 # task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
 TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
@@ -28,12 +29,6 @@ TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
                                             "seq2seq": ("text_column", "target_column"),
                                             "prompt_completion": ("text_column", "target_column")}
 
-# The keys of the recipe's small mappings, with their type, default and domain (checked by `_check_mapping`).
-POSE_KEYS: dict[str, tuple[type, Any, str]] = {
-    "target_length": (int, None, "> seq_len"), "chunks": (int, 2, ">= 1 and <= seq_len")}
-DISTILL_KEYS: dict[str, tuple[type, Any, str]] = {
-    "temperature": (float, 1.0, "> 0"), "weight": (float, 1.0, ">= 0"), "hidden_weight": (float, 0.0, ">= 0")}
-BOUNDS: dict[str, Callable[[float], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
 # transformers.TrainingArguments defaults a recipe changes (it may set them itself): loss rows every step, no
 # reporting unless asked, the rows as the tasks make them, and DDP without the search for unused parameters
 TRAINING_DEFAULTS = {"logging_steps": 1, "report_to": "none", "remove_unused_columns": False, "label_names": ["labels"],
@@ -86,6 +81,21 @@ class DataArguments:
 
 
 @dataclasses.dataclass
+class PoseArguments:
+    """PoSE (Zhu et al. 2024): the recipe's `pose` mapping, typed; `validate` checks it against seq_len."""
+    target_length: int = field(help="the length the window's position ids spread over, > seq_len")
+    chunks: int = field(2, help="contiguous chunks of position ids, with random skips between them, 1..seq_len")
+
+
+@dataclasses.dataclass
+class DistillArguments:
+    """Distillation from the model before the swap: the recipe's `distill` mapping, typed (defaults if not given)."""
+    temperature: float = field(1.0, help="T of the softened distributions, > 0")
+    weight: float = field(1.0, help="w of the KL term, >= 0")
+    hidden_weight: float = field(0.0, help="h of the per-layer hidden-state MSE, >= 0 (0: none)")
+
+
+@dataclasses.dataclass
 class PosEncArguments:
     scheme: str | None = field(None, help="scheme to swap in (hf_posenc.list_schemes()); null keeps the model's own")
     # `| str` lets HfArgumentParser take a string, as transformers' TrainingArguments does for dicts
@@ -107,10 +117,10 @@ class PosEncArguments:
     objective: Literal["lm", "distill", "lm+distill"] = field(
         "lm", help="LM only: next-token loss, distillation from the model before the swap (forward KL on every "
         "position, Hinton et al. 2015), or both summed")
-    distill: dict[str, Any] | str | None = field(
+    distill: dict[str, Any] | str | DistillArguments | None = field(
         {}, help="for objective distill / lm+distill: {temperature: T (1.0), weight: w (1.0), hidden_weight: h (0.0)}; "
         "loss = [lm +] w * T^2 * KL(teacher_T || student_T) + h * mean per-layer hidden-state MSE")
-    pose: dict[str, Any] | str | None = field(
+    pose: dict[str, Any] | str | PoseArguments | None = field(
         None, help="PoSE (Zhu et al. 2024), LM only: {target_length: N, chunks: K} trains seq_len windows on position "
         "ids split into K chunks with random skips spread over 0..N-1; null: plain positions")
     global_batch_size: int | None = field(
@@ -138,8 +148,7 @@ class PosEncArguments:
             self.scheme = None
         self.scheme_options = _yaml(self.scheme_options)
         self.scheme_options = {} if self.scheme_options is None else self.scheme_options
-        self.scheme_layers, self.pose = _yaml(self.scheme_layers), _yaml(self.pose)
-        self.distill = _yaml(self.distill) or {}
+        self.scheme_layers, self.pose, self.distill = _yaml(self.scheme_layers), _yaml(self.pose), _yaml(self.distill)
         if self.lora_target_modules == ["all-linear"]:  # the command line gives a list of one
             self.lora_target_modules = "all-linear"
 
@@ -236,11 +245,10 @@ def validate(recipe: Recipe) -> Recipe:
     lm_only = m.task == "causal_lm"
     if p.pose is not None:
         _check(lm_only, s, "pose", "PoSE trains causal LMs only (task: causal_lm)")
-        p.pose = _check_mapping(p.pose, POSE_KEYS, s, "pose")
-        _check(p.pose["target_length"] > d.seq_len, s, "pose.target_length", f"must be > seq_len={d.seq_len} (the "
-               f"window's positions spread over the target), got {p.pose['target_length']}")
-        _check(1 <= p.pose["chunks"] <= d.seq_len, s, "pose.chunks",
-               f"must be in 1..seq_len={d.seq_len}, got {p.pose['chunks']}")
+        p.pose = pose = _typed_mapping(PoseArguments, p.pose, s, "pose")
+        _check(pose.target_length > d.seq_len, s, "pose.target_length", f"must be > seq_len={d.seq_len} (the "
+               f"window's positions spread over the target), got {pose.target_length}")
+        _check(1 <= pose.chunks <= d.seq_len, s, "pose.chunks", f"must be in 1..seq_len={d.seq_len}, got {pose.chunks}")
     for where, value in [("perplexity_lengths", p.perplexity_lengths), ("eval_every_steps", p.eval_every_steps)]:
         _check(lm_only or not value, s, where, f"scores causal LMs' held-out perplexity; task {m.task!r} reports "
                "its own held-out table before and after training (leave it unset)")
@@ -248,9 +256,10 @@ def validate(recipe: Recipe) -> Recipe:
            f"{p.objective!r} distils a causal LM; task {m.task!r} takes 'lm' only")
     _check(p.objective != "lm" or not p.distill, s, "distill",
            "given with objective 'lm'; use objective 'distill' or 'lm+distill'")
-    p.distill = _check_mapping(p.distill, DISTILL_KEYS, s, "distill")
-    for key, (_, _, rule) in DISTILL_KEYS.items():
-        _check(BOUNDS[rule](p.distill[key]), s, f"distill.{key}", f"must be {rule}, got {p.distill[key]}")
+    p.distill = distill = _typed_mapping(DistillArguments, p.distill or {}, s, "distill")
+    _check(distill.temperature > 0, s, "distill.temperature", f"must be > 0, got {distill.temperature}")
+    _check(distill.weight >= 0, s, "distill.weight", f"must be >= 0, got {distill.weight}")
+    _check(distill.hidden_weight >= 0, s, "distill.hidden_weight", f"must be >= 0, got {distill.hidden_weight}")
     return recipe
 
 
@@ -271,19 +280,17 @@ def _check_scheme(recipe: Recipe) -> None:
         raise PosEncError(f"{s}: scheme: {err}") from None
 
 
-def _check_mapping(value: Any, keys: dict[str, tuple[type, Any, str]], source: str, where: str) -> dict[str, Any]:
-    """A small mapping field with its defaults filled in, its keys and types checked (domains: the caller)."""
-    from ..errors import did_you_mean
-
-    allowed = ", ".join(f"{k} ({tp.__name__}, {rule})" for k, (tp, _, rule) in keys.items())
+def _typed_mapping(cls: type[T], value: Any, source: str, where: str) -> T:
+    """A mapping field (`pose`, `distill`) as its dataclass: keys and types checked (the domains: `validate`)."""
+    hints, fields = get_type_hints(cls), dataclasses.fields(cls)
+    allowed = "; ".join(f"{f.name} ({hints[f.name].__name__}, " + ("required" if f.default is dataclasses.MISSING
+                        else f"default {f.default}") + f": {f.metadata['help']})" for f in fields)
     _check(isinstance(value, dict), source, where, f"must be a mapping of {allowed}; got {value!r}")
     for name in value:
-        _check(name in keys, source, where, f"unknown field {name!r}{did_you_mean(name, list(keys))}; allowed: {allowed}")
-    filled = {}
-    for name, (tp, default, rule) in keys.items():
-        item = value.get(name, default)
-        _check(item is not None, source, f"{where}.{name}", f"is required ({tp.__name__}, {rule})")
-        _check(matches(item, tp) and (tp is not float or math.isfinite(item)), source, f"{where}.{name}",
-               f"expected a finite {tp.__name__} ({rule}), got {item!r}")
-        filled[name] = float(item) if tp is float else item
-    return filled
+        _check(name in hints, source, where, f"unknown field {name!r}{did_you_mean(name, hints)}; allowed: {allowed}")
+    for f in fields:
+        item, tp = value.get(f.name, f.default), hints[f.name]
+        _check(item is not dataclasses.MISSING, source, f"{where}.{f.name}", f"is required ({f.metadata['help']})")
+        _check(matches(item, tp) and finite(item), source, f"{where}.{f.name}",
+               f"expected a finite {tp.__name__}, got {item!r}")
+    return cls(**{name: float(item) if hints[name] is float else item for name, item in value.items()})
