@@ -311,6 +311,7 @@ def test_pose_and_distill_are_typed_and_refused_by_key(tmp_path, assets):
         ({"objective": "distill", "distill": {"temperature": math.nan}}, ["distill.temperature:", "finite float"]),
         ({"objective": "distill", "distill": {"weight": -1}}, ["distill.weight:", "must be >= 0", "got -1.0"]),
         ({"pose": {"target_length": 64, "chunks": 0}}, ["pose.chunks:", "1..seq_len=32", "got 0"]),
+        ({"pose": 512}, ["pose: expected mapping or str or null, got 512"]),  # no class name of ours
     ]:
         path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", **fields))
         with pytest.raises(PosEncError) as err:

@@ -30,12 +30,12 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(dict.fromkeys(_type_name(a) for a in typing.get_args(tp)))
     if tp is type(None):
         return "null"
     if typing.get_origin(tp) is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if typing.get_origin(tp) is dict:
+    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):  # `pose`, `distill`: a mapping in the file
         return "mapping"
     return getattr(tp, "__name__", str(tp))
 
