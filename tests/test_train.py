@@ -128,10 +128,10 @@ def test_overrides_typed_and_checked(tmp_path, assets):
                                 "--merge_lora", "false", "--scheme_options", "{max_bias: 4}", "--full_determinism",
                                 "--report_to", "tensorboard"])
     assert recipe.training.learning_rate == 1e-4 and recipe.training.max_steps == 3
-    assert recipe.posenc.lora_target_modules == ["q_proj", "v_proj"] and recipe.posenc.merge_lora is False
+    assert recipe.model.lora_target_modules == ["q_proj", "v_proj"] and recipe.posenc.merge_lora is False
     assert recipe.posenc.scheme_options == {"max_bias": 4} and recipe.training.full_determinism is True
     assert recipe.trainer_fields["report_to"] in ("tensorboard", ["tensorboard"]) and recipe.to_dict()["max_steps"] == 3
-    assert load_recipe(path, ["--lora_target_modules", "all-linear"]).posenc.lora_target_modules == "all-linear"
+    assert load_recipe(path, ["--lora_target_modules", "all-linear"]).model.lora_target_modules == "all-linear"
     control = load_recipe(path, ["--scheme", "null", "--scheme_options", "{}"])  # the same run, no swap
     assert control.posenc.scheme is None and control.posenc.scheme_options == {}
     assert load_recipe(path, ["--scheme", "nope", "--scheme_layers", "[1]"]).posenc.scheme_layers == [1]
@@ -145,6 +145,37 @@ def test_overrides_typed_and_checked(tmp_path, assets):
         load_recipe(path, ["--training.lr=3"])
     with pytest.raises(PosEncError, match="scheme_options: must be a mapping"):
         load_recipe(path, ["--scheme_options", "max_bias"])
+
+
+def test_trls_model_and_script_fields_are_honoured_or_refused(tmp_path, assets):
+    """The model and data fields are TRL's `ModelConfig` / `ScriptArguments`: DoRA, rsLoRA and lora_modules_to_save
+    reach peft's LoraConfig; what a run cannot honour (4-bit loading, streaming, a revision) is refused by name."""
+    from hf_posenc.train import modeling
+
+    for fields, field in [({"load_in_4bit": True}, "load_in_4bit"), ({"dataset_streaming": True}, "dataset_streaming"),
+                          ({"model_revision": "v2"}, "model_revision"), ({"lora_task_type": "SEQ_CLS"}, "lora_task_type")]:
+        with pytest.raises(PosEncError, match=f"r.yaml: {field}: .* is not supported: .*leave it at"):
+            load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **fields)))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", trainable=[])),
+                         ["--use_dora", "--use_rslora", "true", "--lora_modules_to_save", "lm_head"])
+    assert recipe.model.lora_r == 4 and recipe.model.use_dora and recipe.model.use_rslora
+    model, _ = modeling.load_recipe_model(recipe)
+    config = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe)).peft_config["default"]
+    assert config.use_dora and config.use_rslora and config.modules_to_save == ["lm_head"]
+
+
+def test_a_run_folder_from_before_a_field_was_added_still_resumes(tmp_path, assets):
+    """run.json of a run whose recipe lacked today's fields (TRL's ModelConfig ones): those count at their defaults,
+    so the resume guard names only what changed."""
+    from hf_posenc.train.run_folder import RUN_FILE, _recipe_changes
+    from hf_posenc.train.recipe import UNSUPPORTED
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out")))
+    saved = {k: v for k, v in recipe.to_dict().items() if k not in {*UNSUPPORTED, "use_dora", "use_rslora"}}
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / RUN_FILE).write_text(json.dumps({"recipe": saved}))
+    assert _recipe_changes(tmp_path / "out", recipe) == []
+    assert _recipe_changes(tmp_path / "out", load_recipe(tmp_path / "r.yaml", ["--use_dora"])) == ["use_dora"]
 
 
 def test_a_recipe_of_the_sectioned_format_is_refused_naming_each_new_field(tmp_path, assets):

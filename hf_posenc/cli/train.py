@@ -31,11 +31,12 @@ any recipe field is overridden by --field VALUE (lists as --lora_target_modules 
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
-    from ..train.recipe import OURS
+    from ..train.recipe import OURS, UNSUPPORTED
 
     parser.description = "Swap a model's positional scheme and recover it with accelerate + peft, as a recipe says."
-    fields = (f"  {cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls))}" for cls in OURS.values())
-    parser.epilog = EPILOG + "\n".join(fields)
+    fields = [f"  {cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls) if f.name not in UNSUPPORTED)}"
+              for cls in OURS.values()]
+    parser.epilog = EPILOG + "\n".join([*fields, f"  (TRL's {', '.join(UNSUPPORTED)}: refused unless at their defaults)"])
     parser.add_argument("recipe", help="recipe YAML (see recipes/)")
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="launch through `accelerate launch` with this config (name or path)")

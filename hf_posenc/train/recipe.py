@@ -1,8 +1,9 @@
 """Recipe schema, as TRL's and the alignment-handbook's: one flat YAML whose fields belong to four dataclasses,
-`ModelArguments`, `DataArguments`, `PosEncArguments` (what is positional: the swap, what trains, distillation, PoSE,
-the recovery evaluation) and transformers' own `TrainingArguments`, each field named as its class names it
-(`learning_rate`, `max_steps`, `per_device_train_batch_size`, `report_to`, ...). Reading a file and its `--field value`
-overrides into a `Recipe` is `train.reading`; `validate` holds the checks across fields.
+TRL's own `ModelConfig` and `ScriptArguments` (extended as `ModelArguments` and `DataArguments`), `PosEncArguments`
+(what is positional: the swap, what trains, distillation, PoSE, the recovery evaluation) and transformers'
+`TrainingArguments`, each field named as its class names it (`lora_r`, `dataset_name`, `learning_rate`, `max_steps`,
+`report_to`, ...). Reading a file and its `--field value` overrides into a `Recipe` is `train.reading` (TRL's
+`TrlParser`); `validate` holds the checks across fields.
 
 Every mistake -- unknown field, wrong type, value outside the allowed set -- is a `PosEncError` naming the file,
 the field and what is allowed, raised before any model or data is loaded.
@@ -17,6 +18,8 @@ import math
 from typing import Any, Literal, TypeVar, get_type_hints
 
 import yaml
+from trl.scripts.utils import ScriptArguments
+from trl.trainer.model_config import ModelConfig
 
 from ..domains import finite, matches
 from ..errors import PosEncError, did_you_mean
@@ -51,23 +54,31 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 
 
 @dataclasses.dataclass
-class ModelArguments:
+class ModelArguments(ModelConfig):
+    """TRL's `ModelConfig` (the model and its LoRA, fields as TRL's scripts name them), hf-posenc's defaults where
+    TRL's differ (LoRA on every linear layer, no dropout, sdpa), and the head a recipe trains."""
+
     model_name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M-Instruct), 'minilm-l6'")
+    dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
+    attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="attention kernel")
+    use_peft: bool = field(True, help="LoRA adapters; false: full fine-tuning")
+    lora_alpha: float = field(32.0, help="LoRA scale numerator (scale = alpha / r)")
+    lora_dropout: float = field(0.0, help="LoRA dropout")
+    lora_target_modules: str | list[str] = field("all-linear", help="'all-linear' (attention + MLP projections) or module names")
     task: Literal["causal_lm", "classification", "seq2seq", "prompt_completion"] = field(
         "causal_lm", help="head to train: next-token LM, sequence classifier, an encoder-decoder "
         "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder, or a causal LM "
         "trained on prompt -> completion rows, the loss on the completion only (TRL's prompt-completion format)")
     num_labels: int = field(2, help="classes, for task=classification")
     tokenizer_name_or_path: str | None = field(None, help="tokenizer path; defaults to the model's")
-    dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
-    attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="attention kernel")
 
 
 @dataclasses.dataclass
-class DataArguments:
+class DataArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (the dataset and its splits), a recipe's held-out split by default, and what a
+    recipe's task reads of the rows."""
+
     dataset_name: str = field(help="'kjv' or 'sentiment' (offline built-ins), a datasets name, a local data file or a saved dataset folder")
-    dataset_config: str | None = field(None, help="datasets config name")
-    dataset_train_split: str = field("train", help="split to train on")
     dataset_test_split: str | None = field("validation", help="split to evaluate on; if absent, eval_fraction of train is held out")
     eval_fraction: float = field(0.02, help="held-out share when there is no test split")
     text_column: str = field("text", help="column with the text")
@@ -78,6 +89,19 @@ class DataArguments:
                          "seq2seq: truncation length of inputs and of targets")
     max_train_samples: int | None = field(None, help="cap on training rows (blocks for LM)")
     max_eval_samples: int | None = field(64, help="cap on eval rows (blocks for LM)")
+
+
+# TRL's fields a recipe may not change from their defaults, with why: what the run cannot honour is refused
+UNSUPPORTED = {
+    "model_revision": "a revision is pinned by the folder or Hub id in model_name_or_path",
+    "lora_task_type": "the adapter's task follows the recipe's `task`",
+    "load_in_8bit": "quantized base models are not trained here (the swap patches full-precision attention)",
+    "load_in_4bit": "quantized base models are not trained here (the swap patches full-precision attention)",
+    "bnb_4bit_quant_type": "quantized base models are not trained here", "use_bnb_nested_quant":
+    "quantized base models are not trained here", "bnb_4bit_quant_storage": "quantized base models are not trained here",
+    "dataset_streaming": "the held-out data and the packing read whole splits", "ignore_bias_buffers":
+    "DDP here syncs no buffers the swap changes",
+}
 
 
 @dataclasses.dataclass
@@ -104,11 +128,6 @@ class PosEncArguments:
     scheme_layers: list[int] | str | None = field(
         None, help="the attention layers that take the scheme (the others keep the model's own positions), e.g. "
         "[3, 7, 11]; null: every layer; on the command line as YAML: --scheme_layers '[3, 7, 11]'")
-    use_peft: bool = field(True, help="LoRA adapters (TRL's name); false: full fine-tuning")
-    lora_r: int = field(16, help="LoRA rank")
-    lora_alpha: float = field(32.0, help="LoRA scale numerator (scale = alpha / r)")
-    lora_dropout: float = field(0.0, help="LoRA dropout")
-    lora_target_modules: str | list[str] = field("all-linear", help="'all-linear' (attention + MLP projections) or module names")
     trainable: list[str] = field(
         ["posenc", "embeddings", "norms", "head"],
         help="parameter groups trained in full next to LoRA (peft's modules_to_save); LongLoRA (Chen et al. 2023) "
@@ -149,11 +168,16 @@ class PosEncArguments:
         self.scheme_options = _yaml(self.scheme_options)
         self.scheme_options = {} if self.scheme_options is None else self.scheme_options
         self.scheme_layers, self.pose, self.distill = _yaml(self.scheme_layers), _yaml(self.pose), _yaml(self.distill)
-        if self.lora_target_modules == ["all-linear"]:  # the command line gives a list of one
-            self.lora_target_modules = "all-linear"
 
 
 OURS: dict[str, type] = {"model": ModelArguments, "data": DataArguments, "posenc": PosEncArguments}
+
+
+def field_defaults() -> dict[str, Any]:
+    """Every field of ours that has a default -> that default."""
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for cls in OURS.values() for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 # each field of the sectioned recipes before this format (model:/data:/training:/...) -> its name now
 OLD_FIELDS = {
     "model.name_or_path": "model_name_or_path", "model.tokenizer": "tokenizer_name_or_path",
@@ -216,7 +240,7 @@ def validate(recipe: Recipe) -> Recipe:
     _check(t.max_steps >= 1 or t.num_train_epochs > 0, s, "num_train_epochs",
            f"must be > 0 when max_steps is -1, got {t.num_train_epochs}")
     for where, value in [("per_device_train_batch_size", t.per_device_train_batch_size),
-                         ("seq_len", d.seq_len), ("num_labels", m.num_labels), ("lora_r", p.lora_r),
+                         ("seq_len", d.seq_len), ("num_labels", m.num_labels), ("lora_r", m.lora_r),
                          ("per_device_eval_batch_size", t.per_device_eval_batch_size)]:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")
     for where, value in [("threads", p.threads), ("eval_every_steps", p.eval_every_steps), ("seed", t.seed),
@@ -230,8 +254,12 @@ def validate(recipe: Recipe) -> Recipe:
         # inf and nan pass every comparison below or none: a float is a finite number
         _check(not isinstance(value, float) or math.isfinite(value), s, name, f"must be a finite number, got {value}")
     _check(t.learning_rate > 0, s, "learning_rate", f"must be > 0, got {t.learning_rate}")
-    _check(p.lora_alpha > 0, s, "lora_alpha", f"must be > 0, got {p.lora_alpha}")
-    _check(0 <= p.lora_dropout < 1, s, "lora_dropout", f"must be in [0, 1), got {p.lora_dropout}")
+    _check(m.lora_alpha > 0, s, "lora_alpha", f"must be > 0, got {m.lora_alpha}")
+    _check(0 <= m.lora_dropout < 1, s, "lora_dropout", f"must be in [0, 1), got {m.lora_dropout}")
+    for part in (m, d):
+        for f in dataclasses.fields(part):
+            _check(f.name not in UNSUPPORTED or getattr(part, f.name) == f.default, s, f.name,
+                   f"{getattr(part, f.name)!r} is not supported: {UNSUPPORTED.get(f.name)}; leave it at {f.default!r}")
     _check(0 < d.eval_fraction < 1, s, "eval_fraction", f"must be in (0, 1), got {d.eval_fraction}")
     if p.global_batch_size is not None:
         _check(p.global_batch_size % t.per_device_train_batch_size == 0, s, "global_batch_size",
