@@ -421,7 +421,6 @@ def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective,
     from trl import SFTConfig
 
     from hf_posenc.train import objectives
-    from hf_posenc.train.inputs import Rows
     from hf_posenc.train.trainer import PosEncSFTTrainer, PosEncTrainer
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "o",
@@ -431,7 +430,8 @@ def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective,
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0  # the second row: 8 tokens, then padding
     labels = ids.masked_fill(mask == 0, -100)
-    rows = Rows([{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2)])
+    rows = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
+                                       "labels": labels.tolist()})
 
     def step_loss(micro: int) -> float:
         model = tiny_model("llama")
@@ -448,7 +448,7 @@ def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective,
         else:
             trainer = PosEncTrainer(model=model, args=TrainingArguments(**settings), train_dataset=rows,
                                     objective=objective_, data_collator=lambda batch: {
-                                        k: torch.stack([b[k] for b in batch]) for k in batch[0]})
+                                        k: torch.tensor([b[k] for b in batch]) for k in batch[0]})
         trainer.train()
         return trainer.state.log_history[0]["loss"]
 
