@@ -95,7 +95,8 @@ def fsdp(rank: int, world: int, report: Path, recipes: list[str]) -> dict:
             fully_shard(model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.learning_rate)
-        rows = tasks.prepare(recipe, inputs.load_raw(recipe), tokenizer).train
+        stream = [t for row in tasks.prepare(recipe, inputs.load_raw(recipe), tokenizer).train["input_ids"] for t in row]
+        rows = [{"input_ids": block} for block in torch.tensor(stream).view(-1, recipe.data.seq_len)]  # as TRL packs
         size = recipe.global_batch(world)
         share = size // world
         losses = []

@@ -36,17 +36,26 @@ def recipe_of(name: str, written: dict[str, Path], out: Path, *more: str):
 
 
 def test_rows_label_the_completion_only(written, tmp_path):
+    """The rows hf-posenc tokenizes (prompt and completion apart, joined), as TRL's SFTTrainer prepares them for the
+    run: labels on the completion only (`completion_only_loss`), padding never a target."""
+    from trl import SFTTrainer
+
+    from hf_posenc.train.runner import _arguments
+
     recipe = recipe_of("nope", written, tmp_path / "out")
     model, tokenizer = load(str(written["model"]))
     raw = inputs.load_raw(recipe)
     data = tasks.prepare(recipe, raw, tokenizer)
-    for row, source in zip(data.eval.rows[:5], raw["validation"]):
+    trainer = SFTTrainer(model=model, args=_arguments(recipe, tmp_path / "out", 1, cpu=True), train_dataset=data.train,
+                         eval_dataset=data.eval, processing_class=tokenizer)
+    rows = [trainer.eval_dataset[i] for i in range(len(trainer.eval_dataset))]
+    for row, source in zip(rows[:5], raw["validation"]):
         prompt = tokenizer(source["prompt"])["input_ids"]
         answer = tokenizer(source["completion"], add_special_tokens=False)["input_ids"]
-        assert row["input_ids"].tolist() == prompt + answer
-        assert row["labels"].tolist() == [-100] * len(prompt) + answer
-    batch = data.collate(data.eval.rows[:8])
-    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never a target
+        assert row["input_ids"] == prompt + answer
+        assert row["labels"] == [-100] * len(prompt) + answer
+    batch = trainer.data_collator(rows)
+    assert (batch["attention_mask"] == 0).any() and (batch["labels"][batch["attention_mask"] == 0] == -100).all()
 
 
 @pytest.mark.parametrize("name", ["nope", "rope_partial"])

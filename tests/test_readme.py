@@ -82,7 +82,8 @@ def tiny_stand_ins(line: str, assets: dict[str, dict[str, Path]]) -> str:
         line += " --schemes nope"
     if line.startswith("hf-posenc inspect "):  # the default paragraph is longer than a tiny model's 64 positions
         line += " --text 'the cat sat on the mat.'"
-    if re.search(r"\btrain (recipes/\S+\.yaml|[\w.-]+/[\w.-]+/[\w.-]+)( |$)", line):  # a recipe path or shipped name
+    # a recipe path or shipped name, after `hf-posenc train` or `-m hf_posenc.train --config`
+    if re.search(r"\btrain (--config )?(recipes/\S+\.yaml|[\w.-]+/[\w.-]+/[\w.-]+)( |$)", line):
         line += (f" --model_name_or_path {assets['llama']['model']} --dataset_name {assets['llama']['data']}"
                  " --seq_len 32 --max_steps 2 --save_strategy no --perplexity_lengths 48")
     return line

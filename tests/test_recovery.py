@@ -15,10 +15,11 @@ from test_train import REPO, recipe_dict, run_cli, tiny_assets, write_recipe
 
 import hf_posenc as hp
 from hf_posenc import results
+from hf_posenc.errors import PosEncError
 from hf_posenc.train import curve, inputs, load_recipe, modeling
-from hf_posenc.train.inputs import Rows
 from hf_posenc.train.objectives import Objective, Teacher
-from hf_posenc.train.pose import PoseRows, pose_position_ids
+from hf_posenc.train.pose import PoseCollator, pose_position_ids
+from hf_posenc.train.recipe import DistillArguments, PoseArguments
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,7 @@ def test_pose_batch_equals_tokens_placed_at_their_ids(model_type, scheme, option
         hp.patch(model, scheme, **options)
     target = 48  # below the tiny models' 64-position tables
     tokens = torch.randint(3, 120, (3, 16), generator=torch.Generator().manual_seed(1))
-    rows = PoseRows(Rows([{"input_ids": t, "labels": t} for t in tokens]), target, 3, seed=5, eos_id=None)
-    batch = PoseRows.collate([rows[i] for i in range(3)])
+    batch = PoseCollator(target, 3, seed=5, eos_id=None)([{"input_ids": t.tolist()} for t in tokens])
     assert batch["attention_mask"].shape == (3, 16) and batch["position_ids"].shape == (3, 16)
     assert any(len(_runs(ids)) > 1 for ids in batch["position_ids"])  # real skips in the batch
     with torch.no_grad():
@@ -98,10 +98,9 @@ def test_pose_packed_rows_keep_document_boundaries():
     eos = 0
     doc1, doc2 = torch.randint(3, 120, (6,)), torch.randint(3, 120, (10,))
     row = torch.cat([doc1, torch.tensor([eos]), doc2])
-    item = PoseRows(Rows([{"input_ids": row, "labels": row}]), 48, 2, seed=3, eos_id=eos)[0]
-    ids = item["position_ids"]
+    batch = PoseCollator(48, 2, seed=3, eos_id=eos)([{"input_ids": row.tolist()}, {"input_ids": [5] * 17}])
+    ids = batch["position_ids"][0]
     assert ids[0] == 0 and ids[7] == 0  # each document's ids start from 0
-    batch = PoseRows.collate([item, {**item, "attention_mask": torch.ones(17, dtype=torch.long)}])
     assert batch["attention_mask"].shape == (2, 1, 17, 17)  # a one-document row joins as a 4-D causal mask
     with torch.no_grad():
         packed = model(input_ids=batch["input_ids"][:1], position_ids=ids[None],
@@ -116,12 +115,13 @@ def test_pose_masks_of_a_bf16_model_are_in_its_dtype(assets, tmp_path):
     recipe's PoSE rows carry block-causal masks in the model's dtype, masked with that dtype's min."""
     recipe = _recipe(assets, tmp_path, dtype="bfloat16", pose={"target_length": 48, "chunks": 2})
     model, tokenizer = modeling.load_recipe_model(recipe)
-    rows = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer).train
-    item = next(rows[i] for i in range(len(rows)) if rows[i]["attention_mask"].ndim == 3)  # a packed row
+    data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
+    blocks = torch.tensor(data.train[0]["input_ids"]).view(-1, 32)  # the stream as TRL's "wrapped" packing cuts it
+    item = next({"input_ids": b, **data.collate.row(b)} for b in blocks if data.collate.row(b)["attention_mask"].ndim == 3)
     mask, ids = item["attention_mask"], item["position_ids"]
     assert model.dtype == mask.dtype == torch.bfloat16 and mask.min() == torch.finfo(torch.bfloat16).min
-    one_document = {**item, "attention_mask": torch.ones_like(ids)}
-    assert rows.collate([item, one_document])["attention_mask"].dtype == torch.bfloat16
+    one_document = {"input_ids": [5] * 32}  # no EOS: a 2-D mask alone, 4-D beside a row of several documents
+    assert data.collate([{"input_ids": item["input_ids"].tolist()}, one_document])["attention_mask"].dtype == torch.bfloat16
     last = int((ids == 0).nonzero().max())  # where the row's last document starts
     with torch.no_grad():
         def logits(mask: torch.Tensor) -> torch.Tensor:
@@ -208,10 +208,10 @@ def _autocast_seen(model: torch.nn.Module) -> list[bool]:
 def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets, tmp_path, bf16_accelerator):
     """A bf16 student beside an fp32 teacher or baseline is another model on A100/H100: the teacher's forward and
     Trainer's evaluation of the model before the swap (never prepared) run under the same autocast as the student's."""
-    from transformers import TrainingArguments
+    from trl import SFTConfig
 
     from hf_posenc.train import tasks
-    from hf_posenc.train.trainer import PosEncTrainer
+    from hf_posenc.train.trainer import PosEncSFTTrainer
 
     recipe = _recipe(assets, tmp_path, objective="distill")
     student, teacher = _student_and_teacher(recipe, tiny_model("llama"))
@@ -226,17 +226,18 @@ def test_teacher_and_original_evaluation_run_under_the_students_autocast(assets,
     evaluated = _autocast_seen(original)
     data = inputs.prepare_lm(recipe, inputs.load_raw(recipe), tokenizer)
     task = tasks.TRAINING_TASKS["causal_lm"]
-    args = TrainingArguments(output_dir=str(tmp_path / "t"), bf16=True, use_cpu=True, report_to="none",
-                             per_device_eval_batch_size=4, remove_unused_columns=False, label_names=["labels"],
-                             disable_tqdm=True, accelerator_config={"use_configured_state": True})
-    trainer = PosEncTrainer(model=student, args=args, eval_dataset=data.eval, data_collator=data.collate,
-                            objective=Objective(recipe, teacher), scores=task.scores,
-                            tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
-                            held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    args = SFTConfig(output_dir=str(tmp_path / "t"), bf16=True, use_cpu=True, report_to="none",
+                     per_device_eval_batch_size=4, remove_unused_columns=False, label_names=["labels"],
+                     disable_tqdm=True, accelerator_config={"use_configured_state": True}, packing=True,
+                     packing_strategy="wrapped", max_length=recipe.data.seq_len, gradient_checkpointing=False)
+    trainer = PosEncSFTTrainer(model=student, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                               processing_class=tokenizer, objective=Objective(recipe, teacher), scores=task.scores,
+                               tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
+                               held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
     trainer.accelerator.prepare_model(student, evaluation_mode=True)  # as training prepared it before the reference
     tables = trainer.evaluate_other(original, "the original model", "eval_original")
     assert evaluated and all(evaluated)  # the held-out batches and the perplexity suite alike
-    assert tables["perplexity"][str(recipe.data.seq_len)]["windows"] == len(data.eval)
+    assert tables["perplexity"][str(recipe.data.seq_len)]["windows"] == len(trainer.eval_dataset) == 8
 
 
 @pytest.mark.parametrize("model_type, scheme", [("llama", "alibi"), ("gpt2", "rope"), ("llama", "nope"), ("gpt2", "t5")])
@@ -296,8 +297,29 @@ def test_new_fields_from_the_command_line(tmp_path, assets):
     path = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out"))
     recipe = load_recipe(path, ["--pose", "{target_length: 64, chunks: 3}", "--objective", "lm+distill",
                                 "--distill", "{temperature: 2}", "--eval_every_steps", "5"])
-    assert recipe.posenc.pose == {"target_length": 64, "chunks": 3} and recipe.posenc.eval_every_steps == 5
-    assert recipe.posenc.distill == {"temperature": 2.0, "weight": 1.0, "hidden_weight": 0.0}
+    assert recipe.posenc.pose == PoseArguments(64, 3) and recipe.posenc.eval_every_steps == 5
+    assert recipe.posenc.distill == DistillArguments(2.0, 1.0, 0.0)
+    assert recipe.to_dict()["pose"] == {"target_length": 64, "chunks": 3}  # as run.json holds it
+
+
+def test_pose_and_distill_are_typed_and_refused_by_key(tmp_path, assets):
+    """`pose` and `distill` are read into PoseArguments / DistillArguments; a mistake names the file and the key."""
+    for fields, pieces in [
+        ({"pose": {"target_lenght": 64}}, ["pose:", "'target_lenght'", "did you mean 'target_length'", "chunks (int"]),
+        ({"pose": {"chunks": 3}}, ["pose.target_length:", "required"]),
+        ({"pose": {"target_length": 64, "chunks": "three"}}, ["pose.chunks:", "expected a finite int", "'three'"]),
+        ({"objective": "distill", "distill": {"temperature": math.nan}}, ["distill.temperature:", "finite float"]),
+        ({"objective": "distill", "distill": {"weight": -1}}, ["distill.weight:", "must be >= 0", "got -1.0"]),
+        ({"pose": {"target_length": 64, "chunks": 0}}, ["pose.chunks:", "1..seq_len=32", "got 0"]),
+        ({"pose": 512}, ["pose: expected mapping or str or null, got 512"]),  # no class name of ours
+    ]:
+        path = write_recipe(tmp_path / "bad.yaml", recipe_dict(assets, tmp_path / "out", **fields))
+        with pytest.raises(PosEncError) as err:
+            load_recipe(path)
+        assert str(path) in str(err.value) and all(piece in str(err.value) for piece in pieces), str(err.value)
+    valid = {"pose": {"target_length": 64, "chunks": 3}, "objective": "distill", "distill": {"temperature": 2}}
+    recipe = load_recipe(write_recipe(tmp_path / "ok.yaml", recipe_dict(assets, tmp_path / "out", **valid)))
+    assert (recipe.posenc.pose, recipe.posenc.distill) == (PoseArguments(64, 3), DistillArguments(2.0, 1.0, 0.0))
 
 
 # --- a real run: PoSE + distillation + the curve ---

@@ -91,10 +91,10 @@ def test_labels_go_through_the_decoder(tmp_path, model_type):
     shifted right (decoder start token first, -100 read as pad), computed here by hand."""
     model = tiny_seq2seq(model_type)
     config = model.config
-    rows = [{"input_ids": torch.tensor(ids), "attention_mask": torch.ones(len(ids), dtype=torch.long),
-             "labels": torch.tensor(labels)}
+    rows = [{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
             for ids, labels in (([5, 9, 14, 2], [7, 8, 2]), ([30, 31, 2], [40, 41, 42, 43, 2]))]
-    batch = inputs._pad(rows, config.pad_token_id)
+    # the run's collator (`inputs.prepare_seq2seq`): labels padded with IGNORE_INDEX
+    batch = transformers.DataCollatorForSeq2Seq(digit_tokenizer(), label_pad_token_id=inputs.IGNORE_INDEX)(rows)
     assert batch["labels"][0, 3:].tolist() == [inputs.IGNORE_INDEX] * 2 and batch["attention_mask"][1, 3].item() == 0
     with torch.no_grad():  # the task scores the logits Trainer's evaluation gets from the model fed the labels
         scores = tasks.TRAINING_TASKS["seq2seq"].scores(model(**batch).logits, batch["labels"])

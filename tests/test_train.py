@@ -128,10 +128,10 @@ def test_overrides_typed_and_checked(tmp_path, assets):
                                 "--merge_lora", "false", "--scheme_options", "{max_bias: 4}", "--full_determinism",
                                 "--report_to", "tensorboard"])
     assert recipe.training.learning_rate == 1e-4 and recipe.training.max_steps == 3
-    assert recipe.posenc.lora_target_modules == ["q_proj", "v_proj"] and recipe.posenc.merge_lora is False
+    assert recipe.model.lora_target_modules == ["q_proj", "v_proj"] and recipe.posenc.merge_lora is False
     assert recipe.posenc.scheme_options == {"max_bias": 4} and recipe.training.full_determinism is True
     assert recipe.trainer_fields["report_to"] in ("tensorboard", ["tensorboard"]) and recipe.to_dict()["max_steps"] == 3
-    assert load_recipe(path, ["--lora_target_modules", "all-linear"]).posenc.lora_target_modules == "all-linear"
+    assert load_recipe(path, ["--lora_target_modules", "all-linear"]).model.lora_target_modules == "all-linear"
     control = load_recipe(path, ["--scheme", "null", "--scheme_options", "{}"])  # the same run, no swap
     assert control.posenc.scheme is None and control.posenc.scheme_options == {}
     assert load_recipe(path, ["--scheme", "nope", "--scheme_layers", "[1]"]).posenc.scheme_layers == [1]
@@ -145,6 +145,37 @@ def test_overrides_typed_and_checked(tmp_path, assets):
         load_recipe(path, ["--training.lr=3"])
     with pytest.raises(PosEncError, match="scheme_options: must be a mapping"):
         load_recipe(path, ["--scheme_options", "max_bias"])
+
+
+def test_trls_model_and_script_fields_are_honoured_or_refused(tmp_path, assets):
+    """The model and data fields are TRL's `ModelConfig` / `ScriptArguments`: DoRA, rsLoRA and lora_modules_to_save
+    reach peft's LoraConfig; what a run cannot honour (4-bit loading, streaming, a revision) is refused by name."""
+    from hf_posenc.train import modeling
+
+    for fields, field in [({"load_in_4bit": True}, "load_in_4bit"), ({"dataset_streaming": True}, "dataset_streaming"),
+                          ({"model_revision": "v2"}, "model_revision"), ({"lora_task_type": "SEQ_CLS"}, "lora_task_type")]:
+        with pytest.raises(PosEncError, match=f"r.yaml: {field}: .* is not supported: .*leave it at"):
+            load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", **fields)))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out", trainable=[])),
+                         ["--use_dora", "--use_rslora", "true", "--lora_modules_to_save", "lm_head"])
+    assert recipe.model.lora_r == 4 and recipe.model.use_dora and recipe.model.use_rslora
+    model, _ = modeling.load_recipe_model(recipe)
+    config = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe)).peft_config["default"]
+    assert config.use_dora and config.use_rslora and config.modules_to_save == ["lm_head"]
+
+
+def test_a_run_folder_from_before_a_field_was_added_still_resumes(tmp_path, assets):
+    """run.json of a run whose recipe lacked today's fields (TRL's ModelConfig ones): those count at their defaults,
+    so the resume guard names only what changed."""
+    from hf_posenc.train.run_folder import RUN_FILE, _recipe_changes
+    from hf_posenc.train.recipe import UNSUPPORTED
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "out")))
+    saved = {k: v for k, v in recipe.to_dict().items() if k not in {*UNSUPPORTED, "use_dora", "use_rslora"}}
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / RUN_FILE).write_text(json.dumps({"recipe": saved}))
+    assert _recipe_changes(tmp_path / "out", recipe) == []
+    assert _recipe_changes(tmp_path / "out", load_recipe(tmp_path / "r.yaml", ["--use_dora"])) == ["use_dora"]
 
 
 def test_a_recipe_of_the_sectioned_format_is_refused_naming_each_new_field(tmp_path, assets):
@@ -378,34 +409,46 @@ def test_a_bf16_run_then_an_fp32_run_in_one_process(assets, tmp_path):
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.parametrize("sft", [False, True], ids=["Trainer", "SFTTrainer"])
 @pytest.mark.parametrize("objective", ["lm", "lm+distill"])
-def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective):
+def test_micro_batches_weigh_by_their_target_tokens(assets, tmp_path, objective, sft):
     """Two rows, one padded to a third of its length: accumulated as two micro-batches of one row, the step's loss
-    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective divides by), as in
-    one micro-batch of both rows, not the mean of the two rows' means."""
+    is the mean over the step's target tokens (Trainer's num_items_in_batch, which the objective and TRL's fused
+    head divide by), as in one micro-batch of both rows, not the mean of the two rows' means; on Trainer (the rows
+    padded here) and on TRL's SFTTrainer (which pads them)."""
+    import datasets
     from transformers import TrainingArguments
+    from trl import SFTConfig
 
     from hf_posenc.train import objectives
-    from hf_posenc.train.inputs import Rows
-    from hf_posenc.train.trainer import PosEncTrainer
+    from hf_posenc.train.trainer import PosEncSFTTrainer, PosEncTrainer
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "o",
                                                                         objective=objective)))
+    tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(assets["model"])
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0  # the second row: 8 tokens, then padding
     labels = ids.masked_fill(mask == 0, -100)
-    rows = Rows([{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(2)])
+    rows = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
+                                       "labels": labels.tolist()})
 
     def step_loss(micro: int) -> float:
         model = tiny_model("llama")
         objective_, _ = objectives.build(recipe, model)
         hf_posenc.patch(model, "alibi")
-        args = TrainingArguments(output_dir=str(tmp_path / f"t{micro}"), max_steps=1, per_device_train_batch_size=micro,
-                                 gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none",
-                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
-        trainer = PosEncTrainer(model=model, args=args, train_dataset=rows, objective=objective_,
-                                data_collator=lambda batch: {k: torch.stack([b[k] for b in batch]) for k in batch[0]})
+        settings = dict(output_dir=str(tmp_path / f"t{micro}{sft}"), max_steps=1, per_device_train_batch_size=micro,
+                        gradient_accumulation_steps=2 // micro, logging_steps=1, report_to="none", use_cpu=True,
+                        save_strategy="no", disable_tqdm=True, learning_rate=5e-5)
+        if sft:  # the rows unpadded: TRL makes the labels and pads them
+            texts = datasets.Dataset.from_dict({"input_ids": [ids[0].tolist(), ids[1, :8].tolist()]})
+            trainer = PosEncSFTTrainer(model=model, args=SFTConfig(**settings, gradient_checkpointing=False, bf16=False,
+                                                                   shuffle_dataset=False),
+                                       train_dataset=texts, processing_class=tokenizer, objective=objective_)
+        else:
+            trainer = PosEncTrainer(model=model, args=TrainingArguments(**settings), train_dataset=rows,
+                                    objective=objective_, data_collator=lambda batch: {
+                                        k: torch.tensor([b[k] for b in batch]) for k in batch[0]})
         trainer.train()
         return trainer.state.log_history[0]["loss"]
 

@@ -155,3 +155,24 @@ def test_interrupted_save_leaves_latest_good_checkpoint(tmp_path, assets):
     proc = run_cli([str(cut), "--resume"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results.load(tmp_path / "cut" / "results.json").details["steps"] == 8
+
+
+def test_accelerate_launch_of_the_module_runs_what_hf_posenc_train_runs(tmp_path, assets):
+    """`accelerate launch --config_file CFG -m hf_posenc.train --config RECIPE` (TRL's form, typed by hand) trains
+    as `hf-posenc train RECIPE` does: the same losses and weights; without --config it says what it needs."""
+    recipe = write_recipe(tmp_path / "r.yaml", recipe_dict(assets, tmp_path / "cli", max_steps=3))
+    proc = run_cli([str(recipe)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = REPO / "hf_posenc" / "accelerate_configs" / "cpu.yaml"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launched = subprocess.run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(config),
+                               "-m", "hf_posenc.train", "--config", str(recipe), "--output_dir", str(tmp_path / "hand")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    losses = [[row["loss"] for row in json.loads((tmp_path / name / "loss.json").read_text())] for name in ("cli", "hand")]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("cli", "hand"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    bare = subprocess.run([sys.executable, "-m", "hf_posenc.train", str(recipe)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and "--config RECIPE.yaml" in bare.stderr, bare.stderr

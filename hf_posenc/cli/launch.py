@@ -1,7 +1,8 @@
 """Starting the processes of an accelerate config, for `hf-posenc train` and `hf-posenc eval` alike.
 
-Each process runs `python -m hf_posenc.cli COMMAND ...` (TRL's way): the same dispatcher, parser and
-checks as the command typed by hand, so the library never calls back up into the command line.
+Each process runs a module with its arguments (TRL's way): `python -m hf_posenc.train --config RECIPE.yaml ...`
+for training, `python -m hf_posenc.cli eval ...` for evaluation: the same dispatcher, parser and checks as the command
+typed by hand, so the library never calls back up into the command line.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ def _free_port() -> int:
 
 
 def launch(path: Path, config: dict[str, Any], command: list[str], what: str) -> int:
-    """`accelerate launch --config_file PATH -m hf_posenc.cli COMMAND...`: the processes the config asks
-    for, each running the subcommand `COMMAND[0]` with the arguments `COMMAND[1:]`.
+    """`accelerate launch --config_file PATH -m MODULE ARGS...`: the processes the config asks for, each running
+    the module `COMMAND[0]` with the arguments `COMMAND[1:]`.
 
     Args:
         path, config: the accelerate config file and its settings (`launch_settings`).
-        command: the subcommand and its arguments, e.g. ["train", "recipe.yaml", "--checked"].
+        command: the module and its arguments, e.g. ["hf_posenc.train", "--config", "recipe.yaml", "--checked"].
         what: what the processes do, for the error when they fail ("training").
     """
     from accelerate.commands.launch import launch_command, launch_command_parser
@@ -60,7 +61,7 @@ def launch(path: Path, config: dict[str, Any], command: list[str], what: str) ->
     if config.get("use_cpu"):
         os.environ["ACCELERATE_USE_CPU"] = "true"  # torchrun children do not get it from the config
     port = [] if config.get("main_process_port") else ["--main_process_port", str(_free_port())]
-    argv = ["--config_file", str(path), *port, "-m", "hf_posenc.cli", *command]
+    argv = ["--config_file", str(path), *port, "-m", *command]
     try:
         launch_command(launch_command_parser().parse_args(argv))
     except Exception as err:  # the children printed their own tracebacks

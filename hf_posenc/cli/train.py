@@ -1,5 +1,6 @@
 """`hf-posenc train`: run a recipe in this process, or launch it through `accelerate launch` with a
-shipped or given accelerate config (each process then runs `python -m hf_posenc.cli train`)."""
+shipped or given accelerate config (each process then runs `python -m hf_posenc.train --config RECIPE`, the form
+`accelerate launch` takes by hand)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ EPILOG = """examples:
   hf-posenc train recipes/minilm-l6/rope/config_smoke.yaml --accelerate-config cpu_2proc
   hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume
   hf-posenc train recipes/smollm2-135m/yarn/config_4x.yaml --resume auto   # continue if a checkpoint exists
-  accelerate launch --config_file CFG -m hf_posenc.cli train RECIPE.yaml --learning_rate 5e-4
+  accelerate launch --config_file CFG -m hf_posenc.train --config RECIPE.yaml --learning_rate 5e-4
 
 any recipe field is overridden by --field VALUE (lists as --lora_target_modules q_proj v_proj, mappings as YAML:
 --scheme_options '{factor: 8}'); the fields are transformers.TrainingArguments' and these:
@@ -30,11 +31,12 @@ any recipe field is overridden by --field VALUE (lists as --lora_target_modules 
 
 
 def make_parser(parser: argparse.ArgumentParser) -> None:
-    from ..train.recipe import OURS
+    from ..train.recipe import OURS, UNSUPPORTED
 
     parser.description = "Swap a model's positional scheme and recover it with accelerate + peft, as a recipe says."
-    fields = (f"  {cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls))}" for cls in OURS.values())
-    parser.epilog = EPILOG + "\n".join(fields)
+    fields = [f"  {cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls) if f.name not in UNSUPPORTED)}"
+              for cls in OURS.values()]
+    parser.epilog = EPILOG + "\n".join([*fields, f"  (TRL's {', '.join(UNSUPPORTED)}: refused unless at their defaults)"])
     parser.add_argument("recipe", help="recipe YAML (see recipes/)")
     parser.add_argument("--accelerate-config", dest="accelerate_config", default=None,
                         help="launch through `accelerate launch` with this config (name or path)")
@@ -64,7 +66,7 @@ def check(args: argparse.Namespace) -> None:
     if args.accelerate_config is not None:
         args.config_path = accelerate_config(args.accelerate_config)
         args.launch = launch_settings(args.config_path)
-    # under a launcher of the user's own (`accelerate launch -m hf_posenc.cli train`) torchrun says how many
+    # under a launcher of the user's own (`accelerate launch -m hf_posenc.train --config`) torchrun says how many
     world = args.launch.get("num_processes", 1) if args.config_path else int(os.environ.get("WORLD_SIZE", "1"))
     with waiting("train: checking the output folder, the model's config and the data"):
         from ..train import preflight  # torch: after every torch-free check
@@ -89,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     flags = ["--checked", *(["--resume"] if checked.resume else []), *(["--overwrite"] if checked.overwrite else [])]
     try:
-        return launch(args.config_path, args.launch, ["train", args.recipe, *args.overrides, *flags], "training")
+        return launch(args.config_path, args.launch,
+                      ["hf_posenc.train", "--config", args.recipe, *args.overrides, *flags], "training")
     except SystemExit as stop:  # accelerate's launchers exit 128 + the signal, once their processes have stopped
         if not isinstance(stop.code, int) or stop.code <= 128:
             raise
@@ -135,8 +138,8 @@ def saved(args: argparse.Namespace) -> str:
     config = ["--accelerate-config", args.accelerate_config] if args.accelerate_config else []
     # under a launcher of the user's own (torchrun, `accelerate launch`) the command is theirs, with these arguments
     own = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    command = f"{'<your launcher> -m hf_posenc.cli' if own else 'hf-posenc'} train " \
-              f"{shlex.join([args.recipe, *args.overrides, *config])}"
+    command = f"<your launcher> -m hf_posenc.train --config {shlex.join([args.recipe, *args.overrides])}" if own \
+        else f"hf-posenc train {shlex.join([args.recipe, *args.overrides, *config])}"
     if found:
         return f"{left}; continue with: {command} --resume"
     return f"{left}; start the run again with: {command}" + " --overwrite" * args.overwrite

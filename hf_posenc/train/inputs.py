@@ -1,19 +1,28 @@
-"""Data side of a recipe: load the source, check its columns, tokenize (the order and sharding are Trainer's)."""
+"""Data side of a recipe: load the source, check its columns, tokenize. A causal LM's packing, labels, completion-only
+masking and padding are TRL's `SFTTrainer`'s, the other tasks' padding transformers' collators'; the order and sharding
+are Trainer's."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import datasets
+import pyarrow as pa
 import torch
+from datasets.table import InMemoryTable
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from ..errors import PosEncError
-from .pose import PoseRows
+from .pose import PoseCollator
 from .recipe import TASK_COLUMNS, Recipe
 
 BUILTIN = ("kjv", "sentiment")  # dataset_name names of the offline built-ins (no paths)
+ROW_BLOCKS = 1024  # blocks of a causal LM's row handed to TRL, which makes each row's labels in Python
+IGNORE_INDEX = -100  # label positions the loss skips (transformers' and torch's cross-entropy default)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -57,24 +66,12 @@ def load_raw(recipe: Recipe) -> datasets.DatasetDict:
 
 @dataclasses.dataclass
 class Prepared:
-    train: torch.utils.data.Dataset
-    eval: torch.utils.data.Dataset
+    train: datasets.Dataset  # token rows: a causal LM's for TRL's SFTTrainer to pack, or the task's rows
+    eval: datasets.Dataset
     eval_ids: torch.Tensor | None  # 1-D held-out token stream, for perplexity_by_length
     eval_raw: datasets.Dataset | None  # held-out rows as text, for the suite's classification metrics
-    collate: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]]
-
-
-class Rows(torch.utils.data.Dataset):
-    """A list of per-example tensor dicts."""
-
-    def __init__(self, rows: list[dict[str, torch.Tensor]]) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.rows[i]
+    collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None  # None: SFTTrainer's own collator
+    eval_collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None = None  # None: `collate`
 
 
 def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
@@ -86,14 +83,19 @@ def _token_stream(texts: list[str], tokenizer: Any) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _blocks(ids: torch.Tensor, seq_len: int, cap: int | None) -> Rows:
+def _stream(ids: torch.Tensor, seq_len: int, cap: int | None) -> datasets.Dataset:
+    """The token stream cut to whole `seq_len` blocks (at most `cap`), as rows of up to `ROW_BLOCKS` blocks, straight
+    from its array (a corpus is no list of Python ints): TRL's "wrapped" packing cuts them into exactly those blocks
+    (its "bfd" would fit documents into rows instead)."""
     n = ids.numel() // seq_len
     n = min(n, cap) if cap else n
-    return Rows([{"input_ids": b, "labels": b} for b in ids[: n * seq_len].view(n, seq_len)])
+    ends = [*range(0, n * seq_len, ROW_BLOCKS * seq_len), n * seq_len]
+    column = pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(ids[: n * seq_len].numpy()))
+    return datasets.Dataset(InMemoryTable(pa.table({"input_ids": column})))
 
 
 def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Causal LM: the text as one token stream cut into packed `seq_len` blocks (PoSE windows if asked)."""
+    """Causal LM: the text as one token stream, which TRL packs into `seq_len` blocks (PoSE windows if asked)."""
     d = recipe.data
     train_ids = _token_stream(list(raw[d.dataset_train_split][d.text_column]), tokenizer)
     if d.dataset_test_split is not None and d.dataset_test_split in raw:
@@ -101,20 +103,32 @@ def prepare_lm(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Pre
     else:  # hold out the tail: for one long document (kjv) the split stays contiguous
         cut = int(train_ids.numel() * (1 - d.eval_fraction))
         train_ids, eval_ids = train_ids[:cut], train_ids[cut:]
-    train = _blocks(train_ids, d.seq_len, d.max_train_samples)
-    evals = _blocks(eval_ids, d.seq_len, d.max_eval_samples)
-    if len(train) == 0 or len(evals) == 0:
+    if min(train_ids.numel(), eval_ids.numel()) < d.seq_len:
         raise PosEncError(
             f"{recipe.source}: seq_len: {d.seq_len} tokens is longer than the data "
             f"({train_ids.numel()} train / {eval_ids.numel()} eval tokens)"
         )
-    if recipe.posenc.pose is None:
-        return Prepared(train, evals, eval_ids, None, collate=_stack)
-    # the held-out blocks keep plain positions: the model is scored as it is used
-    pose = recipe.posenc.pose
-    rows = PoseRows(train, pose["target_length"], pose["chunks"], recipe.training.seed, tokenizer.eos_token_id,
-                    getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
-    return Prepared(rows, evals, eval_ids, None, collate=PoseRows.collate)
+    train, evals = _stream(train_ids, d.seq_len, d.max_train_samples), _stream(eval_ids, d.seq_len, d.max_eval_samples)
+    if (pose := recipe.posenc.pose) is None:
+        return Prepared(train, evals, eval_ids, None, collate=None)
+    # the held-out blocks keep plain positions (the collator sees training batches only): the model is scored as used
+    collate = PoseCollator(pose.target_length, pose.chunks, recipe.training.seed, tokenizer.eos_token_id,
+                           getattr(torch, recipe.model.dtype))  # the dtype the model is loaded in
+    return Prepared(train, evals, eval_ids, None, collate=collate,
+                    eval_collate=DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id))
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No `datasets` progress bars (TRL's preparation maps the rows a few times, a bar each): the run's own bars
+    say what it does, and output piped to a file stays quiet."""
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
 
 
 def row_splits(recipe: Recipe, raw: datasets.DatasetDict) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -135,78 +149,56 @@ def _capped(ds: datasets.Dataset, cap: int | None) -> datasets.Dataset:
     return ds.select(range(min(cap, len(ds)))) if cap else ds
 
 
+def _encoded(ds: datasets.Dataset, tokenizer: Any, seq_len: int, text: str, labels: Callable[[datasets.Dataset], list]
+             ) -> datasets.Dataset:
+    """Rows of a text column tokenized and cut at `seq_len`, with their labels (padding is the collator's)."""
+    enc = tokenizer(list(ds[text]), truncation=True, max_length=seq_len)
+    return datasets.Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                                       "labels": labels(ds)})
+
+
 def prepare_classification(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Classification: one truncated row per text, its class id the label."""
+    """Classification: one truncated row per text, its class id the label; transformers' `DataCollatorWithPadding`
+    pads the batches."""
     d = recipe.data
     train_raw, eval_raw = row_splits(recipe, raw)
 
-    def rows(ds: datasets.Dataset) -> Rows:
-        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
-        return Rows([
-            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(label)}
-            for ids, mask, label in zip(enc["input_ids"], enc["attention_mask"], list(ds[d.label_column]))
-        ])
+    def rows(ds: datasets.Dataset) -> datasets.Dataset:
+        return _encoded(ds, tokenizer, d.seq_len, d.text_column, lambda ds: list(ds[d.label_column]))
 
-    pad = tokenizer.pad_token_id
     return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
-                    collate=lambda batch: _pad(batch, pad))
+                    collate=DataCollatorWithPadding(tokenizer))
 
 
 def prepare_seq2seq(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Seq2seq: the input column tokenized for the encoder, the target column as labels for the decoder
-    (the model shifts them into its decoder inputs itself; padded label positions are -100, which its
-    loss ignores)."""
+    """Seq2seq: the input column tokenized for the encoder, the target column as labels for the decoder (the model
+    shifts them into its decoder inputs itself); transformers' `DataCollatorForSeq2Seq` pads the labels with
+    IGNORE_INDEX, which the loss skips."""
     d = recipe.data
     train_raw, eval_raw = row_splits(recipe, raw)
 
-    def rows(ds: datasets.Dataset) -> Rows:
-        enc = tokenizer(list(ds[d.text_column]), truncation=True, max_length=d.seq_len)
-        labels = tokenizer(text_target=list(ds[d.target_column]), truncation=True, max_length=d.seq_len)["input_ids"]
-        return Rows([
-            {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(target)}
-            for ids, mask, target in zip(enc["input_ids"], enc["attention_mask"], labels)
-        ])
+    def rows(ds: datasets.Dataset) -> datasets.Dataset:
+        return _encoded(ds, tokenizer, d.seq_len, d.text_column, lambda ds: tokenizer(
+            text_target=list(ds[d.target_column]), truncation=True, max_length=d.seq_len)["input_ids"])
 
-    pad = tokenizer.pad_token_id
     return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
-                    collate=lambda batch: _pad(batch, pad))
+                    collate=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX))
 
 
 def prepare_completion(recipe: Recipe, raw: datasets.DatasetDict, tokenizer: Any) -> Prepared:
-    """Prompt -> completion rows for a causal LM: the two tokenized apart and joined (TRL's way: a tokenizer that
-    merges across the boundary cannot move it), the labels the completion's ids only, the whole row cut at
-    `seq_len`."""
+    """Prompt -> completion rows for a causal LM, tokenized apart and joined (a tokenizer that merges across the
+    boundary cannot move it) with the completion's mask; TRL makes the labels of the completion only
+    (`completion_only_loss`), cuts each row at `seq_len` and pads the batches."""
     d = recipe.data
     train_raw, eval_raw = row_splits(recipe, raw)
 
-    def row(prompt: list[int], answer: list[int]) -> dict[str, torch.Tensor]:
-        ids = torch.tensor(prompt + answer)[: d.seq_len]
-        labels = torch.tensor([IGNORE_INDEX] * len(prompt) + answer)[: d.seq_len]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-
-    def rows(ds: datasets.Dataset) -> Rows:
+    def rows(ds: datasets.Dataset) -> datasets.Dataset:
         prompts = tokenizer(list(ds[d.text_column]))["input_ids"]
         answers = tokenizer(list(ds[d.target_column]), add_special_tokens=False)["input_ids"]
-        return Rows([row(p, a) for p, a in zip(prompts, answers)])
+        return datasets.Dataset.from_dict({"input_ids": [p + a for p, a in zip(prompts, answers)],
+                                           "completion_mask": [[0] * len(p) + [1] * len(a)
+                                                               for p, a in zip(prompts, answers)]})
 
-    pad = tokenizer.pad_token_id
-    return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw,
-                    collate=lambda batch: _pad(batch, pad))
-
-
-def _stack(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
+    return Prepared(rows(_capped(train_raw, d.max_train_samples)), rows(eval_raw), None, eval_raw, collate=None)
 
 
-IGNORE_INDEX = -100  # label positions the loss skips (transformers' and torch's cross-entropy default)
-
-
-def _pad(batch: list[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad inputs and mask; labels are class ids (stacked) or token rows (padded with IGNORE_INDEX)."""
-
-    def padded(key: str, value: int) -> torch.Tensor:
-        width = max(b[key].numel() for b in batch)
-        return torch.stack([torch.nn.functional.pad(b[key], (0, width - b[key].numel()), value=value) for b in batch])
-
-    labels = padded("labels", IGNORE_INDEX) if batch[0]["labels"].ndim else torch.stack([b["labels"] for b in batch])
-    return {"input_ids": padded("input_ids", pad_id), "attention_mask": padded("attention_mask", 0), "labels": labels}

@@ -87,8 +87,8 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     trains a copy of each and saves it with the adapter, so a checkpoint and `--resume` hold them, the originals
     stay frozen (the distillation teacher shares them), and tied embeddings stay tied (`ensure_weight_tying`).
     """
-    p = recipe.posenc
-    if not p.use_peft:
+    p, m = recipe.posenc, recipe.model
+    if not m.use_peft:
         model.requires_grad_(True)
         return model
     import peft
@@ -96,11 +96,12 @@ def select_trainable(model: torch.nn.Module, recipe: Recipe, posenc_names: set[s
     full = _group_names(model, p.trainable, posenc_names)
     patterns = [re.compile(rx) for rx in p.extra_trainable]
     full |= {n for n, _ in model.named_parameters() if any(rx.search(n) for rx in patterns)}
-    owners = sorted({n.rpartition(".")[0] for n in full})
-    owners = [m for m in owners if not any(m.startswith(f"{o}.") for o in owners)]  # a listed parent covers it
-    config = peft.LoraConfig(
-        r=p.lora_r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout, target_modules=p.lora_target_modules,
-        exclude_modules=[*(HEAD_MODULES if recipe.model.task == "classification" else ()), *owners] or None,
+    owners = sorted({n.rpartition(".")[0] for n in full} | set(m.lora_modules_to_save or ()))
+    owners = [o for o in owners if not any(o.startswith(f"{a}.") for a in owners)]  # a listed parent covers it
+    config = peft.LoraConfig(  # TRL's `get_peft_config` fields, the groups trained in full added
+        r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
+        target_parameters=m.lora_target_parameters, use_rslora=m.use_rslora, use_dora=m.use_dora,
+        exclude_modules=[*(HEAD_MODULES if m.task == "classification" else ()), *owners] or None,
         modules_to_save=owners or None, ensure_weight_tying="embeddings" in p.trainable and _tied(model),
     )
     try:

@@ -133,23 +133,22 @@ class Objective:
     mean over its tokens however they fall into micro-batches. None: each term is this micro-batch's mean."""
 
     def __init__(self, recipe: Recipe, teacher: Teacher | None) -> None:
-        t = recipe.posenc
-        self.lm, self.distil = OBJECTIVES[t.objective]
-        self.teacher, self.options = teacher, t.distill
+        self.lm, self.distil = OBJECTIVES[recipe.posenc.objective]
+        self.teacher, self.options = teacher, recipe.posenc.distill
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], num_items: Any = None) -> torch.Tensor:
         extra = {"num_items_in_batch": num_items} if num_items is not None else {}
         if not self.distil:
             return model(**batch, **extra).loss
         o = self.options
-        hidden = o["hidden_weight"] > 0
+        hidden = o.hidden_weight > 0
         inputs = {**batch, **extra} if self.lm else {k: v for k, v in batch.items() if k != "labels"}
         out = model(**inputs, output_hidden_states=hidden)
         target = self.teacher(batch, hidden)
         weights = token_weights(batch)
-        loss = o["weight"] * kl_to_teacher(out.logits, target.logits, weights, o["temperature"], num_items)
+        loss = o.weight * kl_to_teacher(out.logits, target.logits, weights, o.temperature, num_items)
         if hidden:
-            loss = loss + o["hidden_weight"] * hidden_mse(out.hidden_states, target.hidden_states, weights, num_items)
+            loss = loss + o.hidden_weight * hidden_mse(out.hidden_states, target.hidden_states, weights, num_items)
         return loss + out.loss if self.lm else loss
 
 

@@ -4,11 +4,14 @@ Zhu et al. 2024, "PoSE: Efficient Context Window Extension of LLMs via Positiona
 Sec. 3.2: a window of L_c tokens is split into N chunks of random lengths l_0..l_{N-1}; chunk i keeps
 its tokens contiguous and its positions are shifted by a skip bias u_i, drawn with
 u_0 = 0 <= u_1 <= ... <= u_{N-1} <= L_t - L_c, so every position id is below the target length L_t
-and the relative distances of a long context are all seen. Ids are drawn per example, from a generator
-seeded by (seed, example index): the same run gives the same ids on 1 process or N and after a resume.
+and the relative distances of a long context are all seen. Ids are drawn per row, from a generator
+seeded by (seed, the row's tokens): the same run gives the same ids on 1 process or N and after a resume.
 """
 
 from __future__ import annotations
+
+import zlib
+from typing import Any
 
 import torch
 
@@ -55,40 +58,40 @@ def block_causal_mask(spans: list[tuple[int, int]], length: int, dtype: torch.dt
     return mask[None]
 
 
-class PoseRows(torch.utils.data.Dataset):
-    """Packed LM blocks with PoSE `position_ids`; each document of a row gets its own ids from 0.
+class PoseCollator:
+    """Training batches of packed LM blocks (TRL's rows) with PoSE `position_ids`; each document of a row gets its
+    own ids from 0, drawn from a generator seeded by (seed, the row's tokens), so a row gets the same ids on 1
+    process or N and after a resume.
 
     A row of one document gets a 2-D all-ones `attention_mask` (transformers reads position ids that
     do not step by +1 without a mask as packed sequences, which would cut attention at every skip); a
     row of several gets a block-causal 4-D float mask, so packed documents stay apart as their
-    restarting ids say. Rows of a batch must then agree: `collate` pads every mask to 4-D when any is.
+    restarting ids say. Rows of a batch must then agree: every mask is 4-D when any is.
     Float masks are in `dtype`, the model's.
     """
 
-    def __init__(self, rows: torch.utils.data.Dataset, target_length: int, chunks: int, seed: int, eos_id: int | None,
+    def __init__(self, target_length: int, chunks: int, seed: int, eos_id: int | None,
                  dtype: torch.dtype = torch.float32) -> None:
-        self.rows, self.target_length, self.chunks, self.seed, self.eos_id = rows, target_length, chunks, seed, eos_id
+        self.target_length, self.chunks, self.seed, self.eos_id = target_length, chunks, seed, eos_id
         self.dtype = dtype
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        row = self.rows[i]
-        ids = row["input_ids"]
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+    def row(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One block's position ids and mask."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(ids.numpy().tobytes()))
         spans = document_spans(ids, self.eos_id)
         position_ids = torch.cat([pose_position_ids(b - a, self.target_length, self.chunks, g) for a, b in spans])
         mask = (torch.ones(ids.numel(), dtype=torch.long) if len(spans) == 1
                 else block_causal_mask(spans, ids.numel(), self.dtype))
-        return {**row, "position_ids": position_ids, "attention_mask": mask}
+        return {"position_ids": position_ids, "attention_mask": mask}
 
-    @staticmethod
-    def collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Stack rows; 2-D masks become 4-D causal ones when another row of the batch has documents."""
-        if len({b["attention_mask"].ndim for b in batch if "attention_mask" in b}) > 1:
-            dtype = next(b["attention_mask"].dtype for b in batch if b["attention_mask"].ndim == 3)
-            batch = [{**b, "attention_mask": block_causal_mask([(0, b["input_ids"].numel())], b["input_ids"].numel(),
-                                                               dtype)}
-                     if b["attention_mask"].ndim == 1 else b for b in batch]
-        return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        rows = []
+        for example in examples:
+            ids = torch.as_tensor(example["input_ids"], dtype=torch.long)
+            labels = torch.as_tensor(example.get("labels", example["input_ids"]), dtype=torch.long)
+            rows.append({"input_ids": ids, "labels": labels, **self.row(ids)})
+        if len({r["attention_mask"].ndim for r in rows}) > 1:  # a 2-D mask joins as a 4-D causal one
+            rows = [{**r, "attention_mask": block_causal_mask([(0, r["input_ids"].numel())], r["input_ids"].numel(),
+                                                              self.dtype)} if r["attention_mask"].ndim == 1 else r
+                    for r in rows]
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}

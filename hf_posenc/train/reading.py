@@ -1,7 +1,7 @@
 """Reading a recipe: a flat YAML file and `--field value` overrides into a validated `Recipe`.
 
-One `transformers.HfArgumentParser` over the recipe's four argument classes, the YAML's values as its defaults
-(TRL's `TrlParser` way), so the command line overrides the file; then every value is type-checked
+TRL's `TrlParser` over the recipe's four argument classes, the YAML's values as its defaults (as its `--config`
+does), so the command line overrides the file; then every value is type-checked
 (`hf_posenc.domains.matches`), TrainingArguments checks its own, and the recipe is validated (`recipe.validate`).
 A recipe of the sectioned format before this one is refused, naming the new field of each old one.
 """
@@ -22,7 +22,7 @@ import yaml
 from ..domains import matches
 from ..errors import PosEncError, did_you_mean
 from .library import training_fields
-from .recipe import OURS, TRAINING_DEFAULTS, Recipe, new_name, validate
+from .recipe import OURS, TRAINING_DEFAULTS, Recipe, field_defaults, new_name, validate
 from .shipped import recipe_path
 
 
@@ -30,12 +30,12 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(dict.fromkeys(_type_name(a) for a in typing.get_args(tp)))
     if tp is type(None):
         return "null"
     if typing.get_origin(tp) is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if typing.get_origin(tp) is dict:
+    if typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):  # `pose`, `distill`: a mapping in the file
         return "mapping"
     return getattr(tp, "__name__", str(tp))
 
@@ -105,10 +105,10 @@ def _override_names(overrides: list[str], source: str) -> list[str]:
 
 @functools.cache
 def _parser_class() -> type:
-    from transformers import HfArgumentParser
+    from trl import TrlParser
 
-    class RecipeParser(HfArgumentParser):
-        """HfArgumentParser whose errors are PosEncErrors naming the file."""
+    class RecipeParser(TrlParser):
+        """TRL's parser, whose errors are PosEncErrors naming the file."""
 
         where = ""
 
@@ -122,12 +122,9 @@ def _parse(values: dict[str, Any], overrides: list[str], source: str) -> dict[st
     """Every field's value: the class default, under TRAINING_DEFAULTS, under the YAML, under the command line."""
     parser = _parser_class()(list(_classes().values()), prog=source, add_help=False, allow_abbrev=False)
     parser.where = source
-    ours = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            for cls in OURS.values() for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
-            or f.default_factory is not dataclasses.MISSING}  # HfArgumentParser loses some (`str | list[str]`)
-    parser.set_defaults(**{**ours, **TRAINING_DEFAULTS, **values})
-    for action in parser._actions:
-        action.required = action.required and action.dest not in values
+    # the YAML's values as the parser's defaults (TRL's `--config`); the field defaults given again, as the parser
+    # loses some (`str | list[str]`)
+    parser.set_defaults_with_config(**{**field_defaults(), **TRAINING_DEFAULTS, **values})
     try:
         return vars(parser.parse_args(overrides))
     except PosEncError:

@@ -1,8 +1,9 @@
 """Recipe schema, as TRL's and the alignment-handbook's: one flat YAML whose fields belong to four dataclasses,
-`ModelArguments`, `DataArguments`, `PosEncArguments` (what is positional: the swap, what trains, distillation, PoSE,
-the recovery evaluation) and transformers' own `TrainingArguments`, each field named as its class names it
-(`learning_rate`, `max_steps`, `per_device_train_batch_size`, `report_to`, ...). Reading a file and its `--field value`
-overrides into a `Recipe` is `train.reading`; `validate` holds the checks across fields.
+TRL's own `ModelConfig` and `ScriptArguments` (extended as `ModelArguments` and `DataArguments`), `PosEncArguments`
+(what is positional: the swap, what trains, distillation, PoSE, the recovery evaluation) and transformers'
+`TrainingArguments`, each field named as its class names it (`lora_r`, `dataset_name`, `learning_rate`, `max_steps`,
+`report_to`, ...). Reading a file and its `--field value` overrides into a `Recipe` is `train.reading` (TRL's
+`TrlParser`); `validate` holds the checks across fields.
 
 Every mistake -- unknown field, wrong type, value outside the allowed set -- is a `PosEncError` naming the file,
 the field and what is allowed, raised before any model or data is loaded.
@@ -14,13 +15,16 @@ import contextlib
 import dataclasses
 import json
 import math
-from typing import Any, Callable, Literal
+from typing import Any, Literal, TypeVar, get_type_hints
 
 import yaml
+from trl.scripts.utils import ScriptArguments
+from trl.trainer.model_config import ModelConfig
 
-from ..domains import matches
-from ..errors import PosEncError
+from ..domains import finite, matches
+from ..errors import PosEncError, did_you_mean
 
+T = TypeVar("T")
 TRAINABLE_GROUPS = ("posenc", "embeddings", "norms", "head")
 # task -> the data fields naming the columns its rows need (what each task does: `train.tasks`)
 TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
@@ -28,12 +32,6 @@ TASK_COLUMNS: dict[str, tuple[str, ...]] = {"causal_lm": ("text_column",),
                                             "seq2seq": ("text_column", "target_column"),
                                             "prompt_completion": ("text_column", "target_column")}
 
-# The keys of the recipe's small mappings, with their type, default and domain (checked by `_check_mapping`).
-POSE_KEYS: dict[str, tuple[type, Any, str]] = {
-    "target_length": (int, None, "> seq_len"), "chunks": (int, 2, ">= 1 and <= seq_len")}
-DISTILL_KEYS: dict[str, tuple[type, Any, str]] = {
-    "temperature": (float, 1.0, "> 0"), "weight": (float, 1.0, ">= 0"), "hidden_weight": (float, 0.0, ">= 0")}
-BOUNDS: dict[str, Callable[[float], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
 # transformers.TrainingArguments defaults a recipe changes (it may set them itself): loss rows every step, no
 # reporting unless asked, the rows as the tasks make them, and DDP without the search for unused parameters
 TRAINING_DEFAULTS = {"logging_steps": 1, "report_to": "none", "remove_unused_columns": False, "label_names": ["labels"],
@@ -56,23 +54,31 @@ def field(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
 
 
 @dataclasses.dataclass
-class ModelArguments:
+class ModelArguments(ModelConfig):
+    """TRL's `ModelConfig` (the model and its LoRA, fields as TRL's scripts name them), hf-posenc's defaults where
+    TRL's differ (LoRA on every linear layer, no dropout, sdpa), and the head a recipe trains."""
+
     model_name_or_path: str = field(help="HF folder or Hub id, or an offline alias: 'smollm2' (SmolLM2-135M-Instruct), 'minilm-l6'")
+    dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
+    attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="attention kernel")
+    use_peft: bool = field(True, help="LoRA adapters; false: full fine-tuning")
+    lora_alpha: float = field(32.0, help="LoRA scale numerator (scale = alpha / r)")
+    lora_dropout: float = field(0.0, help="LoRA dropout")
+    lora_target_modules: str | list[str] = field("all-linear", help="'all-linear' (attention + MLP projections) or module names")
     task: Literal["causal_lm", "classification", "seq2seq", "prompt_completion"] = field(
         "causal_lm", help="head to train: next-token LM, sequence classifier, an encoder-decoder "
         "(AutoModelForSeq2SeqLM) trained on input -> output pairs, labels through the decoder, or a causal LM "
         "trained on prompt -> completion rows, the loss on the completion only (TRL's prompt-completion format)")
     num_labels: int = field(2, help="classes, for task=classification")
     tokenizer_name_or_path: str | None = field(None, help="tokenizer path; defaults to the model's")
-    dtype: Literal["float32", "bfloat16", "float16"] = field("float32", help="weights dtype at load")
-    attn_implementation: Literal["sdpa", "eager"] = field("sdpa", help="attention kernel")
 
 
 @dataclasses.dataclass
-class DataArguments:
+class DataArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (the dataset and its splits), a recipe's held-out split by default, and what a
+    recipe's task reads of the rows."""
+
     dataset_name: str = field(help="'kjv' or 'sentiment' (offline built-ins), a datasets name, a local data file or a saved dataset folder")
-    dataset_config: str | None = field(None, help="datasets config name")
-    dataset_train_split: str = field("train", help="split to train on")
     dataset_test_split: str | None = field("validation", help="split to evaluate on; if absent, eval_fraction of train is held out")
     eval_fraction: float = field(0.02, help="held-out share when there is no test split")
     text_column: str = field("text", help="column with the text")
@@ -85,6 +91,34 @@ class DataArguments:
     max_eval_samples: int | None = field(64, help="cap on eval rows (blocks for LM)")
 
 
+# TRL's fields a recipe may not change from their defaults, with why: what the run cannot honour is refused
+UNSUPPORTED = {
+    "model_revision": "a revision is pinned by the folder or Hub id in model_name_or_path",
+    "lora_task_type": "the adapter's task follows the recipe's `task`",
+    "load_in_8bit": "quantized base models are not trained here (the swap patches full-precision attention)",
+    "load_in_4bit": "quantized base models are not trained here (the swap patches full-precision attention)",
+    "bnb_4bit_quant_type": "quantized base models are not trained here", "use_bnb_nested_quant":
+    "quantized base models are not trained here", "bnb_4bit_quant_storage": "quantized base models are not trained here",
+    "dataset_streaming": "the held-out data and the packing read whole splits", "ignore_bias_buffers":
+    "DDP here syncs no buffers the swap changes",
+}
+
+
+@dataclasses.dataclass
+class PoseArguments:
+    """PoSE (Zhu et al. 2024): the recipe's `pose` mapping, typed; `validate` checks it against seq_len."""
+    target_length: int = field(help="the length the window's position ids spread over, > seq_len")
+    chunks: int = field(2, help="contiguous chunks of position ids, with random skips between them, 1..seq_len")
+
+
+@dataclasses.dataclass
+class DistillArguments:
+    """Distillation from the model before the swap: the recipe's `distill` mapping, typed (defaults if not given)."""
+    temperature: float = field(1.0, help="T of the softened distributions, > 0")
+    weight: float = field(1.0, help="w of the KL term, >= 0")
+    hidden_weight: float = field(0.0, help="h of the per-layer hidden-state MSE, >= 0 (0: none)")
+
+
 @dataclasses.dataclass
 class PosEncArguments:
     scheme: str | None = field(None, help="scheme to swap in (hf_posenc.list_schemes()); null keeps the model's own")
@@ -94,11 +128,6 @@ class PosEncArguments:
     scheme_layers: list[int] | str | None = field(
         None, help="the attention layers that take the scheme (the others keep the model's own positions), e.g. "
         "[3, 7, 11]; null: every layer; on the command line as YAML: --scheme_layers '[3, 7, 11]'")
-    use_peft: bool = field(True, help="LoRA adapters (TRL's name); false: full fine-tuning")
-    lora_r: int = field(16, help="LoRA rank")
-    lora_alpha: float = field(32.0, help="LoRA scale numerator (scale = alpha / r)")
-    lora_dropout: float = field(0.0, help="LoRA dropout")
-    lora_target_modules: str | list[str] = field("all-linear", help="'all-linear' (attention + MLP projections) or module names")
     trainable: list[str] = field(
         ["posenc", "embeddings", "norms", "head"],
         help="parameter groups trained in full next to LoRA (peft's modules_to_save); LongLoRA (Chen et al. 2023) "
@@ -107,10 +136,10 @@ class PosEncArguments:
     objective: Literal["lm", "distill", "lm+distill"] = field(
         "lm", help="LM only: next-token loss, distillation from the model before the swap (forward KL on every "
         "position, Hinton et al. 2015), or both summed")
-    distill: dict[str, Any] | str | None = field(
+    distill: dict[str, Any] | str | DistillArguments | None = field(
         {}, help="for objective distill / lm+distill: {temperature: T (1.0), weight: w (1.0), hidden_weight: h (0.0)}; "
         "loss = [lm +] w * T^2 * KL(teacher_T || student_T) + h * mean per-layer hidden-state MSE")
-    pose: dict[str, Any] | str | None = field(
+    pose: dict[str, Any] | str | PoseArguments | None = field(
         None, help="PoSE (Zhu et al. 2024), LM only: {target_length: N, chunks: K} trains seq_len windows on position "
         "ids split into K chunks with random skips spread over 0..N-1; null: plain positions")
     global_batch_size: int | None = field(
@@ -138,13 +167,17 @@ class PosEncArguments:
             self.scheme = None
         self.scheme_options = _yaml(self.scheme_options)
         self.scheme_options = {} if self.scheme_options is None else self.scheme_options
-        self.scheme_layers, self.pose = _yaml(self.scheme_layers), _yaml(self.pose)
-        self.distill = _yaml(self.distill) or {}
-        if self.lora_target_modules == ["all-linear"]:  # the command line gives a list of one
-            self.lora_target_modules = "all-linear"
+        self.scheme_layers, self.pose, self.distill = _yaml(self.scheme_layers), _yaml(self.pose), _yaml(self.distill)
 
 
 OURS: dict[str, type] = {"model": ModelArguments, "data": DataArguments, "posenc": PosEncArguments}
+
+
+def field_defaults() -> dict[str, Any]:
+    """Every field of ours that has a default -> that default."""
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for cls in OURS.values() for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 # each field of the sectioned recipes before this format (model:/data:/training:/...) -> its name now
 OLD_FIELDS = {
     "model.name_or_path": "model_name_or_path", "model.tokenizer": "tokenizer_name_or_path",
@@ -207,7 +240,7 @@ def validate(recipe: Recipe) -> Recipe:
     _check(t.max_steps >= 1 or t.num_train_epochs > 0, s, "num_train_epochs",
            f"must be > 0 when max_steps is -1, got {t.num_train_epochs}")
     for where, value in [("per_device_train_batch_size", t.per_device_train_batch_size),
-                         ("seq_len", d.seq_len), ("num_labels", m.num_labels), ("lora_r", p.lora_r),
+                         ("seq_len", d.seq_len), ("num_labels", m.num_labels), ("lora_r", m.lora_r),
                          ("per_device_eval_batch_size", t.per_device_eval_batch_size)]:
         _check(value >= 1, s, where, f"must be >= 1, got {value}")
     for where, value in [("threads", p.threads), ("eval_every_steps", p.eval_every_steps), ("seed", t.seed),
@@ -221,8 +254,12 @@ def validate(recipe: Recipe) -> Recipe:
         # inf and nan pass every comparison below or none: a float is a finite number
         _check(not isinstance(value, float) or math.isfinite(value), s, name, f"must be a finite number, got {value}")
     _check(t.learning_rate > 0, s, "learning_rate", f"must be > 0, got {t.learning_rate}")
-    _check(p.lora_alpha > 0, s, "lora_alpha", f"must be > 0, got {p.lora_alpha}")
-    _check(0 <= p.lora_dropout < 1, s, "lora_dropout", f"must be in [0, 1), got {p.lora_dropout}")
+    _check(m.lora_alpha > 0, s, "lora_alpha", f"must be > 0, got {m.lora_alpha}")
+    _check(0 <= m.lora_dropout < 1, s, "lora_dropout", f"must be in [0, 1), got {m.lora_dropout}")
+    for part in (m, d):
+        for f in dataclasses.fields(part):
+            _check(f.name not in UNSUPPORTED or getattr(part, f.name) == f.default, s, f.name,
+                   f"{getattr(part, f.name)!r} is not supported: {UNSUPPORTED.get(f.name)}; leave it at {f.default!r}")
     _check(0 < d.eval_fraction < 1, s, "eval_fraction", f"must be in (0, 1), got {d.eval_fraction}")
     if p.global_batch_size is not None:
         _check(p.global_batch_size % t.per_device_train_batch_size == 0, s, "global_batch_size",
@@ -236,11 +273,10 @@ def validate(recipe: Recipe) -> Recipe:
     lm_only = m.task == "causal_lm"
     if p.pose is not None:
         _check(lm_only, s, "pose", "PoSE trains causal LMs only (task: causal_lm)")
-        p.pose = _check_mapping(p.pose, POSE_KEYS, s, "pose")
-        _check(p.pose["target_length"] > d.seq_len, s, "pose.target_length", f"must be > seq_len={d.seq_len} (the "
-               f"window's positions spread over the target), got {p.pose['target_length']}")
-        _check(1 <= p.pose["chunks"] <= d.seq_len, s, "pose.chunks",
-               f"must be in 1..seq_len={d.seq_len}, got {p.pose['chunks']}")
+        p.pose = pose = _typed_mapping(PoseArguments, p.pose, s, "pose")
+        _check(pose.target_length > d.seq_len, s, "pose.target_length", f"must be > seq_len={d.seq_len} (the "
+               f"window's positions spread over the target), got {pose.target_length}")
+        _check(1 <= pose.chunks <= d.seq_len, s, "pose.chunks", f"must be in 1..seq_len={d.seq_len}, got {pose.chunks}")
     for where, value in [("perplexity_lengths", p.perplexity_lengths), ("eval_every_steps", p.eval_every_steps)]:
         _check(lm_only or not value, s, where, f"scores causal LMs' held-out perplexity; task {m.task!r} reports "
                "its own held-out table before and after training (leave it unset)")
@@ -248,9 +284,10 @@ def validate(recipe: Recipe) -> Recipe:
            f"{p.objective!r} distils a causal LM; task {m.task!r} takes 'lm' only")
     _check(p.objective != "lm" or not p.distill, s, "distill",
            "given with objective 'lm'; use objective 'distill' or 'lm+distill'")
-    p.distill = _check_mapping(p.distill, DISTILL_KEYS, s, "distill")
-    for key, (_, _, rule) in DISTILL_KEYS.items():
-        _check(BOUNDS[rule](p.distill[key]), s, f"distill.{key}", f"must be {rule}, got {p.distill[key]}")
+    p.distill = distill = _typed_mapping(DistillArguments, p.distill or {}, s, "distill")
+    _check(distill.temperature > 0, s, "distill.temperature", f"must be > 0, got {distill.temperature}")
+    _check(distill.weight >= 0, s, "distill.weight", f"must be >= 0, got {distill.weight}")
+    _check(distill.hidden_weight >= 0, s, "distill.hidden_weight", f"must be >= 0, got {distill.hidden_weight}")
     return recipe
 
 
@@ -271,19 +308,17 @@ def _check_scheme(recipe: Recipe) -> None:
         raise PosEncError(f"{s}: scheme: {err}") from None
 
 
-def _check_mapping(value: Any, keys: dict[str, tuple[type, Any, str]], source: str, where: str) -> dict[str, Any]:
-    """A small mapping field with its defaults filled in, its keys and types checked (domains: the caller)."""
-    from ..errors import did_you_mean
-
-    allowed = ", ".join(f"{k} ({tp.__name__}, {rule})" for k, (tp, _, rule) in keys.items())
+def _typed_mapping(cls: type[T], value: Any, source: str, where: str) -> T:
+    """A mapping field (`pose`, `distill`) as its dataclass: keys and types checked (the domains: `validate`)."""
+    hints, fields = get_type_hints(cls), dataclasses.fields(cls)
+    allowed = "; ".join(f"{f.name} ({hints[f.name].__name__}, " + ("required" if f.default is dataclasses.MISSING
+                        else f"default {f.default}") + f": {f.metadata['help']})" for f in fields)
     _check(isinstance(value, dict), source, where, f"must be a mapping of {allowed}; got {value!r}")
     for name in value:
-        _check(name in keys, source, where, f"unknown field {name!r}{did_you_mean(name, list(keys))}; allowed: {allowed}")
-    filled = {}
-    for name, (tp, default, rule) in keys.items():
-        item = value.get(name, default)
-        _check(item is not None, source, f"{where}.{name}", f"is required ({tp.__name__}, {rule})")
-        _check(matches(item, tp) and (tp is not float or math.isfinite(item)), source, f"{where}.{name}",
-               f"expected a finite {tp.__name__} ({rule}), got {item!r}")
-        filled[name] = float(item) if tp is float else item
-    return filled
+        _check(name in hints, source, where, f"unknown field {name!r}{did_you_mean(name, hints)}; allowed: {allowed}")
+    for f in fields:
+        item, tp = value.get(f.name, f.default), hints[f.name]
+        _check(item is not dataclasses.MISSING, source, f"{where}.{f.name}", f"is required ({f.metadata['help']})")
+        _check(matches(item, tp) and finite(item), source, f"{where}.{f.name}",
+               f"expected a finite {tp.__name__}, got {item!r}")
+    return cls(**{name: float(item) if hints[name] is float else item for name, item in value.items()})

@@ -12,7 +12,7 @@ import datasets
 from .. import folders
 from ..errors import PosEncError
 from . import inputs, modeling, tasks
-from .recipe import Recipe
+from .recipe import Recipe, field_defaults
 
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"  # Trainer writes it last into a checkpoint: its presence means complete
@@ -111,7 +111,8 @@ def _before_trainer(out: Path) -> bool:
 
 
 def _recipe_changes(out: Path, recipe: Recipe) -> list[str]:
-    return _diff(_saved_recipe(out), recipe.to_dict())
+    """The fields that changed; one the saved recipe lacks (a field added since it ran) counts at its default."""
+    return _diff({**json.loads(json.dumps(field_defaults(), default=str)), **_saved_recipe(out)}, recipe.to_dict())
 
 
 class Checked(NamedTuple):

@@ -20,6 +20,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments, set_seed
 from transformers.trainer_callback import ProgressCallback
+from trl import SFTConfig
 
 from .. import folders, plots, results
 from ..errors import PosEncError
@@ -30,7 +31,7 @@ from ..results import write_json
 from . import inputs, modeling, objectives, scope, tasks
 from .recipe import Recipe
 from .run_folder import CHECKPOINTS, RUN_FILE, STATE_FILE, Checked, checkpoints, preflight
-from .trainer import LabelledProgress, PosEncTrainer, RecoveryCallback, StopOnSignal
+from .trainer import LabelledProgress, PositionalPieces, RecoveryCallback, StopOnSignal
 
 
 def train(recipe: Recipe, resume: bool | str = False, overwrite: bool = False,
@@ -63,7 +64,7 @@ class Session:
     """A run's live parts, made by `_setup`, used by `_finish`."""
 
     recipe: Recipe
-    trainer: PosEncTrainer
+    trainer: PositionalPieces
     callback: RecoveryCallback
     record: results.Results
     tokenizer: Any
@@ -78,21 +79,41 @@ class Session:
 
 def _arguments(recipe: Recipe, out: Path, world: int, cpu: bool, configured: bool = False,
                resumed: bool = False) -> TrainingArguments:
-    """The recipe's TrainingArguments fields as this run takes them: checkpoints in `out/checkpoints`, the
-    accumulation that makes `global_batch_size` on `world` processes, the launch's device, non-reentrant
-    checkpointing unless the recipe says otherwise, evaluation every `eval_every_steps` and on start (`eval_before`)
-    unless the recipe sets Trainer's own fields (a resumed run has its first evaluation). `configured`: the caller
-    made an Accelerator before the run, whose state (its precision, its FSDP plugin) Trainer then uses instead of
-    resetting it."""
+    """The recipe's TrainingArguments fields as this run takes them, in its trainer's arguments class (an `SFTConfig`
+    for a causal LM, `Seq2SeqTrainingArguments` for an encoder-decoder): checkpoints in
+    `out/checkpoints`, the accumulation that makes `global_batch_size` on `world` processes, the launch's device,
+    non-reentrant checkpointing unless the recipe says otherwise, evaluation every `eval_every_steps` and on start
+    (`eval_before`) unless the recipe sets Trainer's own fields (a resumed run has its first evaluation).
+    `configured`: the caller made an Accelerator before the run, whose state (its precision, its FSDP plugin)
+    Trainer then uses instead of resetting it."""
     fields, p = recipe.trainer_fields, recipe.posenc
     checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} \
         if fields.get("gradient_checkpointing") and not fields.get("gradient_checkpointing_kwargs") else {}
     every = {"eval_strategy": "steps", "eval_steps": p.eval_every_steps} if p.eval_every_steps else {}
-    return TrainingArguments(**{
-        "disable_tqdm": not sys.stderr.isatty(), **every, "eval_on_start": p.eval_before, **fields, **checkpointing,
-        **({"eval_on_start": False} if resumed else {}), "output_dir": str(out / CHECKPOINTS),
+    cls = tasks.TRAINING_TASKS[recipe.model.task].trainer.arguments
+    sft = _sft_fields(recipe) if cls is SFTConfig else {}
+    return cls(**{
+        "disable_tqdm": not sys.stderr.isatty(), **every, "eval_on_start": p.eval_before, **sft, **fields,
+        **checkpointing, **({"eval_on_start": False} if resumed else {}), "output_dir": str(out / CHECKPOINTS),
         "gradient_accumulation_steps": recipe.accumulation(world), "use_cpu": cpu,
         **({"accelerator_config": {"use_configured_state": True}} if configured else {})})
+
+
+def _sft_fields(recipe: Recipe) -> dict[str, Any]:
+    """SFTConfig's own fields as a recipe means them, and TrainingArguments' defaults where SFTConfig's differ (its
+    learning rate, logging steps, gradient checkpointing, bf16 on a GPU), so a recipe trains as it says on either:
+    a causal LM's text packed into `seq_len` blocks as one stream (TRL's "wrapped"; "bfd" fits documents into rows
+    instead), prompt -> completion rows cut at `seq_len`, the loss on the completion only."""
+    stock = {f.name: _default(f) for f in dataclasses.fields(TrainingArguments) if f.init}
+    changed = {f.name: stock[f.name] for f in dataclasses.fields(SFTConfig) if f.name in stock and
+               _default(f) != stock[f.name]}
+    lm = recipe.model.task == "causal_lm"
+    return {**changed, "max_length": recipe.data.seq_len, "packing": lm, "packing_strategy": "wrapped",
+            "completion_only_loss": not lm}
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
 
 
 def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked | None, stop: StopOnSignal) -> Session:
@@ -119,21 +140,23 @@ def _setup(recipe: Recipe, resume: bool | str, overwrite: bool, checked: Checked
         model, tokenizer = modeling.load_recipe_model(recipe)
         task = tasks.TRAINING_TASKS[recipe.model.task]
         data = task.prepare(recipe, inputs.load_raw(recipe) if raw is None else raw, tokenizer)
-    if len(data.train) < recipe.global_batch(world):
-        raise PosEncError(f"{recipe.source}: the batch of {recipe.global_batch(world)} sequences a step (global_batch_size"
-                          f", or per_device_train_batch_size x gradient_accumulation_steps x {world} process(es)) is "
-                          f"more than the {len(data.train)} training samples")
     objective, teacher = objectives.build(recipe, model, fsdp)
-    # the model before the swap, sharing its tensors: peft trains copies of what trains in full, so it stays itself
+    # the model before the swap, sharing its tensors: peft trains copies of what trains in full, so it stays itself;
+    # taken, like the teacher, before SFTTrainer puts its fused LM head on the student's forward
     before_swap = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
     student = modeling.select_trainable(model, recipe, modeling.apply_posenc(model, recipe))
     if teacher is not None:
         _report_teacher(teacher.freeze_trained() / 2**20, fsdp, world, joined.is_main_process)
-    trainer = PosEncTrainer(
-        model=student, args=args, train_dataset=data.train, eval_dataset=data.eval, data_collator=data.collate,
-        processing_class=tokenizer, objective=objective, scores=task.scores,
-        tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
-        held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    with inputs.quiet_datasets():  # SFTTrainer prepares the rows through `datasets.map`, a bar each
+        trainer = task.trainer(
+            model=student, args=args, train_dataset=data.train, eval_dataset=data.eval, data_collator=data.collate,
+            processing_class=tokenizer, objective=objective, scores=task.scores, eval_collator=data.eval_collate,
+            tables=lambda model, scores: task.tables(model, scores, recipe, data, tokenizer),
+            held_out_loss=lambda tables: task.held_out_loss(recipe, tables))
+    if len(trainer.train_dataset) < recipe.global_batch(world):
+        raise PosEncError(f"{recipe.source}: the batch of {recipe.global_batch(world)} sequences a step (global_batch_size"
+                          f", or per_device_train_batch_size x gradient_accumulation_steps x {world} process(es)) is "
+                          f"more than the {len(trainer.train_dataset)} training samples")
     scored = recipe.posenc.eval_original and recipe.posenc.scheme and task.original and latest is None
     callback = RecoveryCallback(  # the model before the swap is scored once training prepared the student
         trainer, recipe.data.seq_len, recipe.posenc.eval_after, reference=before_swap if scored else None,
@@ -182,7 +205,7 @@ def _report_teacher(cloned_mib: float, fsdp: bool, world: int, main: bool) -> No
               f"copies of what trains in full); {cloned_mib:.1f} MiB cloned", flush=True)
 
 
-def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
+def _write_run_file(recipe: Recipe, trainer: PositionalPieces, latest: Path | None,
                     teacher: objectives.Teacher | None, original: dict[str, Any] | None) -> None:
     """Mark the folder unfinished until `_finish` (so that --overwrite may replace this run later, and nothing else;
     a rerun may start it over while it has no checkpoint: `run_folder.check_output`) and write run.json."""
@@ -191,7 +214,8 @@ def _write_run_file(recipe: Recipe, trainer: PosEncTrainer, latest: Path | None,
     write_json(out / RUN_FILE, {
         "recipe": recipe.to_dict(), "source": recipe.source, "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type), "backend": accelerator.state.backend,
-        "host": socket.gethostname(), "threads": torch.get_num_threads(), "trainer": type(trainer).__mro__[1].__name__,
+        "host": socket.gethostname(), "threads": torch.get_num_threads(),
+        "trainer": next(c.__name__ for c in type(trainer).__mro__ if c.__module__.startswith(("transformers", "trl"))),
         "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "total_parameters": sum(p.numel() for p in trainer.model.parameters()),
         "resumed_from": str(latest) if latest else None,

@@ -1,6 +1,6 @@
 """What a recipe's `task` changes in the one training flow, as one registry entry per task.
 
-The runner calls the entry of its task: which models it takes (checked from the config, before any
+The runner calls the entry of its task: the trainer it runs on, which models it takes (checked from the config, before any
 weights load), how rows are made (`inputs.prepare_*`), the per-sample held-out scores of a batch's logits (Trainer's
 `preprocess_logits_for_metrics`: it gathers them over processes), the metric tables those scores make (named and
 described in results.json by `hf_posenc.evaluation.held_out`), and the held-out loss the plots use. A new task is one more entry, not a branch in the loop.
@@ -21,6 +21,7 @@ from ..evaluation import classification, held_out, perplexity_by_length
 from ..stats import rate_fields
 from . import inputs
 from .recipe import Recipe
+from .trainer import PosEncSeq2SeqTrainer, PosEncSFTTrainer, PosEncTrainer, PositionalPieces
 
 Scores = dict[str, torch.Tensor]  # name -> one value per sample of the batch
 Tables = dict[str, dict[str, dict[str, Any]]]
@@ -35,6 +36,7 @@ class Task:
     scores: Callable[[torch.Tensor, torch.Tensor], Scores]  # (logits, labels) -> per-sample scores
     tables: Callable[[torch.nn.Module, Scores, Recipe, inputs.Prepared, Any], Tables]
     held_out_loss: Callable[[Recipe, Tables], float]
+    trainer: type[PositionalPieces]  # the library's trainer it runs on, with its arguments class
     encoder_decoder: bool | None = None
     original: bool = False
     head: str = "causal_lm"  # the `hf_posenc.loading` task whose Auto class loads the model
@@ -114,14 +116,14 @@ def _loss(key: Callable[[Recipe], Any]) -> Callable[[Recipe, Tables], float]:
 
 
 TRAINING_TASKS: dict[str, Task] = {
-    "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables, _loss(lambda r: r.data.seq_len),
+    "causal_lm": Task(inputs.prepare_lm, _lm_scores, _lm_tables, _loss(lambda r: r.data.seq_len), PosEncSFTTrainer,
                       encoder_decoder=False, original=True),
     "classification": Task(inputs.prepare_classification, _classifier_scores, _classifier_tables,
-                           _loss(lambda r: r.data.dataset_name), head="classification"),
+                           _loss(lambda r: r.data.dataset_name), PosEncTrainer, head="classification"),
     "seq2seq": Task(inputs.prepare_seq2seq, _seq2seq_scores, _answer_tables("seq2seq"),
-                    _loss(lambda r: r.data.dataset_name), encoder_decoder=True, head="seq2seq"),
+                    _loss(lambda r: r.data.dataset_name), PosEncSeq2SeqTrainer, encoder_decoder=True, head="seq2seq"),
     "prompt_completion": Task(inputs.prepare_completion, _completion_scores, _answer_tables("prompt_completion"),
-                              _loss(lambda r: r.data.dataset_name), encoder_decoder=False),
+                              _loss(lambda r: r.data.dataset_name), PosEncSFTTrainer, encoder_decoder=False),
 }
 # task -> the transformers Auto classes' model types it loads (None: the class decides at load)
 _MAPPINGS = {"seq2seq": transformers.models.auto.modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}

@@ -1,8 +1,10 @@
-"""The positional pieces that transformers' `Trainer` takes: the loss (`PosEncTrainer.compute_loss`), the held-out
-tables as Trainer's evaluation metrics (`PosEncTrainer`), the recovery curve and the run's own measures
-(`RecoveryCallback`), the stop on Ctrl-C or SIGTERM (`StopOnSignal`), and a labelled progress bar. The loop, the
-evaluation loop, the optimizer and its schedule, gradient accumulation, clipping, checkpoints, resume, RNG state and
-reporting (`report_to`) are Trainer's."""
+"""The positional pieces that transformers' `Trainer` / `Seq2SeqTrainer` and TRL's `SFTTrainer` take
+(`PositionalPieces`; the trainers `PosEncTrainer`, `PosEncSeq2SeqTrainer`, `PosEncSFTTrainer`, each with the arguments
+class it takes): the loss (`compute_loss`), the held-out tables as Trainer's evaluation
+metrics, the recovery curve and the run's own measures (`RecoveryCallback`), the stop on Ctrl-C or SIGTERM
+(`StopOnSignal`), and a labelled progress bar. The loop, the evaluation loop, the optimizer and its schedule, gradient
+accumulation, clipping, checkpoints, resume, RNG state and reporting (`report_to`) are Trainer's; a causal LM's
+packing, labels, padding and loss are TRL's."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from typing import Any, Callable
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather
-from transformers import EvalPrediction, Trainer, TrainerCallback
+from transformers import (EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainerCallback,
+                          TrainingArguments)
 from transformers.trainer_callback import ExportableState, ProgressCallback
+from trl import SFTConfig, SFTTrainer
 
 from ..evaluation import held_out
 from ..progress import bar
@@ -28,33 +32,38 @@ Tables = dict[str, dict[str, dict[str, Any]]]
 MakeTables = Callable[[torch.nn.Module, dict[str, torch.Tensor]], Tables]
 
 
-class PosEncTrainer(Trainer):
-    """Trainer with the recipe's objective and held-out tables. The next-token loss is the model's own, given the
-    target tokens of the whole accumulated batch over every process (`num_items_in_batch`, as Trainer does for any
-    model taking loss kwargs); distillation divides its sums by the same count, and its teacher is placed once the
-    student is prepared (sharded alike under FSDP2).
+class PositionalPieces:
+    """What a recipe adds to transformers' `Trainer` or TRL's `SFTTrainer` (the classes below): the recipe's
+    objective and held-out tables. The next-token loss is the trainer's own (SFTTrainer's from its fused LM head),
+    given the target tokens of the whole accumulated batch over every process (`num_items_in_batch`); distillation
+    divides its sums by the same count, and its teacher is placed once the student is prepared (sharded alike under
+    FSDP2).
 
-    Evaluation is Trainer's (`eval_dataset`, `eval_strategy`, `eval_on_start`): the task's per-sample scores of each
+    Evaluation is Trainer's (`eval_dataset`, `eval_strategy`, `eval_on_start`), each batch scored by the model's own
+    forward (`Trainer.compute_loss`: its loss and logits in one pass): the task's per-sample scores of each
     batch's logits are gathered over processes, then made into the tables `hf-posenc eval` writes (`tables`, kept
     for results.json and the curve) and logged flat (`eval_perplexity/128/loss`, ...), so they reach `report_to`;
-    `eval_loss` is the task's held-out loss. `why` labels the pass on the progress bar."""
+    `eval_loss` is the task's held-out loss. `why` labels the pass on the progress bar; `eval_collator` collates the
+    held-out batches where they differ from training's (PoSE positions are training's only)."""
 
     def __init__(self, *args: Any, objective: objectives.Objective,
                  scores: Callable[..., dict[str, torch.Tensor]] | None = None, tables: MakeTables | None = None,
-                 held_out_loss: Callable[[Tables], float] | None = None, **kwargs: Any) -> None:
+                 held_out_loss: Callable[[Tables], float] | None = None, eval_collator: Any = None,
+                 **kwargs: Any) -> None:
         if tables is not None:  # else Trainer's own evaluation (its eval_loss)
             kwargs.update(compute_metrics=self._held_out, preprocess_logits_for_metrics=self._scores)
         super().__init__(*args, **kwargs)
         self.objective, self.placed = objective, objective.teacher is None
         self.make_scores, self.make_tables, self.held_out_loss = scores, tables, held_out_loss
+        self.eval_collator = eval_collator
         self.counts = [0, 0]  # this rank's samples and tokens trained on in this session
         self.tables: Tables | None = None  # the latest evaluation's
         self.why = "held-out"
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        if not model.training:  # Trainer's evaluation: the model's own loss and logits
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not model.training:  # evaluation: the model's own loss and logits, one forward (SFTTrainer's would run two)
+            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
         mask = inputs.get("attention_mask")  # a PoSE row of several documents has a 4-D one
         tokens = int(mask.sum()) if mask is not None and mask.ndim == 2 else inputs["input_ids"].numel()
         self.counts = [self.counts[0] + inputs["input_ids"].shape[0], self.counts[1] + tokens]
@@ -101,13 +110,16 @@ class PosEncTrainer(Trainer):
 
     def _get_dataloader(self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None,
                         is_training: bool = False, dataloader_key: str | None = None) -> Any:
-        """Every held-out sample is scored: `dataloader_drop_last` is the training batches' only."""
-        drop = self.args.dataloader_drop_last
+        """Every held-out sample is scored: `dataloader_drop_last` is the training batches' only; held-out batches
+        are collated by `eval_collator` when there is one."""
+        drop, collator = self.args.dataloader_drop_last, self.data_collator
         self.args.dataloader_drop_last = drop and is_training
+        if not is_training and self.eval_collator is not None:
+            self.data_collator = self.eval_collator
         try:
             return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, dataloader_key)
         finally:
-            self.args.dataloader_drop_last = drop
+            self.args.dataloader_drop_last, self.data_collator = drop, collator
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """Trainer finds missing keys by name, so a tied head, which save_pretrained leaves out of every checkpoint,
@@ -116,6 +128,29 @@ class PosEncTrainer(Trainer):
         loaded = {id(t) for name, t in tensors.items() if name not in load_result.missing_keys}
         missing = [name for name in load_result.missing_keys if id(tensors.get(name)) not in loaded]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
+
+class PosEncTrainer(PositionalPieces, Trainer):
+    """transformers' `Trainer` with the positional pieces: classification recipes."""
+
+    arguments = TrainingArguments
+
+
+class PosEncSeq2SeqTrainer(PositionalPieces, Seq2SeqTrainer):
+    """transformers' `Seq2SeqTrainer` with the positional pieces: encoder-decoder recipes (the held-out exact match
+    is greedy decoding's, from one teacher-forced forward: `tasks._seq2seq_scores`)."""
+
+    arguments = Seq2SeqTrainingArguments
+
+
+class PosEncSFTTrainer(PositionalPieces, SFTTrainer):
+    """TRL's `SFTTrainer` with the positional pieces: causal-LM recipes (packing, labels, completion-only loss,
+    padding and the training loss are TRL's)."""
+
+    arguments = SFTConfig
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """The run folder's model card is hf-posenc's (`hub`), written with the model; none into each checkpoint."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -189,7 +224,7 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 
     KEPT = ("original", "before", "curve", "clock", "samples", "tokens")
 
-    def __init__(self, trainer: PosEncTrainer, seq_len: int, after: bool, reference: torch.nn.Module | None = None,
+    def __init__(self, trainer: PositionalPieces, seq_len: int, after: bool, reference: torch.nn.Module | None = None,
                  on_original: Callable[[Tables], None] | None = None) -> None:
         self.trainer, self.seq_len, self.want_after = trainer, seq_len, after
         self.reference, self.on_original = reference, on_original
@@ -282,9 +317,9 @@ class RecoveryCallback(TrainerCallback, ExportableState):
 class LabelledProgress(ProgressCallback):
     """Trainer's progress bars as the project draws its bars (`progress.bar`: labelled, with an estimate, drawn in a
     terminal that reports 0 columns too), the loss beside it rather than a printed dict per row; an evaluation's
-    bar says which pass it is (`PosEncTrainer.why`)."""
+    bar says which pass it is (`PositionalPieces.why`)."""
 
-    def __init__(self, trainer: PosEncTrainer) -> None:
+    def __init__(self, trainer: PositionalPieces) -> None:
         super().__init__()
         self.trainer = trainer
 
