@@ -122,7 +122,9 @@ def test_the_installed_wheel_runs_from_a_folder_of_its_own(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
+    # PYTHONPATH cleared: pip would take a checkout on it for an installed hf-posenc and install nothing
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": ""})
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
                           capture_output=True, text=True).stdout.strip()
     (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -135,8 +137,8 @@ def test_the_installed_wheel_runs_from_a_folder_of_its_own(tmp_path):
                               text=True, timeout=1200)
 
     where = subprocess.run([python, "-c", "import hf_posenc; print(hf_posenc.__file__)"], cwd=work, env=env,
-                           capture_output=True, text=True, check=True).stdout
-    assert where.startswith(site), where
+                           capture_output=True, text=True)
+    assert where.returncode == 0 and where.stdout.startswith(site), where.stderr[-3000:]
     listed = run("recipes")
     assert listed.returncode == 0 and "smollm2-135m/alibi/smoke" in listed.stdout, listed.stderr
     copied = run("recipes", "copy", "smollm2-135m/alibi/smoke", "mine")
