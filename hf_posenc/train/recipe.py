@@ -92,15 +92,14 @@ class DataArguments(ScriptArguments):
 
 
 # TRL's fields a recipe may not change from their defaults, with why: what the run cannot honour is refused
+QUANTIZED = "quantized base models are not trained here (the swap patches full-precision attention)"
 UNSUPPORTED = {
-    "model_revision": "a revision is pinned by the folder or Hub id in model_name_or_path",
+    "model_revision": "model_name_or_path loads at its main revision (download another into a folder to pin it)",
     "lora_task_type": "the adapter's task follows the recipe's `task`",
-    "load_in_8bit": "quantized base models are not trained here (the swap patches full-precision attention)",
-    "load_in_4bit": "quantized base models are not trained here (the swap patches full-precision attention)",
-    "bnb_4bit_quant_type": "quantized base models are not trained here", "use_bnb_nested_quant":
-    "quantized base models are not trained here", "bnb_4bit_quant_storage": "quantized base models are not trained here",
-    "dataset_streaming": "the held-out data and the packing read whole splits", "ignore_bias_buffers":
-    "DDP here syncs no buffers the swap changes",
+    **dict.fromkeys(("load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+                     "bnb_4bit_quant_storage"), QUANTIZED),
+    "dataset_streaming": "the held-out data and the packing read whole splits",
+    "ignore_bias_buffers": "a DDP workaround of TRL's scripts that hf-posenc's runner does not apply",
 }
 
 
