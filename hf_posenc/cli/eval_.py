@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
     if args.accelerate_config is not None:  # checked here, run in each launched process
         clear_out(args.out, "eval", [args.model], until_finished=True)
         code = launch(accelerate_config(args.accelerate_config), args.launch, ["hf_posenc.cli", "eval", *_argv(args)],
-                          "evaluation")
+                      "evaluation")
         if code == 0:
             finished(args.out)
         return code

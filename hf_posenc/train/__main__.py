@@ -1,10 +1,12 @@
 """`python -m hf_posenc.train --config RECIPE.yaml [--field value ...]`: TRL's script form of `hf-posenc train
 RECIPE.yaml`, so that `accelerate launch --config_file CFG -m hf_posenc.train --config RECIPE.yaml` (the way TRL's
-and the alignment-handbook's recipes are launched) runs the same checks and the same run in each process."""
+and the alignment-handbook's recipes are launched) runs the same checks and the same run in each process. The script
+becomes that command's process (`os.execv`: same PID, environment and signals), as the commands sit a floor above
+the training they run."""
 
+import os
 import sys
 
-from ..cli import main
 from ..errors import PosEncError
 
 
@@ -27,4 +29,4 @@ if __name__ == "__main__":
     except PosEncError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(arguments))
+    os.execv(sys.executable, [sys.executable, "-m", "hf_posenc.cli", *arguments])
